@@ -1,0 +1,16 @@
+# One image for every Sentinel process (web, worker, beat, mock provider); docker-compose.yml picks
+# the command. Production shape: external PostgreSQL (pgvector) and Redis/Valkey via the environment.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_TELEMETRY=False HF_HUB_OFFLINE=1
+WORKDIR /app
+COPY requirements.txt .
+RUN pip install --no-cache-dir -r requirements.txt \
+    --extra-index-url https://download.pytorch.org/whl/cpu
+COPY . .
+RUN DATABASE_URL=postgres://build@localhost/build REDIS_URL=redis://localhost \
+    SENTINEL_SECRET_KEY=build python manage.py collectstatic --noinput
+EXPOSE 8000
+CMD ["python", "-m", "uvicorn", "sentinel.asgi:application", "--host", "0.0.0.0", "--port", "8000", \
+     "--lifespan", "off", "--no-access-log"]

@@ -1,0 +1,32 @@
+# Two commands do all set-up on a fresh machine with Python 3.11: `make run` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench lint clean-data
+
+$(STAMP): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+## Start everything (embedded Postgres + Valkey unless DATABASE_URL / REDIS_URL are set).
+run: $(STAMP)
+	$(PY) -m sentinel.run
+
+## The whole test suite against real embedded servers.
+test: $(STAMP)
+	$(PY) -m pytest
+
+## Every benchmark scenario (bench/README.md); one alone: make bench SCENARIO=overhead
+bench: $(STAMP)
+	$(PY) -m bench $(SCENARIO)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+## Remove the embedded servers' data (stop `make run` first).
+clean-data:
+	rm -rf .data

@@ -1,0 +1,138 @@
+"""The ledger's path: the request hands its record to a Redis stream (durable, one XADD), and
+workers move records to Postgres in batches.
+
+A worker reads with a consumer group, inserts with ON CONFLICT DO NOTHING on the record id, and only
+then acknowledges. A worker that dies mid-batch leaves its records pending; the next drain claims
+them after CLAIM_IDLE_MS and inserts them again, which the conflict clause makes harmless. So a record
+is never lost once XADD returned, and never counted twice.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import orjson
+import redis
+
+from billing.models import LedgerEntry
+from sentinel.redis_clients import async_redis, sync_redis
+
+STREAM = "sentinel:ledger"
+GROUP = "ledger-writers"
+CLAIM_IDLE_MS = 30_000
+
+
+@dataclass
+class LedgerRecord:
+    request_id: str
+    tenant_id: int
+    key_id: int | None
+    model_requested: str
+    status_code: int
+    id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    created_at: float = field(default_factory=lambda: datetime.now(UTC).timestamp())
+    model_served: str = ""
+    deployment: str = ""
+    provider: str = ""
+    stream: bool = False
+    error_code: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: str = "0"
+    price_id: int | None = None
+    cache_tier: str = "miss"
+    saved_cost_usd: str = "0"
+    latency_ms: int = 0
+    ttft_ms: int | None = None
+    fallbacks: int = 0
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+
+async def hand_off(record: LedgerRecord) -> None:
+    """Queue one record durably; returns once Redis has it."""
+    await async_redis().xadd(STREAM, {"r": record.encode()})
+
+
+def _ensure_group(client: redis.Redis) -> None:
+    try:
+        client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def _entry(fields: dict) -> LedgerEntry:
+    data = orjson.loads(fields[b"r"])
+    return LedgerEntry(
+        id=uuid.UUID(data["id"]),
+        request_id=data["request_id"],
+        created_at=datetime.fromtimestamp(data["created_at"], UTC),
+        tenant_id=data["tenant_id"],
+        key_id=data["key_id"],
+        model_requested=data["model_requested"],
+        model_served=data["model_served"],
+        deployment=data["deployment"],
+        provider=data["provider"],
+        stream=data["stream"],
+        status_code=data["status_code"],
+        error_code=data["error_code"],
+        prompt_tokens=data["prompt_tokens"],
+        completion_tokens=data["completion_tokens"],
+        cost_usd=Decimal(data["cost_usd"]),
+        price_id=data["price_id"],
+        cache_tier=data["cache_tier"],
+        saved_cost_usd=Decimal(data["saved_cost_usd"]),
+        latency_ms=data["latency_ms"],
+        ttft_ms=data["ttft_ms"],
+        fallbacks=data["fallbacks"],
+    )
+
+
+def consumer_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def drain(*, batch_size: int = 1000, max_batches: int = 50) -> int:
+    """Move queued records to Postgres; returns how many were read. Safe to run concurrently."""
+    client = sync_redis()
+    _ensure_group(client)
+    consumer = consumer_name()
+    moved = 0
+    for _ in range(max_batches):
+        # Records a dead worker left pending first, then new ones.
+        _, claimed, _ = client.xautoclaim(
+            STREAM, GROUP, consumer, min_idle_time=CLAIM_IDLE_MS, count=batch_size
+        )
+        messages = list(claimed)
+        if not messages:
+            response = client.xreadgroup(GROUP, consumer, {STREAM: ">"}, count=batch_size)
+            messages = response[0][1] if response else []
+        if not messages:
+            break
+        write_batch(client, messages)
+        moved += len(messages)
+    return moved
+
+
+def write_batch(client: redis.Redis, messages: list) -> None:
+    ids = [message_id for message_id, _ in messages]
+    entries = [_entry(fields) for _, fields in messages if fields]
+    LedgerEntry.objects.bulk_create(entries, ignore_conflicts=True, batch_size=1000)
+    pipe = client.pipeline(transaction=False)
+    pipe.xack(STREAM, GROUP, *ids)
+    pipe.xdel(STREAM, *ids)
+    pipe.execute()
+
+
+def pending_count() -> int:
+    """Records queued but not yet in Postgres (new plus claimed-not-acknowledged)."""
+    client = sync_redis()
+    _ensure_group(client)
+    return client.xlen(STREAM)

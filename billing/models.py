@@ -1,0 +1,72 @@
+"""Prices (versioned by effective date) and the append-only ledger of every request."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+
+class Price(models.Model):
+    """USD per token for one model, effective from a moment on. Never edited in place once used:
+    a price change is a new row, so every ledger row keeps pointing at the version it was billed at."""
+
+    model = models.CharField(
+        max_length=200, db_index=True, help_text="Model as litellm's price map names it."
+    )
+    input_per_token = models.DecimalField(max_digits=20, decimal_places=15)
+    output_per_token = models.DecimalField(max_digits=20, decimal_places=15)
+    effective_from = models.DateTimeField(default=timezone.now)
+    source = models.CharField(max_length=40, default="manual")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model", "-effective_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "effective_from"], name="one_price_per_moment")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} from {self.effective_from:%Y-%m-%d %H:%M}"
+
+
+class LedgerEntry(models.Model):
+    """One request, as billed. Written once (idempotent on `id`), never updated."""
+
+    class CacheTier(models.TextChoices):
+        MISS = "miss"
+        EXACT = "hit-exact"
+        SEMANTIC = "hit-semantic"
+        BYPASS = "bypass"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    request_id = models.CharField(max_length=128, db_index=True)
+    created_at = models.DateTimeField(db_index=True)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="+")
+    key = models.ForeignKey("tenants.VirtualKey", null=True, on_delete=models.PROTECT, related_name="+")
+    model_requested = models.CharField(max_length=200)
+    model_served = models.CharField(max_length=200, blank=True)
+    deployment = models.CharField(max_length=120, blank=True)
+    provider = models.CharField(max_length=80, blank=True)
+    stream = models.BooleanField(default=False)
+    status_code = models.PositiveSmallIntegerField()
+    error_code = models.CharField(max_length=60, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0)
+    price = models.ForeignKey(Price, null=True, on_delete=models.PROTECT, related_name="+")
+    cache_tier = models.CharField(max_length=16, choices=CacheTier.choices, default=CacheTier.MISS)
+    saved_cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0)
+    latency_ms = models.PositiveIntegerField(default=0)
+    ttft_ms = models.PositiveIntegerField(null=True)
+    fallbacks = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "ledger entry"
+        verbose_name_plural = "ledger"
+        indexes = [models.Index(fields=["tenant", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.model_requested} {self.status_code}"

@@ -1,0 +1,142 @@
+"""Authenticate a virtual key: in-process cache, then Redis, then Postgres.
+
+Revocation and suspension take effect on the next request in every process: whatever the caches
+hold, each request checks the key's and tenant's block markers in Redis (the same round trip that
+reads the configuration generation, see gateway.localstate).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import orjson
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from gateway.errors import GatewayError
+from gateway.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker
+from sentinel.redis_clients import async_redis
+from tenants.models import Tenant, VirtualKey
+from tenants.services import key_digest
+
+REDIS_TTL_SECONDS = 60
+_local = TTLCache(ttl=settings.KEY_CACHE_SECONDS, maxsize=50_000)
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What the request path needs to know about a key, cached as a unit."""
+
+    key_id: int
+    digest: str
+    key_name: str
+    tenant_id: int
+    tenant_slug: str
+    key_active: bool
+    tenant_active: bool
+    expires_at: float | None  # unix time
+    allowed_models: tuple[str, ...] | None  # None: every model
+
+    def may_use(self, model: str) -> bool:
+        return self.allowed_models is None or model in self.allowed_models
+
+
+def _redis_cache_key(digest: str) -> str:
+    return f"sentinel:keyinfo:{digest}"
+
+
+def effective_allowlist(tenant_models: list[str], key_models: list[str]) -> tuple[str, ...] | None:
+    """A key can narrow its tenant's list, never widen it. Empty lists mean no restriction."""
+    if tenant_models and key_models:
+        return tuple(m for m in key_models if m in tenant_models)
+    if tenant_models or key_models:
+        return tuple(tenant_models or key_models)
+    return None
+
+
+def _load_from_db(digest: str) -> KeyInfo | None:
+    key = VirtualKey.objects.select_related("tenant").filter(digest=digest).first()
+    if key is None:
+        return None
+    return KeyInfo(
+        key_id=key.pk,
+        digest=digest,
+        key_name=key.name,
+        tenant_id=key.tenant_id,
+        tenant_slug=key.tenant.slug,
+        key_active=key.status == VirtualKey.Status.ACTIVE,
+        tenant_active=key.tenant.status == Tenant.Status.ACTIVE,
+        expires_at=key.expires_at.timestamp() if key.expires_at else None,
+        allowed_models=effective_allowlist(key.tenant.allowed_models, key.allowed_models),
+    )
+
+
+async def _lookup(digest: str) -> KeyInfo | None:
+    info = _local.get(digest)
+    if info is not None:
+        return info
+    redis = async_redis()
+    raw = await redis.get(_redis_cache_key(digest))
+    if raw is not None:
+        data = orjson.loads(raw)
+        if data is None:
+            return None  # remembered miss: a wrong key does not reach the database twice
+        data["allowed_models"] = tuple(data["allowed_models"]) if data["allowed_models"] is not None else None
+        info = KeyInfo(**data)
+    else:
+        info = await sync_to_async(_load_from_db)(digest)
+        await redis.set(
+            _redis_cache_key(digest),
+            orjson.dumps(asdict(info) if info else None),
+            ex=REDIS_TTL_SECONDS if info else 5,
+        )
+    if info is not None:
+        _local.set(digest, info)
+    return info
+
+
+def bearer_secret(authorization: str | None, x_api_key: str | None) -> str | None:
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+        return None
+    if x_api_key:
+        return x_api_key.strip() or None
+    return None
+
+
+INVALID_KEY = "Invalid API key. Check the key you passed in the Authorization header."
+
+
+async def authenticate(authorization: str | None, x_api_key: str | None) -> KeyInfo:
+    secret = bearer_secret(authorization, x_api_key)
+    if secret is None:
+        raise GatewayError(
+            401,
+            "invalid_api_key",
+            "Missing API key. Pass your Sentinel virtual key as 'Authorization: Bearer <key>'.",
+        )
+    info = await _lookup(key_digest(secret))
+    if info is None:
+        raise GatewayError(401, "invalid_api_key", INVALID_KEY)
+    if not info.key_active:
+        raise GatewayError(401, "invalid_api_key", "This API key has been revoked.")
+    if info.expires_at is not None and info.expires_at <= time.time():
+        raise GatewayError(401, "invalid_api_key", "This API key has expired.")
+    if not info.tenant_active:
+        raise GatewayError(403, "tenant_suspended", "This key's tenant is suspended.")
+    return info
+
+
+def block_markers(info: KeyInfo) -> tuple[str, str]:
+    return blocked_key_marker(info.digest), blocked_tenant_marker(info.tenant_id)
+
+
+def check_blocks(info: KeyInfo, key_blocked: bytes | None, tenant_blocked: bytes | None) -> None:
+    """Apply the markers read this request (they override whatever the caches said)."""
+    if key_blocked:
+        raise GatewayError(401, "invalid_api_key", "This API key has been revoked.")
+    if tenant_blocked:
+        raise GatewayError(403, "tenant_suspended", "This key's tenant is suspended.")

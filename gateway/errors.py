@@ -1,0 +1,63 @@
+"""Errors the API returns, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import orjson
+
+# OpenAI's error `type` for each HTTP status a client can receive from us.
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "insufficient_quota",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
+
+
+class GatewayError(Exception):
+    """A request the gateway answers with an error instead of a completion."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        kind: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.kind = kind or _TYPE_BY_STATUS.get(status, "api_error")
+        self.param = param
+        self.headers = dict(headers or {})
+
+    def payload(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def body(self) -> bytes:
+        return orjson.dumps(self.payload())
+
+    def __repr__(self) -> str:
+        return f"GatewayError({self.status}, {self.code!r}, {self.message!r})"
+
+
+def invalid_request(message: str, *, param: str | None = None, code: str = "invalid_request") -> GatewayError:
+    return GatewayError(400, code, message, param=param)

@@ -1,0 +1,396 @@
+"""An OpenAI-compatible upstream for the demo, the tests and the benchmarks.
+
+A real HTTP server (aiohttp) that the gateway reaches through litellm exactly as it would reach a real
+provider. Answers are deterministic functions of the prompt, so a test can tell which prompt an answer
+belongs to (`answer_text`). Several virtual providers share one process: a path prefix
+(`/p/<name>/v1/chat/completions`) selects one, and each has its own fault switches and call counters,
+changed at run time through `/_control/<name>`.
+
+Run: python -m gateway.mock_provider --port 8100 [--profile zero|realistic]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import time
+from dataclasses import asdict, dataclass, field, fields
+
+import orjson
+from aiohttp import web
+
+DEFAULT_PROVIDER = "default"
+
+# Short common words: each one is a token of the answer, so an answer of N tokens is N words.
+_VOCAB = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+    "quebec",
+    "romeo",
+    "sierra",
+    "tango",
+    "uniform",
+    "victor",
+    "whiskey",
+    "xray",
+    "yankee",
+    "zulu",
+    "amber",
+    "basil",
+    "cedar",
+    "dune",
+    "ember",
+    "fern",
+    "grove",
+    "harbor",
+    "iris",
+    "jade",
+    "koala",
+    "lotus",
+    "maple",
+    "nectar",
+    "olive",
+    "pearl",
+    "quartz",
+    "river",
+    "sage",
+    "tulip",
+]
+
+REFUSAL_TRIGGER = "[[refuse]]"
+REFUSAL_TEXT = "I'm sorry, but I can't help with that request."
+
+
+@dataclass
+class Faults:
+    """Behaviour of one virtual provider. All times in milliseconds."""
+
+    ttft_ms: float = 0.0  # time to the first token (stream) or before the body (non-stream)
+    tpt_ms: float = 0.0  # time per further token
+    tokens: int = 40  # answer length in tokens (words)
+    error_rate: float = 0.0  # share of calls answered with `error_status` (deterministic spacing)
+    error_status: int = 503
+    retry_after: float | None = None  # seconds, sent with 429/503 errors when set
+    stall_ms: float = 0.0  # extra wait before anything is sent (a hung provider)
+    slow_ms: float = 0.0  # extra latency added to every answer (a slow but healthy provider)
+    drop_after: int | None = None  # stream: close the connection after this many content tokens
+
+    def update(self, values: dict) -> None:
+        known = {f.name: f.type for f in fields(self)}
+        for name, value in values.items():
+            if name not in known:
+                raise ValueError(f"unknown fault setting: {name}")
+            setattr(self, name, value)
+
+
+@dataclass
+class ProviderState:
+    faults: Faults = field(default_factory=Faults)
+    calls: int = 0
+    errors: int = 0
+    completed: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    last_model: str | None = None
+    last_key_digest: str | None = None
+    _error_accumulator: float = 0.0
+
+    def should_fail(self) -> bool:
+        """Deterministic error spacing: rate 0.25 fails exactly every 4th call."""
+        rate = self.faults.error_rate
+        if rate <= 0:
+            return False
+        if rate >= 1:
+            return True
+        self._error_accumulator += rate
+        if self._error_accumulator >= 1.0:
+            self._error_accumulator -= 1.0
+            return True
+        return False
+
+    def stats(self) -> dict:
+        return {
+            "calls": self.calls,
+            "errors": self.errors,
+            "completed": self.completed,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "last_model": self.last_model,
+            "last_key_digest": self.last_key_digest,
+            "faults": asdict(self.faults),
+        }
+
+
+def prompt_of(messages: list) -> str:
+    """The text the answer is derived from: the last user message's text."""
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def answer_tokens(prompt: str, n_tokens: int) -> list[str]:
+    """The answer to `prompt` as a list of tokens; the first names the prompt's digest."""
+    digest = hashlib.sha256(prompt.encode()).digest()
+    if REFUSAL_TRIGGER in prompt:
+        words = REFUSAL_TEXT.split()
+        return [words[0]] + [" " + w for w in words[1:]]
+    tokens = [f"mock-{digest[:4].hex()}"]
+    stream = digest
+    while len(tokens) < n_tokens:
+        stream = hashlib.sha256(stream).digest()
+        tokens.extend(" " + _VOCAB[b % len(_VOCAB)] for b in stream)
+    return tokens[:n_tokens]
+
+
+def answer_text(prompt: str, n_tokens: int = 40) -> str:
+    """What the mock answers to `prompt` with an answer length of `n_tokens` (default 40)."""
+    return "".join(answer_tokens(prompt, n_tokens))
+
+
+def estimate_prompt_tokens(messages: list) -> int:
+    text = orjson.dumps(messages)
+    return max(1, len(text) // 4)
+
+
+class MockProvider:
+    def __init__(self, default_faults: Faults | None = None) -> None:
+        self.default_faults = default_faults or Faults()
+        self.providers: dict[str, ProviderState] = {}
+        self.started = time.time()
+
+    def state(self, name: str) -> ProviderState:
+        state = self.providers.get(name)
+        if state is None:
+            state = ProviderState(faults=Faults(**asdict(self.default_faults)))
+            self.providers[name] = state
+        return state
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/p/{provider}/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/p/{provider}/v1/models", self.models)
+        app.router.add_get("/_control", self.control_get)
+        app.router.add_get("/_control/{provider}", self.control_get)
+        app.router.add_post("/_control", self.control_set)
+        app.router.add_post("/_control/{provider}", self.control_set)
+        app.router.add_post("/_reset", self.reset)
+        app.router.add_get("/health", self.health)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": "mock", "object": "model", "owned_by": "mock"}]}
+        )
+
+    async def control_get(self, request: web.Request) -> web.Response:
+        name = request.match_info.get("provider", DEFAULT_PROVIDER)
+        return web.json_response(self.state(name).stats())
+
+    async def control_set(self, request: web.Request) -> web.Response:
+        name = request.match_info.get("provider", DEFAULT_PROVIDER)
+        state = self.state(name)
+        try:
+            values = await request.json()
+            if values.pop("reset_counters", False):
+                state.calls = state.errors = state.completed = state.max_in_flight = 0
+            state.faults.update(values)
+        except (ValueError, TypeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response(state.stats())
+
+    async def reset(self, request: web.Request) -> web.Response:
+        self.providers.clear()
+        return web.json_response({"status": "reset"})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        state = self.state(request.match_info.get("provider", DEFAULT_PROVIDER))
+        faults = state.faults
+        state.calls += 1
+        auth = request.headers.get("Authorization", "")
+        state.last_key_digest = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else None
+        try:
+            body = orjson.loads(await request.read())
+            messages = body["messages"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return _error(400, "invalid_request_error", "malformed request body")
+        state.last_model = body.get("model")
+        state.in_flight += 1
+        state.max_in_flight = max(state.max_in_flight, state.in_flight)
+        try:
+            if faults.stall_ms:
+                await asyncio.sleep(faults.stall_ms / 1000)
+            if state.should_fail():
+                state.errors += 1
+                headers = {}
+                if faults.retry_after is not None:
+                    headers["Retry-After"] = str(faults.retry_after)
+                return _error(faults.error_status, "server_error", "mock fault", headers)
+            if faults.slow_ms:
+                await asyncio.sleep(faults.slow_ms / 1000)
+            n_tokens = faults.tokens
+            finish_reason = "stop"
+            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+            if isinstance(max_tokens, int) and 0 < max_tokens < n_tokens:
+                n_tokens, finish_reason = max_tokens, "length"
+            tokens = answer_tokens(prompt_of(messages), n_tokens)
+            usage = {
+                "prompt_tokens": estimate_prompt_tokens(messages),
+                "completion_tokens": len(tokens),
+                "total_tokens": estimate_prompt_tokens(messages) + len(tokens),
+            }
+            completion_id = "chatcmpl-mock-" + hashlib.sha256(orjson.dumps(body)).hexdigest()[:24]
+            model = body.get("model") or "mock"
+            if body.get("stream"):
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return await self._stream(
+                    request, state, completion_id, model, tokens, usage, finish_reason, include_usage
+                )
+            if faults.ttft_ms or faults.tpt_ms:
+                delay = faults.ttft_ms + faults.tpt_ms * max(0, len(tokens) - 1)
+                await asyncio.sleep(delay / 1000)
+            state.completed += 1
+            return web.Response(
+                body=orjson.dumps(
+                    {
+                        "id": completion_id,
+                        "object": "chat.completion",
+                        "created": int(time.time()),
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": "".join(tokens)},
+                                "finish_reason": finish_reason,
+                            }
+                        ],
+                        "usage": usage,
+                    }
+                ),
+                content_type="application/json",
+            )
+        finally:
+            state.in_flight -= 1
+
+    async def _stream(
+        self,
+        request: web.Request,
+        state: ProviderState,
+        completion_id: str,
+        model: str,
+        tokens: list[str],
+        usage: dict,
+        finish_reason: str,
+        include_usage: bool,
+    ) -> web.StreamResponse:
+        faults = state.faults
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        created = int(time.time())
+
+        def chunk(delta: dict, finish: str | None = None) -> bytes:
+            payload = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+            return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+        if faults.ttft_ms:
+            await asyncio.sleep(faults.ttft_ms / 1000)
+        await response.write(chunk({"role": "assistant", "content": ""}))
+        for i, token in enumerate(tokens):
+            if faults.drop_after is not None and i >= faults.drop_after:
+                # Abort the connection without the terminating chunk, as a crashed upstream would.
+                request.transport.close()
+                return response
+            if i and faults.tpt_ms:
+                await asyncio.sleep(faults.tpt_ms / 1000)
+            await response.write(chunk({"content": token}))
+        await response.write(chunk({}, finish_reason))
+        if include_usage:
+            payload = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+            await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        state.completed += 1
+        return response
+
+
+def _error(status: int, kind: str, message: str, headers: dict | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "code": str(status)}}
+    return web.Response(
+        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
+    )
+
+
+PROFILES = {
+    "zero": Faults(),
+    "realistic": Faults(ttft_ms=120, tpt_ms=8, tokens=40),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="OpenAI-compatible mock provider")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="zero")
+    parser.add_argument("--ttft-ms", type=float)
+    parser.add_argument("--tpt-ms", type=float)
+    parser.add_argument("--tokens", type=int)
+    args = parser.parse_args(argv)
+    faults = Faults(**asdict(PROFILES[args.profile]))
+    for name in ("ttft_ms", "tpt_ms", "tokens"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(faults, name, value)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    web.run_app(
+        MockProvider(faults).app(),
+        host=args.host,
+        port=args.port,
+        access_log=None,
+        print=lambda *_: print(f"mock provider on http://{args.host}:{args.port}", flush=True),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Where requests go: providers, their deployments, and the model names clients ask for."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+
+from cryptography.fernet import Fernet, InvalidToken
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+def _fernet() -> Fernet:
+    key = hashlib.sha256(("provider-keys:" + settings.ENCRYPTION_KEY).encode()).digest()
+    return Fernet(base64.urlsafe_b64encode(key))
+
+
+class Provider(models.Model):
+    """An upstream account: a litellm provider kind, where it lives and how to authenticate."""
+
+    name = models.SlugField(max_length=80, unique=True)
+    kind = models.CharField(
+        max_length=60,
+        default="openai",
+        help_text="litellm provider (openai, anthropic, azure, bedrock, vertex_ai, ...).",
+    )
+    api_base = models.URLField(max_length=500, blank=True)
+    api_key_encrypted = models.BinaryField(blank=True, default=b"", editable=False)
+    api_key_env = models.CharField(
+        max_length=120,
+        blank=True,
+        help_text="Name of an environment variable holding the API key (instead of storing it).",
+    )
+    timeout_seconds = models.FloatField(
+        default=60.0,
+        validators=[MinValueValidator(0.1)],
+        help_text="Per attempt: a call that takes longer is abandoned and retried or failed over.",
+    )
+    first_token_timeout_seconds = models.FloatField(
+        default=20.0,
+        validators=[MinValueValidator(0.1)],
+        help_text="Streaming: longest wait for the first token before failing over.",
+    )
+    litellm_params = models.JSONField(
+        default=dict, blank=True, help_text="Extra litellm arguments (api_version, region, ...)."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def set_api_key(self, secret: str) -> None:
+        self.api_key_encrypted = _fernet().encrypt(secret.encode()) if secret else b""
+
+    def api_key(self) -> str | None:
+        """The key to call the provider with: the stored one, else the named variable's value."""
+        if self.api_key_encrypted:
+            try:
+                return _fernet().decrypt(bytes(self.api_key_encrypted)).decode()
+            except InvalidToken:
+                raise RuntimeError(
+                    f"provider {self.name}: stored API key cannot be decrypted "
+                    "(SENTINEL_ENCRYPTION_KEY changed?)"
+                ) from None
+        if self.api_key_env:
+            return os.environ.get(self.api_key_env)
+        return None
+
+    @property
+    def has_api_key(self) -> bool:
+        return bool(self.api_key_encrypted) or bool(self.api_key_env)
+
+
+class Deployment(models.Model):
+    """One model at one provider, as litellm names it (e.g. `openai/gpt-4o-mini`)."""
+
+    name = models.SlugField(max_length=120, unique=True)
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="deployments")
+    litellm_model = models.CharField(max_length=200)
+    weight = models.PositiveIntegerField(
+        default=1, help_text="Share of traffic among deployments at the same position of a chain."
+    )
+    enabled = models.BooleanField(default=True)
+    input_price_override = models.DecimalField(
+        max_digits=20,
+        decimal_places=15,
+        null=True,
+        blank=True,
+        help_text="USD per prompt token, instead of the price table.",
+    )
+    output_price_override = models.DecimalField(
+        max_digits=20,
+        decimal_places=15,
+        null=True,
+        blank=True,
+        help_text="USD per completion token, instead of the price table.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelAlias(models.Model):
+    """A model name clients ask for (`fast`, `smart`, `gpt-4o-mini`) and the chain that serves it."""
+
+    name = models.CharField(max_length=200, unique=True)
+    description = models.CharField(max_length=300, blank=True)
+    deployments = models.ManyToManyField(Deployment, through="ChainEntry", related_name="aliases")
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "model alias"
+        verbose_name_plural = "model aliases"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ChainEntry(models.Model):
+    """A deployment's place in an alias's chain: lower positions are tried first."""
+
+    alias = models.ForeignKey(ModelAlias, on_delete=models.CASCADE, related_name="chain")
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="+")
+    position = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["alias", "position", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["alias", "deployment"], name="deployment_once_per_chain")
+        ]
+        verbose_name = "chain entry"
+        verbose_name_plural = "chain"
+
+    def __str__(self) -> str:
+        return f"{self.alias} #{self.position}: {self.deployment}"

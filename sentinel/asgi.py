@@ -1,0 +1,98 @@
+"""The web process: Django over ASGI for HTTP, Channels for websockets.
+
+HTTP is split in two. The OpenAI-compatible API (/v1/...) and the health probes run through a Django
+handler without the console's middleware: they authenticate with virtual keys, not sessions, and
+each synchronous middleware would cost a thread hop per request on the hot path. Everything else
+(admin, console, management API, metrics, static files) gets Django's full stack.
+"""
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+console_application = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.core.exceptions import RequestAborted  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
+
+from gateway.errors import GatewayError  # noqa: E402
+from sentinel.routing import websocket_urlpatterns  # noqa: E402
+
+API_PREFIXES = ("/v1/", "/health/")
+
+
+class APIHandler(ASGIHandler):
+    """Django's ASGI handler with no middleware, and a body limit enforced while reading."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        self._view_middleware = []
+        self._template_response_middleware = []
+        self._exception_middleware = []
+        self._middleware_chain = convert_exception_to_response(self._get_response_async)
+
+    async def handle(self, scope, receive, send) -> None:
+        limit = settings.MAX_BODY_BYTES
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _send_too_large(send, limit)
+            return
+        received = 0
+        too_large = False
+
+        async def limited_receive():
+            nonlocal received, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    too_large = True
+                    raise RequestAborted
+            return message
+
+        await super().handle(scope, limited_receive, send)
+        if too_large:
+            await _send_too_large(send, limit)
+
+
+async def _send_too_large(send, limit: int) -> None:
+    error = GatewayError(
+        413,
+        "request_too_large",
+        f"Request body is larger than {limit} bytes.",
+        kind="invalid_request_error",
+    )
+    await send(
+        {
+            "type": "http.response.start",
+            "status": error.status,
+            "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
+        }
+    )
+    await send({"type": "http.response.body", "body": error.body()})
+
+
+api_application = APIHandler()
+static_application = ASGIStaticFilesHandler(console_application)
+
+
+async def http_application(scope, receive, send) -> None:
+    if scope["path"].startswith(API_PREFIXES):
+        await api_application(scope, receive, send)
+    else:
+        await static_application(scope, receive, send)
+
+
+application = ProtocolTypeRouter(
+    {
+        "http": http_application,
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

@@ -1,0 +1,3 @@
+"""Websocket routes (Channels). The console's live views subscribe here."""
+
+websocket_urlpatterns: list = []

@@ -1,0 +1,278 @@
+"""`make run`: the whole product on one machine.
+
+Starts (or reuses) the embedded PostgreSQL and Valkey unless DATABASE_URL / REDIS_URL point
+elsewhere, migrates, prepares the demo (admin, tenant, key, mock-backed models), then runs the mock
+provider, the ASGI web server, a Celery worker and Celery beat as child processes. Ctrl-C (or
+SIGTERM) stops every child it started, then the embedded servers; the data stays in the data folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from sentinel.env import envint, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STOP_GRACE_SECONDS = 10.0
+
+HOST = envstr("SENTINEL_HOST", "127.0.0.1", "Address `make run` serves the gateway and mock provider on.")
+PORT = envint("SENTINEL_PORT", 8000, "Port of the gateway (API, console, websockets) under `make run`.")
+MOCK_PORT = envint("SENTINEL_MOCK_PORT", 8100, "Port of the mock provider under `make run`.")
+WEB_WORKERS = envint(
+    "SENTINEL_WEB_WORKERS", os.cpu_count() or 1, "ASGI worker processes (default: one per core)."
+)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen | None = None
+
+    def start(self, log_dir: Path, env: dict[str, str]) -> None:
+        log = open(log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 - lives as long as the child
+        self.process = subprocess.Popen(
+            self.argv,
+            cwd=BASE_DIR,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: we stop it and everything it forks
+        )
+
+    def signal_group(self, sig: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)
+
+    def group_alive(self) -> bool:
+        if self.process is None:
+            return False
+        self.process.poll()
+        try:
+            os.killpg(self.process.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def wait_http_ok(url: str, timeout: float, children: list[Child]) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(c.process and c.process.poll() is not None for c in children):
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def stop_all(children: list[Child]) -> None:
+    for child in children:
+        child.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while time.monotonic() < deadline and any(c.group_alive() for c in children):
+        time.sleep(0.1)
+    for child in children:
+        if child.group_alive():
+            os.killpg(child.process.pid, signal.SIGKILL)
+    for child in children:
+        if child.process is not None:
+            child.process.wait()
+
+
+def banner(*, gateway: str, mock: str, data_dir: Path, demo, embedded: bool) -> str:
+    login = (
+        f"{demo.admin_username} / {demo.admin_password}"
+        if demo.admin_password
+        else f"{demo.admin_username} (password changed since it was generated)"
+    )
+    snippet = (
+        f".venv/bin/python -c \"from openai import OpenAI; c = OpenAI(base_url='{gateway}/v1', "
+        f"api_key='{demo.key_secret}'); print(c.chat.completions.create(model='gpt-4o-mini', "
+        "messages=[{'role': 'user', 'content': 'Hello'}]).choices[0].message.content)\""
+    )
+    curl = (
+        f"curl {gateway}/v1/chat/completions -H 'Authorization: Bearer {demo.key_secret}' "
+        "-H 'Content-Type: application/json' "
+        '-d \'{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello"}]}\''
+    )
+    storage = f"embedded PostgreSQL + Valkey in {data_dir}" if embedded else "DATABASE_URL / REDIS_URL"
+    return f"""
+Sentinel is running.
+
+  Gateway (OpenAI API)  {gateway}/v1
+  Console (admin)       {gateway}/admin/    login: {login}
+  Mock provider         {mock}    (faults: POST {mock}/_control/primary)
+  Storage               {storage}
+  Logs                  {data_dir / "logs"}
+
+Demo key for tenant "demo" (a new one each start; the previous one is revoked):
+
+export OPENAI_BASE_URL={gateway}/v1
+export OPENAI_API_KEY={demo.key_secret}
+
+{curl}
+
+{snippet}
+
+Models: gpt-4o-mini, gpt-4o, fast, smart. Press Ctrl-C to stop everything; the data is kept.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run Sentinel with everything it needs.")
+    parser.add_argument("--host", default=os.environ.get("SENTINEL_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("SENTINEL_PORT", "8000")))
+    parser.add_argument("--mock-port", type=int, default=int(os.environ.get("SENTINEL_MOCK_PORT", "8100")))
+    parser.add_argument(
+        "--workers", type=int, default=int(os.environ.get("SENTINEL_WEB_WORKERS", os.cpu_count() or 1))
+    )
+    args = parser.parse_args(argv)
+
+    for name, port in (("SENTINEL_PORT", args.port), ("SENTINEL_MOCK_PORT", args.mock_port)):
+        if not port_free(args.host, port):
+            print(f"Port {port} on {args.host} is in use; set {name} to another port.", file=sys.stderr)
+            return 2
+
+    stopping = False
+
+    def request_stop(signum, frame) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+
+    mock_url = f"http://{args.host}:{args.mock_port}"
+    os.environ.setdefault("SENTINEL_MOCK_URL", mock_url)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
+    embedded = not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))
+    print("Starting storage, migrating, preparing the demo…", flush=True)
+
+    import django
+
+    django.setup()  # starts the embedded servers when the URLs are unset (sentinel.settings)
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from sentinel.demo import ensure_demo
+
+    call_command("migrate", verbosity=0)
+    demo = ensure_demo(os.environ["SENTINEL_MOCK_URL"])
+
+    log_dir = settings.DATA_DIR / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    python = sys.executable
+    children = [
+        Child(
+            "mock",
+            [python, "-m", "gateway.mock_provider", "--host", args.host, "--port", str(args.mock_port)],
+        ),
+        Child(
+            "web",
+            [
+                python,
+                "-m",
+                "uvicorn",
+                "sentinel.asgi:application",
+                "--host",
+                args.host,
+                "--port",
+                str(args.port),
+                "--workers",
+                str(args.workers),
+                "--lifespan",
+                "off",
+                "--no-access-log",
+            ],
+        ),
+        Child(
+            "worker",
+            [python, "-m", "celery", "-A", "sentinel", "worker", "--loglevel", "INFO", "--concurrency", "2"],
+        ),
+        Child(
+            "beat",
+            [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "sentinel",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--pidfile",
+                str(settings.DATA_DIR / "beat.pid"),
+            ],
+        ),
+    ]
+    env = dict(os.environ)
+    for child in children:
+        child.start(log_dir, env)
+
+    gateway = f"http://{args.host}:{args.port}"
+    try:
+        ready = wait_http_ok(f"{mock_url}/health", 30, children) and wait_http_ok(
+            f"{gateway}/health/ready", 90, children
+        )
+        if not ready and not stopping:
+            failed = [c.name for c in children if c.process.poll() is not None]
+            print(
+                f"Sentinel did not become ready (stopped: {failed or 'none'}); see {log_dir}.",
+                file=sys.stderr,
+            )
+            return 1
+        if not stopping:
+            print(
+                banner(
+                    gateway=gateway, mock=mock_url, data_dir=settings.DATA_DIR, demo=demo, embedded=embedded
+                ),
+                flush=True,
+            )
+        while not stopping:
+            dead = [c for c in children if c.process.poll() is not None]
+            if dead:
+                print(
+                    f"{dead[0].name} stopped unexpectedly; see {log_dir / (dead[0].name + '.log')}.",
+                    file=sys.stderr,
+                )
+                return 1
+            time.sleep(0.3)
+        return 0
+    finally:
+        print("Stopping…", flush=True)
+        stop_all(children)
+        from django.db import connections
+
+        connections.close_all()
+        print("Stopped. Data kept in", settings.DATA_DIR, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Sentinel's one settings module: everything an operator may change comes from the environment.
+
+Every variable is read through a typed helper (sentinel.env), which also records it with its default
+and meaning; the README's configuration table is checked against that record by a test. A bad value
+fails loudly at start-up instead of being guessed at.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from sentinel.env import ENV_VARS, envbool, envfloat, envint, envlist, envstr, read_env  # noqa: F401
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+# --- Where state lives -------------------------------------------------------------------------
+
+DATA_DIR = Path(
+    envstr(
+        "SENTINEL_DATA_DIR",
+        ".data",
+        "Folder for the embedded servers' data and generated local secrets (relative to the project).",
+    )
+)
+if not DATA_DIR.is_absolute():
+    DATA_DIR = BASE_DIR / DATA_DIR
+
+read_env(
+    "DATABASE_URL",
+    "",
+    "PostgreSQL (with pgvector) URL. Unset: an embedded PostgreSQL 18 under SENTINEL_DATA_DIR.",
+)
+read_env("REDIS_URL", "", "Redis or Valkey URL. Unset: an embedded Valkey under SENTINEL_DATA_DIR.")
+if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
+    from sentinel import embedded
+
+    embedded.ensure_environment(DATA_DIR)
+
+DATABASE_URL = os.environ["DATABASE_URL"]
+REDIS_URL = os.environ["REDIS_URL"]
+
+
+def _local_secret(filename: str, nbytes: int = 48) -> str:
+    """A random secret generated once and kept in the data folder (readable by its owner only)."""
+    path = DATA_DIR / filename
+    if not path.exists():
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(nbytes))
+    return path.read_text().strip()
+
+
+SECRET_KEY = envstr(
+    "SENTINEL_SECRET_KEY", "", "Django secret key. Unset: generated once into SENTINEL_DATA_DIR."
+) or _local_secret("secret_key")
+ENCRYPTION_KEY = (
+    envstr(
+        "SENTINEL_ENCRYPTION_KEY",
+        "",
+        "Key that encrypts provider API keys at rest (any string; keep it stable). Unset: derived "
+        "from the secret key.",
+    )
+    or SECRET_KEY
+)
+
+DEBUG = envbool("SENTINEL_DEBUG", False, "Django debug mode. Never on in production.")
+ALLOWED_HOSTS = envlist(
+    "SENTINEL_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]", "Comma-separated host names served."
+)
+CSRF_TRUSTED_ORIGINS = envlist(
+    "SENTINEL_CSRF_TRUSTED_ORIGINS", "", "Comma-separated origins trusted for console forms."
+)
+
+# --- Django ------------------------------------------------------------------------------------
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_celery_beat",
+    "django_prometheus",
+    "channels",
+    "tenants",
+    "gateway",
+    "billing",
+    "sentinel",
+]
+
+# The console's stack. The OpenAI-compatible API (/v1) is served without it: see sentinel/asgi.py.
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "sentinel.urls"
+ASGI_APPLICATION = "sentinel.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+_db = dj_database_url.parse(DATABASE_URL)
+_db["CONN_MAX_AGE"] = 0  # the pool below keeps connections; Django's own reuse must stay off
+_db.setdefault("OPTIONS", {})["pool"] = {
+    "min_size": 1,
+    "max_size": envint("SENTINEL_DB_POOL_SIZE", 10, "Database connections per process, at most."),
+    "timeout": 10,
+}
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "sentinel:django",
+    }
+}
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": "sentinel:channels"},
+    }
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+}
+
+# --- Celery ------------------------------------------------------------------------------------
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "drain-ledger": {
+        "task": "billing.tasks.drain_ledger",
+        "schedule": envfloat(
+            "SENTINEL_LEDGER_DRAIN_SECONDS", 1.0, "How often workers move queued ledger records to Postgres."
+        ),
+        "options": {"expires": 10},
+    },
+}
+
+# --- Gateway -----------------------------------------------------------------------------------
+
+MAX_BODY_BYTES = envint(
+    "SENTINEL_MAX_BODY_BYTES", 4 * 1024 * 1024, "Largest accepted API request body; above: 413."
+)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BODY_BYTES
+KEY_CACHE_SECONDS = envfloat(
+    "SENTINEL_KEY_CACHE_SECONDS",
+    30.0,
+    "How long a process keeps a virtual key's settings in memory. Revocation does not wait for "
+    "it: every request checks the key's status in Redis.",
+)
+CHAIN_DEADLINE_SECONDS = envfloat(
+    "SENTINEL_CHAIN_DEADLINE_SECONDS",
+    120.0,
+    "Upper bound on one request's time across all retries and fallbacks.",
+)
+MOCK_PROVIDER_URL = envstr(
+    "SENTINEL_MOCK_URL",
+    "http://127.0.0.1:8100",
+    "Where `make run` starts the mock provider; the demo deployments point here.",
+)
+
+LITELLM_LOCAL_MODEL_COST_MAP = envstr(
+    "LITELLM_LOCAL_MODEL_COST_MAP",
+    "True",
+    "Keep litellm on its bundled price map (it would fetch one from the web otherwise).",
+)
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = LITELLM_LOCAL_MODEL_COST_MAP
+os.environ.setdefault("LITELLM_TELEMETRY", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# --- Logging -----------------------------------------------------------------------------------
+
+LOG_LEVEL = envstr("SENTINEL_LOG_LEVEL", "INFO", "Log level of Sentinel's own loggers.")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {
+        name: {"level": LOG_LEVEL, "propagate": True}
+        for name in ("sentinel", "tenants", "gateway", "billing")
+    },
+}

@@ -1,0 +1,149 @@
+"""Shared fixtures. End-to-end tests run against real processes: the mock provider and a uvicorn
+gateway on the session's test database, with data committed (not rolled back) so those processes
+see it; tests stay apart by creating their own tenants, keys and models with unique names."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from openai import OpenAI
+
+from tests.servers import GatewayServer, MockProviderServer, start_gateway, start_mock_provider
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+ARTIFACTS.mkdir(exist_ok=True)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def flush_embedded_test_redis() -> None:
+    """A fresh test database needs a fresh Redis (queued ledger records, markers and caches name
+    rows of the old one). Only ever the test session's own embedded Valkey is flushed."""
+    import json
+
+    from django.conf import settings
+
+    from sentinel.redis_clients import sync_redis
+
+    state = settings.DATA_DIR / "valkey" / "server.json"
+    if (
+        state.exists()
+        and f"redis://127.0.0.1:{json.loads(state.read_text())['port']}/0" == settings.REDIS_URL
+    ):
+        sync_redis().flushdb()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_test_environment, django_db_blocker, django_db_keepdb, django_db_createdb):
+    """Always set up the default test database. pytest-django only does so for tests that use its
+    `db` fixtures, and the end-to-end tests reach the database through other processes instead."""
+    from django.test.utils import setup_databases, teardown_databases
+
+    keepdb = django_db_keepdb and not django_db_createdb
+    if not keepdb:
+        flush_embedded_test_redis()
+    with django_db_blocker.unblock():
+        config = setup_databases(verbosity=0, interactive=False, aliases={"default"}, keepdb=keepdb)
+    yield
+    if not keepdb:
+        with django_db_blocker.unblock():
+            teardown_databases(config, verbosity=0)
+
+
+@pytest.fixture(scope="session")
+def mock_provider() -> MockProviderServer:
+    server = start_mock_provider()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def test_database_name(django_db_setup, django_db_blocker) -> str:
+    with django_db_blocker.unblock():
+        return connection.settings_dict["NAME"]
+
+
+@pytest.fixture(scope="session")
+def gateway(test_database_name, mock_provider) -> GatewayServer:
+    server = start_gateway(test_database_name)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def live_db(django_db_setup, django_db_blocker):
+    """Database access whose writes are committed, so gateway processes see them."""
+    with django_db_blocker.unblock():
+        yield
+
+
+@pytest.fixture
+def make_tenant(live_db) -> Callable:
+    from tenants.models import Tenant
+
+    def make(**fields) -> Tenant:
+        slug = unique("t")
+        return Tenant.objects.create(name=fields.pop("name", slug), slug=slug, **fields)
+
+    return make
+
+
+@pytest.fixture
+def tenant(make_tenant):
+    return make_tenant()
+
+
+@pytest.fixture
+def make_key(live_db) -> Callable:
+    from tenants.services import key_create
+
+    def make(tenant, **fields) -> str:
+        _, secret = key_create(tenant=tenant, name=fields.pop("name", unique("key")), **fields)
+        return secret
+
+    return make
+
+
+@pytest.fixture
+def api_key(tenant, make_key) -> str:
+    return make_key(tenant)
+
+
+@pytest.fixture
+def make_model(live_db, mock_provider) -> Callable:
+    """A model alias served by a chain of fresh virtual providers on the mock (isolated faults and
+    counters per test). Returns (alias name, [provider names in chain order])."""
+    from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
+
+    def make(chain_length: int = 1, litellm_model: str = "openai/gpt-4o-mini", **provider_fields):
+        alias = ModelAlias.objects.create(name=unique("model"))
+        names = []
+        for position in range(chain_length):
+            name = unique("prov")
+            provider = Provider(
+                name=name, kind="openai", api_base=mock_provider.api_base(name), **provider_fields
+            )
+            provider.set_api_key("sk-test-" + name)
+            provider.save()
+            deployment = Deployment.objects.create(name=name, provider=provider, litellm_model=litellm_model)
+            ChainEntry.objects.create(alias=alias, deployment=deployment, position=position)
+            names.append(name)
+        return alias.name, names
+
+    return make
+
+
+@pytest.fixture
+def model(make_model) -> tuple[str, list[str]]:
+    return make_model()
+
+
+@pytest.fixture
+def client(gateway, api_key) -> OpenAI:
+    return OpenAI(base_url=gateway.base_url, api_key=api_key, max_retries=0, timeout=30)

@@ -1,0 +1,40 @@
+"""Configuration: every environment variable is documented in the README, and bad values fail loudly."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import sentinel.demo  # noqa: F401 - registers its variables
+import sentinel.run  # noqa: F401 - registers its variables
+from sentinel.env import ENV_VARS, envbool, envfloat, envint
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+COMPUTED_DEFAULTS = {"SENTINEL_WEB_WORKERS": "(one per core)"}
+
+
+def readme_table() -> dict[str, str]:
+    rows = re.findall(r"^\| `([A-Z_]+)` \| (.+?) \| (.+?) \|$", README.read_text(), re.MULTILINE)
+    return {name: default for name, default, _ in rows}
+
+
+def test_every_variable_is_in_the_readme_with_its_default():
+    table = readme_table()
+    for var in ENV_VARS:
+        assert var.name in table, f"{var.name} is missing from the README's configuration table"
+        expected = COMPUTED_DEFAULTS.get(var.name) or (f"`{var.default}`" if var.default else "(unset)")
+        assert table[var.name] == expected, var.name
+
+
+def test_the_readme_documents_no_variable_the_code_does_not_read():
+    assert set(readme_table()) == {var.name for var in ENV_VARS}
+
+
+@pytest.mark.parametrize(
+    ("reader", "value"), [(envint, "ten"), (envfloat, "fast"), (envbool, "maybe")]
+)
+def test_bad_values_fail_loudly(monkeypatch, reader, value):
+    monkeypatch.setenv("SENTINEL_TEST_VALUE", value)
+    with pytest.raises(ValueError, match="SENTINEL_TEST_VALUE"):
+        reader("SENTINEL_TEST_VALUE", 1, "test")
+    ENV_VARS[:] = [v for v in ENV_VARS if v.name != "SENTINEL_TEST_VALUE"]

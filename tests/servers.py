@@ -1,0 +1,135 @@
+"""Real processes for end-to-end tests: the mock provider and gateway (uvicorn) servers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_ok(url: str, process: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class MockProviderServer:
+    url: str
+    process: subprocess.Popen
+
+    def control(self, provider: str, **faults) -> dict:
+        response = httpx.post(f"{self.url}/_control/{provider}", json=faults, timeout=5)
+        response.raise_for_status()
+        return response.json()
+
+    def stats(self, provider: str) -> dict:
+        return httpx.get(f"{self.url}/_control/{provider}", timeout=5).json()
+
+    def api_base(self, provider: str) -> str:
+        return f"{self.url}/p/{provider}/v1"
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+
+def start_mock_provider(*extra: str) -> MockProviderServer:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.mock_provider", "--port", str(port), *extra],
+        cwd=BASE_DIR,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+    )
+    server = MockProviderServer(f"http://127.0.0.1:{port}", process)
+    wait_until_ok(f"{server.url}/health", process)
+    return server
+
+
+def database_url_for(name: str) -> str:
+    """The session's DATABASE_URL pointed at another database on the same server (the test DB)."""
+    parts = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
+    return urllib.parse.urlunsplit(parts._replace(path="/" + name))
+
+
+@dataclass
+class GatewayServer:
+    url: str
+    process: subprocess.Popen
+    env: dict = field(repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+
+def start_gateway(
+    database: str, *, workers: int = 1, env: dict | None = None, wait_path: str = "/health/ready"
+) -> GatewayServer:
+    port = free_port()
+    process_env = {**os.environ, "DATABASE_URL": database_url_for(database), **(env or {})}
+    log = open(BASE_DIR / "tests" / "artifacts" / f"gateway-{port}.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "sentinel.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--lifespan",
+            "off",
+            "--no-access-log",
+        ],
+        cwd=BASE_DIR,
+        env=process_env,
+        start_new_session=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    server = GatewayServer(f"http://127.0.0.1:{port}", process, process_env)
+    wait_until_ok(server.url + wait_path, process, timeout=90)
+    return server
