@@ -121,7 +121,9 @@ def test_make_run_from_empty_data_then_again(tmp_path):
             first.env,
         )
         assert exported.strip() == answer_text("Hi")
-        assert "Site administration" in admin_login(gateway, username, password).text
+        console = admin_login(gateway, username, password)
+        assert console.url.path == "/admin/"
+        assert "Sentinel console" in console.text and "Log out" in console.text
         assert (data_dir / "pg" / "PG_VERSION").exists() and (data_dir / "valkey").is_dir()
     finally:
         first.ctrl_c()
