@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,47 @@ def make_tenant(live_db) -> Callable:
 @pytest.fixture
 def tenant(make_tenant):
     return make_tenant()
+
+
+@dataclass
+class Tenancy:
+    """Two tenants and the people around them: the shared fixture for isolation tests."""
+
+    tenant: object  # the tenant under test ("A")
+    other: object  # another tenant ("B")
+    owner: object  # admin of A
+    finance: object  # finance member of A
+    viewer: object  # viewer of A
+    outsider: object  # admin of B, nothing in A
+    superuser: object
+    password: str = "correct horse battery staple"
+
+
+@pytest.fixture
+def tenancy(make_tenant) -> Tenancy:
+    from django.contrib.auth import get_user_model
+
+    from tenants.models import Membership
+
+    User = get_user_model()
+    a, b = make_tenant(name="Tenant A"), make_tenant(name="Tenant B")
+    password = Tenancy.password
+
+    def person(role, tenant, **flags):
+        user = User.objects.create_user(unique(role), password=password, is_staff=True, **flags)
+        if tenant is not None:
+            Membership.objects.create(user=user, tenant=tenant, role=role)
+        return user
+
+    return Tenancy(
+        tenant=a,
+        other=b,
+        owner=person("admin", a),
+        finance=person("finance", a),
+        viewer=person("viewer", a),
+        outsider=person("admin", b),
+        superuser=person("root", None, is_superuser=True),
+    )
 
 
 @pytest.fixture

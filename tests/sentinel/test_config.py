@@ -30,9 +30,7 @@ def test_the_readme_documents_no_variable_the_code_does_not_read():
     assert set(readme_table()) == {var.name for var in ENV_VARS}
 
 
-@pytest.mark.parametrize(
-    ("reader", "value"), [(envint, "ten"), (envfloat, "fast"), (envbool, "maybe")]
-)
+@pytest.mark.parametrize(("reader", "value"), [(envint, "ten"), (envfloat, "fast"), (envbool, "maybe")])
 def test_bad_values_fail_loudly(monkeypatch, reader, value):
     monkeypatch.setenv("SENTINEL_TEST_VALUE", value)
     with pytest.raises(ValueError, match="SENTINEL_TEST_VALUE"):

@@ -77,7 +77,9 @@ def run_env(data_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def shell(command: str, env: dict[str, str]) -> str:
-    result = subprocess.run(["bash", "-c", command], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", "-c", command], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -116,8 +118,9 @@ def test_make_run_from_empty_data_then_again(tmp_path):
         assert shell(snippet, first.env).strip() == answer_text("Hello")
         exported = shell(
             f"export OPENAI_BASE_URL={gateway}/v1; export OPENAI_API_KEY={key}; "
-            ".venv/bin/python -c \"from openai import OpenAI; "
-            "print(OpenAI().chat.completions.create(model='smart', messages=[{'role': 'user', 'content': 'Hi'}]).choices[0].message.content)\"",
+            '.venv/bin/python -c "from openai import OpenAI; '
+            "print(OpenAI().chat.completions.create(model='smart', "
+            "messages=[{'role': 'user', 'content': 'Hi'}]).choices[0].message.content)\"",
             first.env,
         )
         assert exported.strip() == answer_text("Hi")
@@ -162,9 +165,7 @@ def external_database(live_db):
 
 def test_make_run_with_external_servers_starts_neither_embedded_one(tmp_path, external_database):
     data_dir = tmp_path / "d"
-    session = RunSession(
-        run_env(data_dir, DATABASE_URL=external_database, REDIS_URL=os.environ["REDIS_URL"])
-    )
+    session = RunSession(run_env(data_dir, DATABASE_URL=external_database, REDIS_URL=os.environ["REDIS_URL"]))
     try:
         assert "Storage               DATABASE_URL / REDIS_URL" in session.output
         key = session.line(r"export OPENAI_API_KEY=(\S+)$")
