@@ -107,9 +107,7 @@ def drain(*, batch_size: int = 1000, max_batches: int = 50) -> int:
     moved = 0
     for _ in range(max_batches):
         # Records a dead worker left pending first, then new ones.
-        _, claimed, _ = client.xautoclaim(
-            STREAM, GROUP, consumer, min_idle_time=CLAIM_IDLE_MS, count=batch_size
-        )
+        _, claimed, _ = client.xautoclaim(STREAM, GROUP, consumer, min_idle_time=CLAIM_IDLE_MS, count=batch_size)
         messages = list(claimed)
         if not messages:
             response = client.xreadgroup(GROUP, consumer, {STREAM: ">"}, count=batch_size)

@@ -12,9 +12,7 @@ class Price(models.Model):
     """USD per token for one model, effective from a moment on. Never edited in place once used:
     a price change is a new row, so every ledger row keeps pointing at the version it was billed at."""
 
-    model = models.CharField(
-        max_length=200, db_index=True, help_text="Model as litellm's price map names it."
-    )
+    model = models.CharField(max_length=200, db_index=True, help_text="Model as litellm's price map names it.")
     input_per_token = models.DecimalField(max_digits=20, decimal_places=15)
     output_per_token = models.DecimalField(max_digits=20, decimal_places=15)
     effective_from = models.DateTimeField(default=timezone.now)
@@ -23,9 +21,7 @@ class Price(models.Model):
 
     class Meta:
         ordering = ["model", "-effective_from"]
-        constraints = [
-            models.UniqueConstraint(fields=["model", "effective_from"], name="one_price_per_moment")
-        ]
+        constraints = [models.UniqueConstraint(fields=["model", "effective_from"], name="one_price_per_moment")]
 
     def __str__(self) -> str:
         return f"{self.model} from {self.effective_from:%Y-%m-%d %H:%M}"

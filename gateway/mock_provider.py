@@ -85,6 +85,8 @@ class Faults:
     tokens: int = 40  # answer length in tokens (words)
     error_rate: float = 0.0  # share of calls answered with `error_status` (deterministic spacing)
     error_status: int = 503
+    error_code: str | None = None  # `error.code` in the error body (default: the status)
+    error_message: str = "mock fault"
     retry_after: float | None = None  # seconds, sent with 429/503 errors when set
     stall_ms: float = 0.0  # extra wait before anything is sent (a hung provider)
     slow_ms: float = 0.0  # extra latency added to every answer (a slow but healthy provider)
@@ -203,9 +205,7 @@ class MockProvider:
         return web.json_response({"status": "ok"})
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [{"id": "mock", "object": "model", "owned_by": "mock"}]}
-        )
+        return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model", "owned_by": "mock"}]})
 
     async def control_get(self, request: web.Request) -> web.Response:
         name = request.match_info.get("provider", DEFAULT_PROVIDER)
@@ -249,7 +249,13 @@ class MockProvider:
                 headers = {}
                 if faults.retry_after is not None:
                     headers["Retry-After"] = str(faults.retry_after)
-                return _error(faults.error_status, "server_error", "mock fault", headers)
+                return _error(
+                    faults.error_status,
+                    "invalid_request_error" if faults.error_status < 500 else "server_error",
+                    faults.error_message,
+                    headers,
+                    code=faults.error_code,
+                )
             if faults.slow_ms:
                 await asyncio.sleep(faults.slow_ms / 1000)
             n_tokens = faults.tokens
@@ -350,11 +356,11 @@ class MockProvider:
         return response
 
 
-def _error(status: int, kind: str, message: str, headers: dict | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "code": str(status)}}
-    return web.Response(
-        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
-    )
+def _error(
+    status: int, kind: str, message: str, headers: dict | None = None, code: str | None = None
+) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "code": code or str(status)}}
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=headers)
 
 
 PROFILES = {

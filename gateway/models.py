@@ -43,6 +43,17 @@ class Provider(models.Model):
         validators=[MinValueValidator(0.1)],
         help_text="Streaming: longest wait for the first token before failing over.",
     )
+
+    class Transport(models.TextChoices):
+        AUTO = "auto", "Fast path when the provider answers in OpenAI's format"
+        LITELLM = "litellm", "Always litellm.acompletion"
+
+    transport = models.CharField(
+        max_length=16,
+        choices=Transport.choices,
+        default=Transport.AUTO,
+        help_text="Both honor the same contract; the fast path relays OpenAI-format answers unparsed.",
+    )
     litellm_params = models.JSONField(
         default=dict, blank=True, help_text="Extra litellm arguments (api_version, region, ...)."
     )
@@ -64,8 +75,7 @@ class Provider(models.Model):
                 return _fernet().decrypt(bytes(self.api_key_encrypted)).decode()
             except InvalidToken:
                 raise RuntimeError(
-                    f"provider {self.name}: stored API key cannot be decrypted "
-                    "(SENTINEL_ENCRYPTION_KEY changed?)"
+                    f"provider {self.name}: stored API key cannot be decrypted (SENTINEL_ENCRYPTION_KEY changed?)"
                 ) from None
         if self.api_key_env:
             return os.environ.get(self.api_key_env)
@@ -134,9 +144,7 @@ class ChainEntry(models.Model):
 
     class Meta:
         ordering = ["alias", "position", "id"]
-        constraints = [
-            models.UniqueConstraint(fields=["alias", "deployment"], name="deployment_once_per_chain")
-        ]
+        constraints = [models.UniqueConstraint(fields=["alias", "deployment"], name="deployment_once_per_chain")]
         verbose_name = "chain entry"
         verbose_name_plural = "chain"
 

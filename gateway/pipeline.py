@@ -25,10 +25,11 @@ from billing.prices import aprice_at
 from gateway import providers
 from gateway.auth import KeyInfo, authenticate, block_markers, check_blocks
 from gateway.errors import GatewayError
+from gateway.failures import UpstreamError
 from gateway.localstate import GENERATION_KEY, observe_generation
-from gateway.providers import UpstreamError
 from gateway.routing import Target, chain_for, order_for_request
 from gateway.schemas import ChatRequest, parse_chat_request
+from gateway.transport import Event
 from sentinel.redis_clients import async_redis
 
 REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -95,9 +96,7 @@ async def chat_completions(headers, raw_body: bytes) -> Reply:
 async def check_shared_state(key: KeyInfo) -> None:
     """One Redis round trip: the configuration generation and the key's and tenant's blocks."""
     key_marker, tenant_marker = block_markers(key)
-    generation, key_blocked, tenant_blocked = await async_redis().mget(
-        GENERATION_KEY, key_marker, tenant_marker
-    )
+    generation, key_blocked, tenant_blocked = await async_redis().mget(GENERATION_KEY, key_marker, tenant_marker)
     observe_generation(generation)
     check_blocks(key, key_blocked, tenant_blocked)
 
@@ -125,8 +124,8 @@ async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
                 target, call.body, timeout=min(target.timeout, remaining), request_id=call.request_id
             )
         except UpstreamError as error:
-            if error.client_fault:
-                raise GatewayError(error.status, error.code, error.message) from None
+            if not error.retryable:
+                raise as_client_error(error) from None
             last_error = error
             continue
         usage = response.get("usage") or {}
@@ -154,8 +153,8 @@ async def stream_from_chain(call: Call, chain: list[Target]) -> Reply:
                 request_id=call.request_id,
             )
         except UpstreamError as error:
-            if error.client_fault:
-                raise GatewayError(error.status, error.code, error.message) from None
+            if not error.retryable:
+                raise as_client_error(error) from None
             last_error = error
             continue
         call.ttft_ms = call.elapsed_ms()
@@ -166,20 +165,21 @@ async def stream_from_chain(call: Call, chain: list[Target]) -> Reply:
     raise all_failed(last_error)
 
 
-async def relay(call: Call, first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[bytes]:
     """Forward the provider's chunks as SSE; on a failure after the first token, end with an
     error event (never a silently truncated stream). The ledger record is written however it ends."""
     wants_usage = bool(call.request.stream_options and call.request.stream_options.include_usage)
     usage: dict = {}
     recorded = False
     try:
-        yield sse(first)
-        async for chunk in rest:
+        yield first.raw or sse(first.data)
+        async for event in rest:
+            chunk = event.data
             if chunk.get("usage"):
                 usage = chunk["usage"]
                 if not chunk.get("choices") and not wants_usage:
                     continue
-            yield sse(chunk)
+            yield event.raw or sse(chunk)
         recorded = True
         await hand_off(await finished_stream_record(call, 200, "", usage))
         yield b"data: [DONE]\n\n"
@@ -208,6 +208,11 @@ def sse(payload: dict) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
+def as_client_error(error: UpstreamError) -> GatewayError:
+    """An error retrying cannot fix goes back to the client as it is (and trips nothing)."""
+    return GatewayError(error.status, error.code, error.message)
+
+
 def all_failed(last_error: UpstreamError | None) -> GatewayError:
     detail = f" Last error: {last_error}." if last_error else ""
     return GatewayError(
@@ -225,9 +230,7 @@ async def cost_of(target: Target, usage: dict) -> tuple[Decimal, int | None]:
     prompt = int(usage.get("prompt_tokens") or 0)
     completion = int(usage.get("completion_tokens") or 0)
     if target.input_price_override is not None and target.output_price_override is not None:
-        return request_cost(
-            prompt, completion, target.input_price_override, target.output_price_override
-        ), None
+        return request_cost(prompt, completion, target.input_price_override, target.output_price_override), None
     price = await aprice_at(target.litellm_model)
     return request_cost(prompt, completion, price.input_per_token, price.output_per_token), price.id
 

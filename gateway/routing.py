@@ -9,9 +9,10 @@ from itertools import groupby
 
 from asgiref.sync import sync_to_async
 
+from gateway import transport
 from gateway.errors import GatewayError
 from gateway.localstate import TTLCache
-from gateway.models import ChainEntry, ModelAlias
+from gateway.models import ChainEntry, ModelAlias, Provider
 
 _chains = TTLCache(ttl=30.0, maxsize=10_000)
 
@@ -34,6 +35,7 @@ class Target:
     litellm_params: tuple[tuple[str, object], ...]
     input_price_override: Decimal | None
     output_price_override: Decimal | None
+    fast: transport.FastRoute | None  # set when the fast path serves this deployment
 
 
 def _load_chain(alias: str) -> tuple[Target, ...] | None:
@@ -48,6 +50,10 @@ def _load_chain(alias: str) -> tuple[Target, ...] | None:
     for entry in entries:
         deployment = entry.deployment
         provider = deployment.provider
+        api_key = provider.api_key()
+        fast = None
+        if provider.transport == Provider.Transport.AUTO and not provider.litellm_params:
+            fast = transport.prepare(deployment.litellm_model, provider.api_base or None, api_key)
         targets.append(
             Target(
                 deployment_id=deployment.pk,
@@ -56,7 +62,7 @@ def _load_chain(alias: str) -> tuple[Target, ...] | None:
                 provider_kind=provider.kind,
                 litellm_model=deployment.litellm_model,
                 api_base=provider.api_base or None,
-                api_key=provider.api_key(),
+                api_key=api_key,
                 timeout=provider.timeout_seconds,
                 first_token_timeout=provider.first_token_timeout_seconds,
                 weight=deployment.weight,
@@ -64,6 +70,7 @@ def _load_chain(alias: str) -> tuple[Target, ...] | None:
                 litellm_params=tuple(sorted(provider.litellm_params.items())),
                 input_price_override=deployment.input_price_override,
                 output_price_override=deployment.output_price_override,
+                fast=fast,
             )
         )
     return tuple(targets)
@@ -98,6 +105,4 @@ def order_for_request(chain: tuple[Target, ...], rng: random.Random = random) ->
 
 
 def model_names() -> list[str]:
-    return list(
-        ModelAlias.objects.filter(chain__deployment__enabled=True).distinct().values_list("name", flat=True)
-    )
+    return list(ModelAlias.objects.filter(chain__deployment__enabled=True).distinct().values_list("name", flat=True))

@@ -85,18 +85,13 @@ def _error_from(exc: ValidationError) -> GatewayError:
         )
     if kind == "literal_error" and param.endswith(".role"):
         return invalid_request(
-            f"Invalid value for '{param}': must be one of system, developer, user, assistant, "
-            "tool, function.",
+            f"Invalid value for '{param}': must be one of system, developer, user, assistant, tool, function.",
             param=param,
             code="invalid_value",
         )
     if kind.endswith("_type") or kind in ("model_type", "list_type", "union_tag_invalid"):
-        return invalid_request(
-            f"Invalid type for '{param}': {error['msg'].lower()}.", param=param, code="invalid_type"
-        )
-    return invalid_request(
-        f"Invalid value for '{param}': {error['msg'].lower()}.", param=param, code="invalid_value"
-    )
+        return invalid_request(f"Invalid type for '{param}': {error['msg'].lower()}.", param=param, code="invalid_type")
+    return invalid_request(f"Invalid value for '{param}': {error['msg'].lower()}.", param=param, code="invalid_value")
 
 
 def parse_chat_request(raw: bytes) -> tuple[ChatRequest, dict]:

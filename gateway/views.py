@@ -36,9 +36,7 @@ def error_response(error: GatewayError) -> HttpResponse:
 async def chat_completions(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return error_response(
-            GatewayError(
-                405, "method_not_allowed", "Use POST for /v1/chat/completions.", headers={"allow": "POST"}
-            )
+            GatewayError(405, "method_not_allowed", "Use POST for /v1/chat/completions.", headers={"allow": "POST"})
         )
     return to_response(await pipeline.chat_completions(request.headers, request.body))
 
@@ -57,18 +55,13 @@ async def models(request: HttpRequest) -> HttpResponse:
     return JsonResponse(
         {
             "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "sentinel"}
-                for name in sorted(names)
-            ],
+            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sentinel"} for name in sorted(names)],
         }
     )
 
 
 async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
-    return error_response(
-        GatewayError(404, "unknown_url", f"Unknown request URL: {request.method} {request.path}.")
-    )
+    return error_response(GatewayError(404, "unknown_url", f"Unknown request URL: {request.method} {request.path}."))
 
 
 async def live(request: HttpRequest) -> HttpResponse:

@@ -70,13 +70,9 @@ def ensure_mock_providers(mock_url: str) -> None:
             deployment, _ = Deployment.objects.get_or_create(
                 name=deployment_name, defaults={"provider": provider, "litellm_model": model}
             )
-            ChainEntry.objects.get_or_create(
-                alias=alias, deployment=deployment, defaults={"position": position}
-            )
+            ChainEntry.objects.get_or_create(alias=alias, deployment=deployment, defaults={"position": position})
     for alias_name, target in DEMO_ALIASES.items():
-        alias, _ = ModelAlias.objects.get_or_create(
-            name=alias_name, defaults={"description": f"Alias of {target}"}
-        )
+        alias, _ = ModelAlias.objects.get_or_create(name=alias_name, defaults={"description": f"Alias of {target}"})
         for entry in ChainEntry.objects.filter(alias__name=target):
             ChainEntry.objects.get_or_create(
                 alias=alias, deployment=entry.deployment, defaults={"position": entry.position}

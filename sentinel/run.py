@@ -28,9 +28,7 @@ STOP_GRACE_SECONDS = 10.0
 HOST = envstr("SENTINEL_HOST", "127.0.0.1", "Address `make run` serves the gateway and mock provider on.")
 PORT = envint("SENTINEL_PORT", 8000, "Port of the gateway (API, console, websockets) under `make run`.")
 MOCK_PORT = envint("SENTINEL_MOCK_PORT", 8100, "Port of the mock provider under `make run`.")
-WEB_WORKERS = envint(
-    "SENTINEL_WEB_WORKERS", os.cpu_count() or 1, "ASGI worker processes (default: one per core)."
-)
+WEB_WORKERS = envint("SENTINEL_WEB_WORKERS", os.cpu_count() or 1, "ASGI worker processes (default: one per core).")
 
 
 @dataclass
@@ -150,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default=os.environ.get("SENTINEL_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SENTINEL_PORT", "8000")))
     parser.add_argument("--mock-port", type=int, default=int(os.environ.get("SENTINEL_MOCK_PORT", "8100")))
-    parser.add_argument(
-        "--workers", type=int, default=int(os.environ.get("SENTINEL_WEB_WORKERS", os.cpu_count() or 1))
-    )
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("SENTINEL_WEB_WORKERS", os.cpu_count() or 1)))
     args = parser.parse_args(argv)
 
     for name, port in (("SENTINEL_PORT", args.port), ("SENTINEL_MOCK_PORT", args.mock_port)):
@@ -250,9 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if not stopping:
             print(
-                banner(
-                    gateway=gateway, mock=mock_url, data_dir=settings.DATA_DIR, demo=demo, embedded=embedded
-                ),
+                banner(gateway=gateway, mock=mock_url, data_dir=settings.DATA_DIR, demo=demo, embedded=embedded),
                 flush=True,
             )
         while not stopping:

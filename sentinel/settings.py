@@ -63,16 +63,13 @@ ENCRYPTION_KEY = (
     envstr(
         "SENTINEL_ENCRYPTION_KEY",
         "",
-        "Key that encrypts provider API keys at rest (any string; keep it stable). Unset: derived "
-        "from the secret key.",
+        "Key that encrypts provider API keys at rest (any string; keep it stable). Unset: derived from the secret key.",
     )
     or SECRET_KEY
 )
 
 DEBUG = envbool("SENTINEL_DEBUG", False, "Django debug mode. Never on in production.")
-ALLOWED_HOSTS = envlist(
-    "SENTINEL_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]", "Comma-separated host names served."
-)
+ALLOWED_HOSTS = envlist("SENTINEL_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]", "Comma-separated host names served.")
 CSRF_TRUSTED_ORIGINS = envlist(
     "SENTINEL_CSRF_TRUSTED_ORIGINS", "", "Comma-separated origins trusted for console forms."
 )
@@ -192,9 +189,7 @@ CELERY_BEAT_SCHEDULE = {
 
 # --- Gateway -----------------------------------------------------------------------------------
 
-MAX_BODY_BYTES = envint(
-    "SENTINEL_MAX_BODY_BYTES", 4 * 1024 * 1024, "Largest accepted API request body; above: 413."
-)
+MAX_BODY_BYTES = envint("SENTINEL_MAX_BODY_BYTES", 4 * 1024 * 1024, "Largest accepted API request body; above: 413.")
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BODY_BYTES
 KEY_CACHE_SECONDS = envfloat(
     "SENTINEL_KEY_CACHE_SECONDS",
@@ -232,7 +227,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
-        name: {"level": LOG_LEVEL, "propagate": True}
-        for name in ("sentinel", "tenants", "gateway", "billing")
+        name: {"level": LOG_LEVEL, "propagate": True} for name in ("sentinel", "tenants", "gateway", "billing")
     },
 }

@@ -53,9 +53,7 @@ def key_revoke(*, key: VirtualKey) -> None:
     )
     if updated:
         key.refresh_from_db()
-        transaction.on_commit(
-            lambda: sync_redis().set(blocked_key_marker(key.digest), 1, ex=BLOCK_MARKER_SECONDS)
-        )
+        transaction.on_commit(lambda: sync_redis().set(blocked_key_marker(key.digest), 1, ex=BLOCK_MARKER_SECONDS))
         announce_change()
 
 

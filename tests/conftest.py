@@ -33,10 +33,7 @@ def flush_embedded_test_redis() -> None:
     from sentinel.redis_clients import sync_redis
 
     state = settings.DATA_DIR / "valkey" / "server.json"
-    if (
-        state.exists()
-        and f"redis://127.0.0.1:{json.loads(state.read_text())['port']}/0" == settings.REDIS_URL
-    ):
+    if state.exists() and f"redis://127.0.0.1:{json.loads(state.read_text())['port']}/0" == settings.REDIS_URL:
         sync_redis().flushdb()
 
 
@@ -168,9 +165,7 @@ def make_model(live_db, mock_provider) -> Callable:
         names = []
         for position in range(chain_length):
             name = unique("prov")
-            provider = Provider(
-                name=name, kind="openai", api_base=mock_provider.api_base(name), **provider_fields
-            )
+            provider = Provider(name=name, kind="openai", api_base=mock_provider.api_base(name), **provider_fields)
             provider.set_api_key("sk-test-" + name)
             provider.save()
             deployment = Deployment.objects.create(name=name, provider=provider, litellm_model=litellm_model)

@@ -227,9 +227,7 @@ def test_model_not_on_the_allowlist(gateway, make_tenant, make_key, untouched):
 
 def test_key_allowlist_narrows_the_tenants(gateway, tenant, make_key, untouched):
     key = make_key(tenant, allowed_models=["only-this"])
-    assert_error(
-        post(gateway, key=key, body={"model": untouched[0], "messages": ask("x")}), 403, "model_not_allowed"
-    )
+    assert_error(post(gateway, key=key, body={"model": untouched[0], "messages": ask("x")}), 403, "model_not_allowed")
 
 
 def test_unknown_model(gateway, api_key):

@@ -36,9 +36,7 @@ def test_answers_are_deterministic_per_prompt(mock_provider, provider):
 
 
 def test_stream_is_sse_with_usage_when_asked(mock_provider, provider):
-    response = chat(
-        mock_provider, provider, "s", stream=True, stream_options={"include_usage": True}, max_tokens=3
-    )
+    response = chat(mock_provider, provider, "s", stream=True, stream_options={"include_usage": True}, max_tokens=3)
     events = [line[6:] for line in response.text.split("\n\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert '"usage"' in events[-2] and '"completion_tokens":3' in events[-2]

@@ -77,9 +77,7 @@ def run_env(data_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def shell(command: str, env: dict[str, str]) -> str:
-    result = subprocess.run(
-        ["bash", "-c", command], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run(["bash", "-c", command], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
 

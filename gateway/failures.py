@@ -1,0 +1,97 @@
+"""What a failed provider call means for the caller, whichever path made the call.
+
+Every failure becomes an UpstreamError with a verdict: is it the client's fault (give it back and
+count nothing against the provider), can retrying help, did the provider say when to retry. litellm's
+exceptions go through `classify`; raw HTTP answers of the fast path through `status_error`, which
+mirrors litellm's mapping so both paths behave the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import orjson
+
+
+@dataclass
+class UpstreamError(Exception):
+    status: int
+    code: str
+    message: str
+    retryable: bool  # retrying (this deployment or another) can help
+    client_fault: bool  # the request itself is wrong: give it back, count nothing against the provider
+    retry_after: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code}: {self.message}"
+
+
+PROVIDER_AUTH_MESSAGE = "The provider rejected Sentinel's credentials for this deployment."
+
+
+def timeout_error() -> UpstreamError:
+    return UpstreamError(504, "upstream_timeout", "The provider did not answer in time.", True, False)
+
+
+def connection_error(detail: str) -> UpstreamError:
+    return UpstreamError(502, "provider_unreachable", f"Connection error: {detail}"[:500], True, False)
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def status_error(status: int, message: str, code: str = "", retry_after: str | None = None) -> UpstreamError:
+    """The verdict for a provider's HTTP error answer."""
+    lowered = f"{message} {code}".lower()
+    if status == 400 and ("content_policy" in lowered or "content management policy" in lowered):
+        return UpstreamError(400, "content_policy_violation", message, False, True)
+    if status == 400 and ("context_length_exceeded" in lowered or "maximum context length" in lowered):
+        return UpstreamError(400, "context_length_exceeded", message, False, True)
+    if status in (401, 403):
+        return UpstreamError(502, "provider_authentication_failed", PROVIDER_AUTH_MESSAGE, False, False)
+    if status == 429:
+        return UpstreamError(429, "provider_rate_limited", message, True, False, _parse_retry_after(retry_after))
+    if status in (400, 422):
+        return UpstreamError(400, "invalid_request", message, False, True)
+    if status == 404:
+        return UpstreamError(502, "provider_model_not_found", message, False, False)
+    retryable = status >= 500 or status == 408
+    return UpstreamError(502, f"provider_error_{status}", message, retryable, False, _parse_retry_after(retry_after))
+
+
+def error_body(raw: bytes) -> tuple[str, str]:
+    """(message, code) from an OpenAI-style error body, tolerating anything else."""
+    try:
+        error = orjson.loads(raw).get("error") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        return raw[:500].decode(errors="replace"), ""
+    if isinstance(error, dict):
+        return str(error.get("message") or "")[:500], str(error.get("code") or "")
+    return str(error)[:500], ""
+
+
+def classify(exc: BaseException) -> UpstreamError:
+    """The verdict for an exception raised by litellm (or anything else a call raised)."""
+    import litellm
+    import openai
+
+    if isinstance(exc, UpstreamError):
+        return exc
+    if isinstance(exc, litellm.ContentPolicyViolationError):
+        return UpstreamError(400, "content_policy_violation", str(exc)[:500], False, True)
+    if isinstance(exc, litellm.ContextWindowExceededError):
+        return UpstreamError(400, "context_length_exceeded", str(exc)[:500], False, True)
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError, openai.APITimeoutError)):
+        return timeout_error()
+    if isinstance(exc, openai.APIStatusError):
+        headers = getattr(exc.response, "headers", None) or {}
+        message = str(getattr(exc, "message", None) or exc)[:500]
+        return status_error(exc.status_code, message, str(getattr(exc, "code", "") or ""), headers.get("retry-after"))
+    if isinstance(exc, openai.APIConnectionError):
+        return connection_error(str(exc))
+    return UpstreamError(502, "provider_error", str(exc)[:500], True, False)
