@@ -88,6 +88,9 @@ def classify(exc: BaseException) -> UpstreamError:
         return UpstreamError(400, "context_length_exceeded", str(exc)[:500], False, True)
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError, openai.APITimeoutError)):
         return timeout_error()
+    if isinstance(exc, litellm.InternalServerError) and "connection error" in str(exc).lower():
+        # litellm reports a connection that never got an answer as a 500 from the provider.
+        return connection_error(str(exc))
     if isinstance(exc, openai.APIStatusError):
         headers = getattr(exc.response, "headers", None) or {}
         message = str(getattr(exc, "message", None) or exc)[:500]

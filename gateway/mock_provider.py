@@ -332,12 +332,12 @@ class MockProvider:
             await asyncio.sleep(faults.ttft_ms / 1000)
         await response.write(chunk({"role": "assistant", "content": ""}))
         for i, token in enumerate(tokens):
+            if i and faults.tpt_ms:
+                await asyncio.sleep(faults.tpt_ms / 1000)
             if faults.drop_after is not None and i >= faults.drop_after:
                 # Abort the connection without the terminating chunk, as a crashed upstream would.
                 request.transport.close()
                 return response
-            if i and faults.tpt_ms:
-                await asyncio.sleep(faults.tpt_ms / 1000)
             await response.write(chunk({"content": token}))
         await response.write(chunk({}, finish_reason))
         if include_usage:
@@ -356,9 +356,7 @@ class MockProvider:
         return response
 
 
-def _error(
-    status: int, kind: str, message: str, headers: dict | None = None, code: str | None = None
-) -> web.Response:
+def _error(status: int, kind: str, message: str, headers: dict | None = None, code: str | None = None) -> web.Response:
     body = {"error": {"message": message, "type": kind, "code": code or str(status)}}
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=headers)
 
