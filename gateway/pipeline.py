@@ -131,7 +131,7 @@ async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
         usage = response.get("usage") or {}
         cost, price_id = await cost_of(target, usage)
         headers = response_headers(call, cost)
-        await hand_off(ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
+        await finish(ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
         return Reply(200, headers, orjson.dumps(response))
     raise all_failed(last_error)
 
@@ -181,25 +181,25 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
                     continue
             yield event.raw or sse(chunk)
         recorded = True
-        await hand_off(await finished_stream_record(call, 200, "", usage))
+        await finish(await stream_record(call, 200, "", usage))
         yield b"data: [DONE]\n\n"
     except UpstreamError as error:
         message = f"The provider's stream broke off after it started: {error.message}"
         yield sse(GatewayError(502, "stream_interrupted", message).payload())
         recorded = True
-        await hand_off(await finished_stream_record(call, 502, "stream_interrupted", usage))
+        await finish(await stream_record(call, 502, "stream_interrupted", usage))
     finally:
         if not recorded:
             # The client went away (this task is being cancelled): record what it got, separately.
-            spawn(_record_later(call, 499, "client_disconnected", usage))
+            spawn(finish_disconnected(call, usage))
         await rest.aclose()
 
 
-async def _record_later(call: Call, status: int, error_code: str, usage: dict) -> None:
-    await hand_off(await finished_stream_record(call, status, error_code, usage))
+async def finish_disconnected(call: Call, usage: dict) -> None:
+    await finish(await stream_record(call, 499, "client_disconnected", usage))
 
 
-async def finished_stream_record(call: Call, status: int, error_code: str, usage: dict) -> LedgerRecord:
+async def stream_record(call: Call, status: int, error_code: str, usage: dict) -> LedgerRecord:
     cost, price_id = await cost_of(call.target, usage)
     return ledger_record(call, status, error_code=error_code, usage=usage, cost=cost, price_id=price_id)
 
@@ -221,6 +221,14 @@ def all_failed(last_error: UpstreamError | None) -> GatewayError:
         "No provider could serve this request." + detail,
         headers={"retry-after": "1"},
     )
+
+
+# --- the end of every request ------------------------------------------------------------------
+
+
+async def finish(record: LedgerRecord) -> None:
+    """Every authenticated request ends here, once: its record goes to the durable ledger queue."""
+    await hand_off(record)
 
 
 # --- money and records -------------------------------------------------------------------------
@@ -285,5 +293,5 @@ async def error_reply(call: Call, error: GatewayError) -> Reply:
     headers = {"x-sentinel-request-id": call.request_id, **error.headers}
     if call.key is not None:
         # Authenticated requests are billed records even when refused (at zero cost).
-        await hand_off(ledger_record(call, error.status, error_code=error.code))
+        await finish(ledger_record(call, error.status, error_code=error.code))
     return Reply(error.status, headers, error.body())
