@@ -18,6 +18,7 @@ from decimal import Decimal
 
 import orjson
 import redis
+from asgiref.sync import sync_to_async
 
 from billing.models import LedgerEntry
 from sentinel.redis_clients import async_redis, sync_redis
@@ -56,8 +57,17 @@ class LedgerRecord:
 
 
 async def hand_off(record: LedgerRecord) -> None:
-    """Queue one record durably; returns once Redis has it."""
-    await async_redis().xadd(STREAM, {"r": record.encode()})
+    """Queue one record durably; returns once Redis has it. While Redis is unreachable the record
+    goes straight to Postgres instead (slower, equally durable, idempotent on the same id)."""
+    encoded = record.encode()
+    try:
+        await async_redis().xadd(STREAM, {"r": encoded})
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+        await sync_to_async(_insert_directly)(encoded)
+
+
+def _insert_directly(encoded: bytes) -> None:
+    LedgerEntry.objects.bulk_create([_entry({b"r": encoded})], ignore_conflicts=True)
 
 
 def _ensure_group(client: redis.Redis) -> None:

@@ -7,17 +7,20 @@ reads the configuration generation, see gateway.localstate).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass
 
 import orjson
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db.models import Q
+from redis import exceptions as redis_errors
 
 from gateway.errors import GatewayError
 from gateway.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker
 from sentinel.redis_clients import async_redis
-from tenants.models import Tenant, VirtualKey
+from tenants.models import Budget, Tenant, VirtualKey
 from tenants.services import key_digest
 
 REDIS_TTL_SECONDS = 60
@@ -37,9 +40,23 @@ class KeyInfo:
     tenant_active: bool
     expires_at: float | None  # unix time
     allowed_models: tuple[str, ...] | None  # None: every model
+    key_limits: tuple[tuple[str, int], ...] = ()  # (rpm|tpm|concurrency, limit)
+    tenant_limits: tuple[tuple[str, int], ...] = ()
+    # (budget id, key id or None for the tenant's, period, limit in USD, alert percent, hard)
+    budgets: tuple[tuple[int, int | None, str, str, int | None, bool], ...] = ()
+    fail_open: bool = True  # what admission does while Redis is unreachable
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
+
+    @classmethod
+    def from_json(cls, data: dict) -> KeyInfo:
+        """Rebuild from the Redis copy (JSON turned the tuples into lists)."""
+        if data["allowed_models"] is not None:
+            data["allowed_models"] = tuple(data["allowed_models"])
+        for name in ("key_limits", "tenant_limits", "budgets"):
+            data[name] = tuple(tuple(item) for item in data[name])
+        return cls(**data)
 
 
 def _redis_cache_key(digest: str) -> str:
@@ -56,9 +73,10 @@ def effective_allowlist(tenant_models: list[str], key_models: list[str]) -> tupl
 
 
 def _load_from_db(digest: str) -> KeyInfo | None:
-    key = VirtualKey.objects.select_related("tenant").filter(digest=digest).first()
+    key = VirtualKey.objects.select_related("tenant__tier", "tier").filter(digest=digest).first()
     if key is None:
         return None
+    budgets = Budget.objects.filter(tenant_id=key.tenant_id).filter(Q(key__isnull=True) | Q(key_id=key.pk))
     return KeyInfo(
         key_id=key.pk,
         digest=digest,
@@ -69,6 +87,12 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         tenant_active=key.tenant.status == Tenant.Status.ACTIVE,
         expires_at=key.expires_at.timestamp() if key.expires_at else None,
         allowed_models=effective_allowlist(key.tenant.allowed_models, key.allowed_models),
+        key_limits=tuple(sorted(key.effective_limits().items())),
+        tenant_limits=tuple(sorted(key.tenant.effective_limits().items())),
+        budgets=tuple(
+            (b.pk, b.key_id, b.period, str(b.limit_usd), b.alert_at_percent, b.hard) for b in budgets.order_by("pk")
+        ),
+        fail_open=key.tenant.on_redis_outage == Tenant.RedisOutage.FAIL_OPEN,
     )
 
 
@@ -77,20 +101,24 @@ async def _lookup(digest: str) -> KeyInfo | None:
     if info is not None:
         return info
     redis = async_redis()
-    raw = await redis.get(_redis_cache_key(digest))
+    try:
+        raw = await redis.get(_redis_cache_key(digest))
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+        raw, redis = None, None  # Redis is down: the database still knows the key
     if raw is not None:
         data = orjson.loads(raw)
         if data is None:
             return None  # remembered miss: a wrong key does not reach the database twice
-        data["allowed_models"] = tuple(data["allowed_models"]) if data["allowed_models"] is not None else None
-        info = KeyInfo(**data)
+        info = KeyInfo.from_json(data)
     else:
         info = await sync_to_async(_load_from_db)(digest)
-        await redis.set(
-            _redis_cache_key(digest),
-            orjson.dumps(asdict(info) if info else None),
-            ex=REDIS_TTL_SECONDS if info else 5,
-        )
+        if redis is not None:
+            with contextlib.suppress(redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+                await redis.set(
+                    _redis_cache_key(digest),
+                    orjson.dumps(asdict(info) if info else None),
+                    ex=REDIS_TTL_SECONDS if info else 5,
+                )
     if info is not None:
         _local.set(digest, info)
     return info
@@ -134,8 +162,16 @@ def block_markers(info: KeyInfo) -> tuple[str, str]:
     return blocked_key_marker(info.digest), blocked_tenant_marker(info.tenant_id)
 
 
-def check_blocks(info: KeyInfo, key_blocked: bytes | None, tenant_blocked: bytes | None) -> None:
-    """Apply the markers read this request (they override whatever the caches said)."""
+async def ensure_not_blocked(info: KeyInfo) -> None:
+    """Check the key's and tenant's block markers (and the configuration generation) in Redis.
+    Admission does this in its own step; this is for requests that never get there."""
+    from gateway.localstate import GENERATION_KEY, observe_generation
+
+    try:
+        generation, key_blocked, tenant_blocked = await async_redis().mget(GENERATION_KEY, *block_markers(info))
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+        return
+    observe_generation(generation)
     if key_blocked:
         raise GatewayError(401, "invalid_api_key", "This API key has been revoked.")
     if tenant_blocked:

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 
-from cryptography.fernet import Fernet, InvalidToken
-from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 
-
-def _fernet() -> Fernet:
-    key = hashlib.sha256(("provider-keys:" + settings.ENCRYPTION_KEY).encode()).digest()
-    return Fernet(base64.urlsafe_b64encode(key))
+from sentinel.crypto import decrypt, encrypt
 
 
 class Provider(models.Model):
@@ -66,17 +59,12 @@ class Provider(models.Model):
         return self.name
 
     def set_api_key(self, secret: str) -> None:
-        self.api_key_encrypted = _fernet().encrypt(secret.encode()) if secret else b""
+        self.api_key_encrypted = encrypt("provider-keys", secret)
 
     def api_key(self) -> str | None:
         """The key to call the provider with: the stored one, else the named variable's value."""
         if self.api_key_encrypted:
-            try:
-                return _fernet().decrypt(bytes(self.api_key_encrypted)).decode()
-            except InvalidToken:
-                raise RuntimeError(
-                    f"provider {self.name}: stored API key cannot be decrypted (SENTINEL_ENCRYPTION_KEY changed?)"
-                ) from None
+            return decrypt("provider-keys", self.api_key_encrypted)
         if self.api_key_env:
             return os.environ.get(self.api_key_env)
         return None
@@ -124,6 +112,10 @@ class ModelAlias(models.Model):
 
     name = models.CharField(max_length=200, unique=True)
     description = models.CharField(max_length=300, blank=True)
+    # Global limits on the model, across all tenants, so one heavy user cannot monopolize a provider.
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent = models.PositiveIntegerField(null=True, blank=True)
     deployments = models.ManyToManyField(Deployment, through="ChainEntry", related_name="aliases")
 
     class Meta:

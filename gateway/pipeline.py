@@ -1,7 +1,7 @@
 """POST /v1/chat/completions, top to bottom.
 
-    authenticate → check blocks → validate → allowlist → route → call (stream or not)
-    → respond → hand the ledger record off
+    authenticate → validate → allowlist → route → admit (limits, budgets, blocks: one Redis step)
+    → call the chain (stream or not) → respond → finish (settle the admission, hand off the ledger)
 
 Each stage is a small function; the view only turns the Reply into an HTTP response.
 """
@@ -9,6 +9,7 @@ Each stage is a small function; the view only turns the Reply into an HTTP respo
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 import uuid
@@ -22,16 +23,17 @@ from django.conf import settings
 from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
-from gateway import providers
-from gateway.auth import KeyInfo, authenticate, block_markers, check_blocks
+from gateway import admission, providers
+from gateway.admission import Ticket
+from gateway.auth import KeyInfo, authenticate, ensure_not_blocked
 from gateway.errors import GatewayError
 from gateway.failures import UpstreamError
-from gateway.localstate import GENERATION_KEY, observe_generation
-from gateway.routing import Target, chain_for, order_for_request
+from gateway.routing import ModelRoute, Target, order_for_request, route_for
 from gateway.schemas import ChatRequest, parse_chat_request
 from gateway.transport import Event
-from sentinel.redis_clients import async_redis
 
+log = logging.getLogger(__name__)
+INTERNAL_ERROR = GatewayError(500, "internal_error", "Sentinel failed to handle this request; it has been logged.")
 REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _background: set[asyncio.Task] = set()
 
@@ -53,9 +55,11 @@ class Call:
     key: KeyInfo | None = None
     request: ChatRequest | None = None
     body: dict = field(default_factory=dict)
+    ticket: Ticket | None = None
     target: Target | None = None
     fallbacks: int = 0
     ttft_ms: int | None = None
+    chunks: int = 0  # content chunks relayed so far (a stream's usage if it ends early)
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.started) * 1000)
@@ -82,23 +86,54 @@ async def chat_completions(headers, raw_body: bytes) -> Reply:
     call = Call(request_id=request_id_from(headers.get("x-sentinel-request-id")))
     try:
         call.key = await authenticate(headers.get("authorization"), headers.get("x-api-key"))
-        await check_shared_state(call.key)
         call.request, call.body = parse_chat_request(raw_body)
         authorize_model(call.key, call.request.model)
-        chain = order_for_request(await chain_for(call.request.model))
+        route = await route_for(call.request.model)
+        call.ticket = await admit(call, route)
+        chain = order_for_request(route.targets)
         if call.request.stream:
             return await stream_from_chain(call, chain)
         return await complete_from_chain(call, chain)
     except GatewayError as error:
         return await error_reply(call, error)
+    except Exception:
+        # A bug must still answer in OpenAI's shape and release what the request held.
+        log.exception("request %s failed unexpectedly", call.request_id)
+        return await error_reply(call, INTERNAL_ERROR)
+    except asyncio.CancelledError:
+        # The client went away before an answer: release what it held, record it, off this task.
+        if call.key is not None:
+            spawn(finish(call, ledger_record(call, 499, error_code="client_disconnected")))
+        raise
 
 
-async def check_shared_state(key: KeyInfo) -> None:
-    """One Redis round trip: the configuration generation and the key's and tenant's blocks."""
-    key_marker, tenant_marker = block_markers(key)
-    generation, key_blocked, tenant_blocked = await async_redis().mget(GENERATION_KEY, key_marker, tenant_marker)
-    observe_generation(generation)
-    check_blocks(key, key_blocked, tenant_blocked)
+async def admit(call: Call, route: ModelRoute) -> Ticket:
+    request = call.request
+    prompt = estimate_prompt_tokens(call.body["messages"])
+    tokens, worst_cost = route.worst_case(prompt, request.max_completion_tokens or request.max_tokens, request.n or 1)
+    return await admission.admit(
+        key=call.key,
+        model=request.model,
+        model_limits=dict(route.limits),
+        request_id=call.request_id,
+        tokens=tokens,
+        worst_cost=worst_cost,
+        lease_seconds=settings.CHAIN_DEADLINE_SECONDS,
+    )
+
+
+def estimate_prompt_tokens(messages: list) -> int:
+    """A cheap upper-leaning estimate (about 3 characters a token, plus framing); admission
+    reconciles it with the provider's count after the call."""
+    chars = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
+        chars += len(str(message.get("tool_calls") or "")) + len(str(message.get("name") or ""))
+    return chars // 3 + 4 * len(messages) + 3
 
 
 def authorize_model(key: KeyInfo, model: str) -> None:
@@ -131,7 +166,7 @@ async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
         usage = response.get("usage") or {}
         cost, price_id = await cost_of(target, usage)
         headers = response_headers(call, cost)
-        await finish(ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
+        await finish(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
         return Reply(200, headers, orjson.dumps(response))
     raise all_failed(last_error)
 
@@ -179,15 +214,16 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
                 usage = chunk["usage"]
                 if not chunk.get("choices") and not wants_usage:
                     continue
+            call.chunks += 1
             yield event.raw or sse(chunk)
         recorded = True
-        await finish(await stream_record(call, 200, "", usage))
+        await finish(call, await stream_record(call, 200, "", usage))
         yield b"data: [DONE]\n\n"
     except UpstreamError as error:
         message = f"The provider's stream broke off after it started: {error.message}"
         yield sse(GatewayError(502, "stream_interrupted", message).payload())
         recorded = True
-        await finish(await stream_record(call, 502, "stream_interrupted", usage))
+        await finish(call, await stream_record(call, 502, "stream_interrupted", usage))
     finally:
         if not recorded:
             # The client went away (this task is being cancelled): record what it got, separately.
@@ -196,7 +232,11 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
 
 
 async def finish_disconnected(call: Call, usage: dict) -> None:
-    await finish(await stream_record(call, 499, "client_disconnected", usage))
+    if not usage:
+        # Gone before the provider's count arrived: bill what was relayed (about a token a chunk).
+        prompt = estimate_prompt_tokens(call.body["messages"])
+        usage = {"prompt_tokens": prompt, "completion_tokens": call.chunks}
+    await finish(call, await stream_record(call, 499, "client_disconnected", usage))
 
 
 async def stream_record(call: Call, status: int, error_code: str, usage: dict) -> LedgerRecord:
@@ -226,9 +266,16 @@ def all_failed(last_error: UpstreamError | None) -> GatewayError:
 # --- the end of every request ------------------------------------------------------------------
 
 
-async def finish(record: LedgerRecord) -> None:
-    """Every authenticated request ends here, once: its record goes to the durable ledger queue."""
+async def finish(call: Call, record: LedgerRecord) -> None:
+    """Every authenticated request ends here, once: its record goes to the durable ledger queue and
+    its admission settles to what it really used (nothing, if it failed)."""
     await hand_off(record)
+    if call.ticket is not None:
+        await admission.settle(
+            call.ticket,
+            tokens_used=record.prompt_tokens + record.completion_tokens,
+            cost=Decimal(record.cost_usd),
+        )
 
 
 # --- money and records -------------------------------------------------------------------------
@@ -248,6 +295,7 @@ def response_headers(call: Call, cost: Decimal | None) -> dict[str, str]:
         "x-sentinel-request-id": call.request_id,
         "x-sentinel-cache": "miss",
         "x-sentinel-fallbacks": str(call.fallbacks),
+        **(call.ticket.headers() if call.ticket else {}),
     }
     if call.target is not None:
         headers["x-sentinel-provider"] = call.target.provider
@@ -290,8 +338,17 @@ def ledger_record(
 
 
 async def error_reply(call: Call, error: GatewayError) -> Reply:
+    if call.key is not None and call.ticket is None and error.status in (400, 403, 404):
+        # Refused before admission, which is where blocks are checked: a revoked key or suspended
+        # tenant must hear that, not about its request's mistakes.
+        try:
+            await ensure_not_blocked(call.key)
+        except GatewayError as blocked:
+            error = blocked
     headers = {"x-sentinel-request-id": call.request_id, **error.headers}
+    if call.ticket is not None:
+        headers = {**call.ticket.headers(), **headers}
     if call.key is not None:
         # Authenticated requests are billed records even when refused (at zero cost).
-        await finish(ledger_record(call, error.status, error_code=error.code))
+        await finish(call, ledger_record(call, error.status, error_code=error.code))
     return Reply(error.status, headers, error.body())

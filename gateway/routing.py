@@ -14,7 +14,8 @@ from gateway.errors import GatewayError
 from gateway.localstate import TTLCache
 from gateway.models import ChainEntry, ModelAlias, Provider
 
-_chains = TTLCache(ttl=30.0, maxsize=10_000)
+_routes = TTLCache(ttl=30.0, maxsize=10_000)
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,69 @@ class Target:
     fast: transport.FastRoute | None  # set when the fast path serves this deployment
 
 
-def _load_chain(alias: str) -> tuple[Target, ...] | None:
-    if not ModelAlias.objects.filter(name=alias).exists():
+@dataclass(frozen=True)
+class ModelRoute:
+    """A model name as clients ask for it: its chain, its global limits, and what admission needs
+    to bound a request's cost before knowing which deployment will serve it."""
+
+    name: str
+    targets: tuple[Target, ...]
+    limits: tuple[tuple[str, int], ...]  # (rpm|tpm|concurrency, limit), across all tenants
+    input_price: Decimal  # the highest in the chain: a fallback may cost more than the first choice
+    output_price: Decimal
+    max_output_tokens: int
+
+    def worst_case(self, prompt_tokens: int, max_tokens: int | None, choices: int) -> tuple[int, Decimal]:
+        """(tokens, USD) the request can at most consume."""
+        completion = (max_tokens or self.max_output_tokens) * choices
+        return prompt_tokens + completion, prompt_tokens * self.input_price + completion * self.output_price
+
+
+def _max_output_tokens(litellm_model: str) -> int:
+    import litellm
+
+    from billing.prices import price_key
+
+    for name in price_key(litellm_model):
+        info = litellm.model_cost.get(name)
+        if info:
+            return int(info.get("max_output_tokens") or info.get("max_tokens") or DEFAULT_MAX_OUTPUT_TOKENS)
+    return DEFAULT_MAX_OUTPUT_TOKENS
+
+
+def _load_route(alias: str) -> ModelRoute | None:
+    from billing.prices import price_at
+
+    model = ModelAlias.objects.filter(name=alias).first()
+    if model is None:
         return None
+    targets = _load_chain(model)
+    prices = [
+        (t.input_price_override, t.output_price_override)
+        if t.input_price_override is not None and t.output_price_override is not None
+        else (price_at(t.litellm_model).input_per_token, price_at(t.litellm_model).output_per_token)
+        for t in targets
+    ]
+    limits = {
+        "rpm": model.requests_per_minute,
+        "tpm": model.tokens_per_minute,
+        "concurrency": model.max_concurrent,
+    }
+    return ModelRoute(
+        name=alias,
+        targets=targets,
+        limits=tuple((kind, value) for kind, value in limits.items() if value is not None),
+        input_price=max((p[0] for p in prices), default=Decimal(0)),
+        output_price=max((p[1] for p in prices), default=Decimal(0)),
+        max_output_tokens=max(
+            (_max_output_tokens(t.litellm_model) for t in targets), default=DEFAULT_MAX_OUTPUT_TOKENS
+        ),
+    )
+
+
+def _load_chain(model: ModelAlias) -> tuple[Target, ...]:
     entries = (
-        ChainEntry.objects.filter(alias__name=alias, deployment__enabled=True)
+        ChainEntry.objects.filter(alias=model, deployment__enabled=True)
         .select_related("deployment__provider")
         .order_by("position", "id")
     )
@@ -76,20 +135,20 @@ def _load_chain(alias: str) -> tuple[Target, ...] | None:
     return tuple(targets)
 
 
-async def chain_for(alias: str) -> tuple[Target, ...]:
-    """The alias's deployments in chain order. 404 when no such model exists."""
-    chain = _chains.get(alias)
-    if chain is None:
-        chain = await sync_to_async(_load_chain)(alias)
-        _chains.set(alias, chain if chain is not None else ())
-    if not chain:
+async def route_for(alias: str) -> ModelRoute:
+    """The model's route. 404 when no such model exists or none of its deployments is enabled."""
+    route = _routes.get(alias)
+    if route is None:
+        route = await sync_to_async(_load_route)(alias) or False
+        _routes.set(alias, route)
+    if not route or not route.targets:
         raise GatewayError(
             404,
             "model_not_found",
             f"The model '{alias}' does not exist or has no enabled deployment.",
             param="model",
         )
-    return chain
+    return route
 
 
 def order_for_request(chain: tuple[Target, ...], rng: random.Random = random) -> list[Target]:

@@ -9,9 +9,9 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from gateway import pipeline
-from gateway.auth import authenticate
+from gateway.auth import authenticate, ensure_not_blocked
 from gateway.errors import GatewayError
-from gateway.pipeline import Reply, check_shared_state
+from gateway.pipeline import Reply
 from gateway.routing import model_names
 from sentinel.redis_clients import async_redis
 
@@ -48,7 +48,7 @@ async def models(request: HttpRequest) -> HttpResponse:
         )
     try:
         key = await authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
-        await check_shared_state(key)
+        await ensure_not_blocked(key)
     except GatewayError as error:
         return error_response(error)
     names = [name for name in await sync_to_async(model_names)() if key.may_use(name)]

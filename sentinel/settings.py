@@ -102,6 +102,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_ratelimit.middleware.RatelimitMiddleware",
 ]
 
 ROOT_URLCONF = "sentinel.urls"
@@ -169,6 +170,15 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
 }
 
+RATELIMIT_USE_CACHE = "default"
+RATELIMIT_VIEW = "sentinel.views.ratelimited"
+LOGIN_RATE_PER_USER = envstr(
+    "SENTINEL_LOGIN_RATE_PER_USER", "5/m", "Console login attempts allowed per account name (django-ratelimit rate)."
+)
+LOGIN_RATE_PER_IP = envstr(
+    "SENTINEL_LOGIN_RATE_PER_IP", "30/m", "Console login attempts allowed per client address (django-ratelimit rate)."
+)
+
 # --- Celery ------------------------------------------------------------------------------------
 
 CELERY_BROKER_URL = REDIS_URL
@@ -196,6 +206,11 @@ KEY_CACHE_SECONDS = envfloat(
     30.0,
     "How long a process keeps a virtual key's settings in memory. Revocation does not wait for "
     "it: every request checks the key's status in Redis.",
+)
+RATE_WINDOW_SECONDS = envint(
+    "SENTINEL_RATE_WINDOW_SECONDS",
+    60,
+    "Length of the sliding window of request and token rate limits (their limits are per window).",
 )
 CHAIN_DEADLINE_SECONDS = envfloat(
     "SENTINEL_CHAIN_DEADLINE_SECONDS",

@@ -1,10 +1,17 @@
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
+from django_ratelimit.decorators import ratelimit
 
 admin.site.site_header = "Sentinel console"
 admin.site.site_title = "Sentinel console"
 admin.site.index_title = "Tenants, keys, models and spend"
+# Brute force on the console's login: limited per address and per account name, across processes
+# (django-ratelimit counts in the shared Redis cache).
+admin.site.login = ratelimit(key="ip", rate=settings.LOGIN_RATE_PER_IP, method="POST")(
+    ratelimit(key="post:username", rate=settings.LOGIN_RATE_PER_USER, method="POST")(admin.site.login)
+)
 
 urlpatterns = [
     path("", include("gateway.urls")),

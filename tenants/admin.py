@@ -1,8 +1,19 @@
 """Tenants, members and keys in the Django admin."""
 
+from django import forms
 from django.contrib import admin, messages
 
-from tenants.models import Membership, Tenant, VirtualKey
+from gateway.localstate import announce_change
+from tenants.models import (
+    Budget,
+    BudgetAlert,
+    Membership,
+    RateLimitTier,
+    Tenant,
+    VirtualKey,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from tenants.services import key_create, key_revoke, tenant_set_status
 
 
@@ -35,6 +46,7 @@ class TenantAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         if change and "status" in form.changed_data:
             tenant_set_status(tenant=obj, status=obj.status)
+        announce_change()
 
 
 @admin.register(Membership)
@@ -62,6 +74,7 @@ class VirtualKeyAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         if change:
             super().save_model(request, obj, form, change)
+            announce_change()
             return
         key, secret = key_create(
             tenant=obj.tenant,
@@ -77,3 +90,76 @@ class VirtualKeyAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset):
         for key in queryset:
             key_revoke(key=key)
+
+
+@admin.register(RateLimitTier)
+class RateLimitTierAdmin(admin.ModelAdmin):
+    list_display = ["name", "requests_per_minute", "tokens_per_minute", "max_concurrent"]
+    search_fields = ["name"]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        announce_change()
+
+
+@admin.register(Budget)
+class BudgetAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "key", "period", "limit_usd", "alert_at_percent", "hard"]
+    list_filter = ["period", "hard"]
+    list_select_related = ["tenant", "key"]
+    autocomplete_fields = ["tenant", "key"]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        announce_change()
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        announce_change()
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(admin.ModelAdmin):
+    list_display = ["budget", "period_start", "spent_usd", "created_at"]
+    list_select_related = ["budget__tenant", "budget__key"]
+    readonly_fields = ["budget", "period_start", "spent_usd", "created_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+
+class WebhookEndpointForm(forms.ModelForm):
+    secret = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Signing secret (HMAC-SHA256). Stored encrypted, never shown again; blank keeps the current one.",
+    )
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ["tenant", "url", "secret", "events", "active"]
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    form = WebhookEndpointForm
+    list_display = ["url", "tenant", "events", "active"]
+    list_filter = ["active"]
+    list_select_related = ["tenant"]
+    autocomplete_fields = ["tenant"]
+
+    def save_model(self, request, obj, form, change):
+        if form.cleaned_data.get("secret"):
+            obj.set_secret(form.cleaned_data["secret"])
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "event", "endpoint", "status", "attempts", "last_status_code", "last_error"]
+    list_filter = ["status", "event"]
+    list_select_related = ["endpoint"]
+    readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
+
+    def has_add_permission(self, request):
+        return False

@@ -8,7 +8,51 @@ from django.db import models
 from django.utils import timezone
 
 
-class Tenant(models.Model):
+class RateLimitTier(models.Model):
+    """A named preset of limits (free / pro / enterprise) a tenant or key can point at."""
+
+    name = models.CharField(max_length=60, unique=True)
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Limits(models.Model):
+    """Limits set on the object itself win over its tier's; empty means the tier's (or none)."""
+
+    tier = models.ForeignKey(RateLimitTier, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Prompt estimate plus max_tokens, reconciled with actual usage."
+    )
+    max_concurrent = models.PositiveIntegerField(null=True, blank=True, help_text="Requests in flight at once.")
+
+    class Meta:
+        abstract = True
+
+    def effective_limits(self) -> dict[str, int]:
+        """{"rpm"|"tpm"|"concurrency": limit} for every limit that applies."""
+        limits = {}
+        for kind, field in (
+            ("rpm", "requests_per_minute"),
+            ("tpm", "tokens_per_minute"),
+            ("concurrency", "max_concurrent"),
+        ):
+            value = getattr(self, field)
+            if value is None and self.tier is not None:
+                value = getattr(self.tier, field)
+            if value is not None:
+                limits[kind] = value
+        return limits
+
+
+class Tenant(Limits):
     class Status(models.TextChoices):
         ACTIVE = "active", "Active"
         SUSPENDED = "suspended", "Suspended"
@@ -21,6 +65,17 @@ class Tenant(models.Model):
         default=list,
         blank=True,
         help_text="Model names (aliases) this tenant's keys may call. Empty: every model.",
+    )
+
+    class RedisOutage(models.TextChoices):
+        FAIL_OPEN = "open", "Admit and count locally in each process"
+        FAIL_CLOSED = "closed", "Refuse with 503"
+
+    on_redis_outage = models.CharField(
+        max_length=8,
+        choices=RedisOutage.choices,
+        default=RedisOutage.FAIL_OPEN,
+        help_text="What admission does when Redis (the shared counters) cannot be reached.",
     )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
@@ -53,7 +108,7 @@ class Membership(models.Model):
         return f"{self.user} in {self.tenant} ({self.role})"
 
 
-class VirtualKey(models.Model):
+class VirtualKey(Limits):
     """A key an app calls the gateway with. Only a digest of the secret is stored."""
 
     class Status(models.TextChoices):
@@ -87,3 +142,114 @@ class VirtualKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class Budget(models.Model):
+    """A spending limit in USD for a tenant, or one of its keys, per UTC day or month."""
+
+    class Period(models.TextChoices):
+        DAILY = "daily", "Daily (UTC)"
+        MONTHLY = "monthly", "Monthly (UTC)"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="budgets")
+    key = models.ForeignKey(
+        VirtualKey,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="budgets",
+        help_text="Empty: the budget covers the whole tenant.",
+    )
+    period = models.CharField(max_length=8, choices=Period.choices, default=Period.MONTHLY)
+    limit_usd = models.DecimalField(max_digits=14, decimal_places=4)
+    alert_at_percent = models.PositiveSmallIntegerField(
+        null=True, blank=True, default=80, help_text="Raise an alert once per period at this share of the limit."
+    )
+    hard = models.BooleanField(default=True, help_text="Reject requests (402) that could exceed the limit.")
+
+    class Meta:
+        ordering = ["tenant", "key", "period"]
+
+    def __str__(self) -> str:
+        scope = f"key {self.key}" if self.key_id else f"tenant {self.tenant}"
+        return f"{self.get_period_display()} ${self.limit_usd} for {scope}"
+
+
+class BudgetAlert(models.Model):
+    """A soft threshold crossed: one row per budget and period, so the alert fires once."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="alerts")
+    period_start = models.DateField()
+    spent_usd = models.DecimalField(max_digits=20, decimal_places=10)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["budget", "period_start"], name="one_alert_per_period")]
+
+    def __str__(self) -> str:
+        return f"{self.budget} reached {self.spent_usd} ({self.period_start})"
+
+
+class WebhookEndpoint(models.Model):
+    """Where events are POSTed, signed with HMAC-SHA256. A tenant's endpoints get that tenant's
+    events; an endpoint without a tenant (operators') gets every event."""
+
+    tenant = models.ForeignKey(
+        Tenant,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="webhooks",
+        help_text="Empty: an operators' endpoint that receives every event.",
+    )
+    url = models.URLField(max_length=500)
+    secret_encrypted = models.BinaryField(editable=False, default=b"")
+    events = ArrayField(
+        models.CharField(max_length=60),
+        default=list,
+        blank=True,
+        help_text="Event names to send (budget.threshold, breaker.transition, ...). Empty: all.",
+    )
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["url"]
+
+    def __str__(self) -> str:
+        return self.url
+
+    def set_secret(self, secret: str) -> None:
+        from sentinel.crypto import encrypt
+
+        self.secret_encrypted = encrypt("webhook-secrets", secret)
+
+    def secret(self) -> str:
+        from sentinel.crypto import decrypt
+
+        return decrypt("webhook-secrets", self.secret_encrypted)
+
+
+class WebhookDelivery(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DELIVERED = "delivered"
+        FAILED = "failed"
+
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=60)
+    payload = models.JSONField()
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "webhook deliveries"
+
+    def __str__(self) -> str:
+        return f"{self.event} → {self.endpoint} ({self.status})"

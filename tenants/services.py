@@ -31,8 +31,10 @@ def key_create(
     created_by=None,
     expires_at: datetime | None = None,
     allowed_models: list[str] | None = None,
+    **limits,
 ) -> tuple[VirtualKey, str]:
-    """Issue a key; the secret is returned here and nowhere else, ever."""
+    """Issue a key; the secret is returned here and nowhere else, ever. `limits` are VirtualKey's
+    limit fields (tier, requests_per_minute, tokens_per_minute, max_concurrent)."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     key = VirtualKey.objects.create(
         tenant=tenant,
@@ -42,6 +44,7 @@ def key_create(
         expires_at=expires_at,
         allowed_models=list(allowed_models or []),
         created_by=created_by,
+        **limits,
     )
     return key, secret
 

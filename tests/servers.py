@@ -133,3 +133,45 @@ def start_gateway(
     server = GatewayServer(f"http://127.0.0.1:{port}", process, process_env)
     wait_until_ok(server.url + wait_path, process, timeout=90)
     return server
+
+
+@dataclass
+class CeleryWorker:
+    process: subprocess.Popen
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+    def kill(self) -> None:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def start_celery_worker(database: str, *, env: dict | None = None, name: str = "w") -> CeleryWorker:
+    """A real Celery worker on the test database (solo pool: one process, killable as a unit)."""
+    process_env = {**os.environ, "DATABASE_URL": database_url_for(database), **(env or {})}
+    log = open(BASE_DIR / "tests" / "artifacts" / f"celery-{name}-{free_port()}.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "sentinel",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            f"{name}-{free_port()}@%h",
+        ],
+        cwd=BASE_DIR,
+        env=process_env,
+        start_new_session=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return CeleryWorker(process)

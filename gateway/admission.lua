@@ -1,0 +1,131 @@
+-- admit: one atomic step per request. Reads the configuration generation and the key's and tenant's
+-- block markers, checks every rate limit (sliding logs: exact, no boundary doubling) and every budget,
+-- and either commits all of them or nothing (a rejected request consumes nothing).
+--
+-- KEYS: generation, key marker, tenant marker,
+--       then per limit: its log (rpm, concurrency) or its log and running sum (tpm),
+--       then per budget: spent, reservations log, reserved sum
+-- ARGV: request id, tokens estimate, cost (integer units), lease ms, number of limits,
+--       per limit: kind (r|t|c), limit, window ms,
+--       number of budgets, per budget: limit, initial spent ('' when unknown), ttl s, hard (1|0)
+-- Returns {outcome, index, retry ms, generation, used per limit, reset ms per limit} whatever the
+-- outcome (ok | limit | budget | init | blocked).
+-- Numbers passed back to Redis are formatted with %d: Lua's default formatting turns large integers
+-- into exponent notation, which INCRBY refuses.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local generation = redis.call('GET', KEYS[1]) or ''
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'blocked', 'key', '0', generation, {}, {}} end
+if redis.call('EXISTS', KEYS[3]) == 1 then return {'blocked', 'tenant', '0', generation, {}, {}} end
+
+local rid = ARGV[1]
+local tokens = tonumber(ARGV[2])
+local cost = ARGV[3]
+local lease = tonumber(ARGV[4])
+local a, k = 6, 4
+
+local function tokens_of(member)
+  return tonumber(string.match(member, '|(%d+)$'))
+end
+
+local function expire_weighted(log, sum, cutoff)
+  local expired = redis.call('ZRANGEBYSCORE', log, '-inf', cutoff)
+  if #expired > 0 then
+    local gone = 0
+    for _, m in ipairs(expired) do gone = gone + tokens_of(m) end
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+    redis.call('DECRBY', sum, string.format('%d', gone))
+  end
+end
+
+local limits, used, resets = {}, {}, {}
+local violated, retry = 0, 0
+for i = 1, tonumber(ARGV[5]) do
+  local e = {kind = ARGV[a], limit = tonumber(ARGV[a + 1]), window = tonumber(ARGV[a + 2]), log = KEYS[k]}
+  a, k = a + 3, k + 1
+  local oldest_reset = e.window
+  if e.kind == 'r' then
+    redis.call('ZREMRANGEBYSCORE', e.log, '-inf', now - e.window)
+    e.used = redis.call('ZCARD', e.log)
+    local oldest = redis.call('ZRANGE', e.log, 0, 0, 'WITHSCORES')
+    if oldest[2] then oldest_reset = tonumber(oldest[2]) + e.window - now end
+    if violated == 0 and e.used + 1 > e.limit then violated, retry = i, oldest_reset end
+  elseif e.kind == 't' then
+    e.sum = KEYS[k]
+    k = k + 1
+    expire_weighted(e.log, e.sum, now - e.window)
+    e.used = tonumber(redis.call('GET', e.sum) or '0')
+    local oldest = redis.call('ZRANGE', e.log, 0, 0, 'WITHSCORES')
+    if oldest[2] then oldest_reset = tonumber(oldest[2]) + e.window - now end
+    if violated == 0 and e.used + tokens > e.limit then
+      violated, retry = i, e.window
+      if tokens <= e.limit then
+        -- the moment enough of the oldest entries leave the window
+        local need, freed = e.used + tokens - e.limit, 0
+        local members = redis.call('ZRANGE', e.log, 0, -1, 'WITHSCORES')
+        for j = 1, #members, 2 do
+          freed = freed + tokens_of(members[j])
+          if freed >= need then
+            retry = tonumber(members[j + 1]) + e.window - now
+            break
+          end
+        end
+      end
+    end
+  else
+    redis.call('ZREMRANGEBYSCORE', e.log, '-inf', now)
+    e.used = redis.call('ZCARD', e.log)
+    oldest_reset = 0
+    if violated == 0 and e.used + 1 > e.limit then violated, retry = i, 1000 end
+  end
+  limits[i] = e
+  used[i] = string.format('%d', e.used)
+  resets[i] = string.format('%d', oldest_reset)
+end
+if violated > 0 then
+  return {'limit', violated, string.format('%d', retry), generation, used, resets}
+end
+
+local budgets = {}
+for i = 1, tonumber(ARGV[a]) do
+  local b = {
+    limit = tonumber(ARGV[a + 1]), init = ARGV[a + 2], ttl = ARGV[a + 3], hard = ARGV[a + 4],
+    spent = KEYS[k], log = KEYS[k + 1], sum = KEYS[k + 2],
+  }
+  a, k = a + 4, k + 3
+  local spent = redis.call('GET', b.spent)
+  if not spent then
+    if b.init == '' then return {'init', i, '0', generation, used, resets} end
+    redis.call('SET', b.spent, b.init, 'EX', b.ttl)
+    spent = b.init
+  end
+  expire_weighted(b.log, b.sum, now)
+  local reserved = tonumber(redis.call('GET', b.sum) or '0')
+  if b.hard == '1' and tonumber(spent) + reserved + tonumber(cost) > b.limit then
+    return {'budget', i, '0', generation, used, resets}
+  end
+  budgets[i] = b
+end
+
+for _, e in ipairs(limits) do
+  if e.kind == 'r' then
+    redis.call('ZADD', e.log, now, rid)
+    redis.call('PEXPIRE', e.log, e.window + 1000)
+  elseif e.kind == 't' then
+    redis.call('ZADD', e.log, now, rid .. '|' .. ARGV[2])
+    redis.call('INCRBY', e.sum, ARGV[2])
+    redis.call('PEXPIRE', e.log, e.window + 1000)
+    redis.call('PEXPIRE', e.sum, e.window + 1000)
+  else
+    redis.call('ZADD', e.log, now + lease, rid)
+    redis.call('PEXPIRE', e.log, lease + 1000)
+  end
+end
+for _, b in ipairs(budgets) do
+  redis.call('ZADD', b.log, now + lease, rid .. '|' .. cost)
+  redis.call('INCRBY', b.sum, cost)
+  redis.call('EXPIRE', b.log, b.ttl)
+  redis.call('EXPIRE', b.sum, b.ttl)
+end
+return {'ok', 0, '0', generation, used, resets}

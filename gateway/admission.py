@@ -1,0 +1,409 @@
+"""Admission control: every rate limit and budget that applies to a request, checked and taken in one
+atomic Redis step (admission.lua), and settled to what really happened after the call (settle.lua).
+
+Rate limits are sliding logs (exact: a key limited to 100 requests a minute gets exactly 100 in any
+60 s, across every gateway process, with no doubling at window boundaries). Budgets reserve the
+request's worst-case cost at admission and settle to the real cost afterwards, so concurrency cannot
+overspend them. When Redis cannot be reached, each tenant's setting decides: admit and count in this
+process only (fail open, the default), or refuse with 503 (fail closed).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import redis.exceptions
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from billing.money import quantize_cost
+from gateway.auth import KeyInfo, block_markers
+from gateway.errors import GatewayError
+from gateway.localstate import GENERATION_KEY, observe_generation
+from sentinel.redis_clients import async_redis
+
+log = logging.getLogger(__name__)
+
+WINDOW_MS = settings.RATE_WINDOW_SECONDS * 1000
+UNITS_PER_USD = 10**10  # Redis counts money in integer units of 1e-10 USD (the ledger's precision)
+LEASE_MARGIN_MS = 30_000
+REDIS_RETRY_SECONDS = 2.0
+_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+
+_scripts: dict = {}
+
+
+def _script(name: str):
+    script = _scripts.get(name)
+    if script is None:
+        source = (Path(__file__).parent / f"{name}.lua").read_text()
+        script = async_redis().register_script(source)
+        _scripts[name] = script
+    return script
+
+
+def to_units(amount: Decimal) -> int:
+    return int(quantize_cost(amount) * UNITS_PER_USD)
+
+
+def from_units(units: int) -> Decimal:
+    return quantize_cost(Decimal(units) / UNITS_PER_USD)
+
+
+# --- what applies to a request -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limit:
+    policy: str  # name in the RateLimit headers: key-rpm, tenant-tpm, model-concurrency, ...
+    kind: str  # rpm | tpm | concurrency
+    limit: int
+    keys: tuple[str, ...]  # the Redis log (and running sum, for tpm)
+
+    @property
+    def script_kind(self) -> str:
+        return {"rpm": "r", "tpm": "t", "concurrency": "c"}[self.kind]
+
+
+@dataclass(frozen=True)
+class BudgetHold:
+    budget_id: int
+    tenant_id: int
+    key_id: int | None
+    limit_units: int
+    alert_units: int | None
+    hard: bool
+    period_start: date
+    period_end: datetime
+    keys: tuple[str, str, str]  # spent, reservations log, reserved sum
+
+
+def limits_for(key: KeyInfo, model: str, model_limits: dict[str, int]) -> list[Limit]:
+    scopes = (
+        ("key", f"key:{key.key_id}", dict(key.key_limits)),
+        ("tenant", f"tenant:{key.tenant_id}", dict(key.tenant_limits)),
+        ("model", f"model:{model}", model_limits),
+    )
+    limits = []
+    for scope, ident, values in scopes:
+        for kind in ("rpm", "tpm", "concurrency"):
+            if kind in values:
+                base = f"{{sentinel}}:rl:{ident}:{kind}"
+                keys = (base, base + ":sum") if kind == "tpm" else (base,)
+                limits.append(Limit(f"{scope}-{kind}", kind, values[kind], keys))
+    return limits
+
+
+def period_bounds(period: str, now: datetime) -> tuple[date, datetime]:
+    """The UTC calendar period containing `now`: its first day and the moment it ends."""
+    today = now.date()
+    if period == "daily":
+        return today, datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
+    first = today.replace(day=1)
+    following = (first + timedelta(days=32)).replace(day=1)
+    return first, datetime.combine(following, datetime.min.time(), UTC)
+
+
+def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:
+    holds = []
+    for budget_id, key_id, period, limit_usd, alert_percent, hard in key.budgets:
+        start, end = period_bounds(period, now)
+        limit = to_units(Decimal(limit_usd))
+        base = f"{{sentinel}}:budget:{budget_id}:{start.isoformat()}"
+        holds.append(
+            BudgetHold(
+                budget_id=budget_id,
+                tenant_id=key.tenant_id,
+                key_id=key_id,
+                limit_units=limit,
+                alert_units=limit * alert_percent // 100 if alert_percent else None,
+                hard=hard,
+                period_start=start,
+                period_end=end,
+                keys=(base + ":spent", base + ":res", base + ":res:sum"),
+            )
+        )
+    return holds
+
+
+# --- the ticket an admitted request holds ------------------------------------------------------
+
+
+@dataclass
+class Ticket:
+    request_id: str
+    tokens: int
+    cost_units: int
+    limits: list[Limit]
+    budgets: list[BudgetHold]
+    used: list[int] = field(default_factory=list)
+    resets_ms: list[int] = field(default_factory=list)
+    local: bool = False  # counted in this process only (Redis unreachable, failing open)
+    settled: bool = False
+
+    def headers(self) -> dict[str, str]:
+        return ratelimit_headers(self.limits, self.used, self.resets_ms, self.tokens, admitted=True)
+
+
+def ratelimit_headers(
+    limits: list[Limit], used: list[int], resets_ms: list[int], tokens: int, *, admitted: bool
+) -> dict[str, str]:
+    """RateLimit-Policy and RateLimit as in draft-ietf-httpapi-ratelimit-headers (structured-field
+    lists). `t` is the number of seconds until capacity starts to come back (the oldest entry in the
+    sliding window leaves it); tokens use the quota unit "tokens"."""
+    if not limits:
+        return {}
+    policies, states = [], []
+    for i, limit in enumerate(limits):
+        taken = (tokens if limit.kind == "tpm" else 1) if admitted else 0
+        remaining = max(0, limit.limit - (used[i] if i < len(used) else 0) - taken)
+        if limit.kind == "concurrency":
+            policies.append(f'"{limit.policy}";q={limit.limit};qu="concurrent-requests"')
+            states.append(f'"{limit.policy}";r={remaining}')
+            continue
+        unit = ';qu="tokens"' if limit.kind == "tpm" else ""
+        policies.append(f'"{limit.policy}";q={limit.limit};w={WINDOW_MS // 1000}{unit}')
+        reset = math.ceil(resets_ms[i] / 1000) if i < len(resets_ms) else WINDOW_MS // 1000
+        states.append(f'"{limit.policy}";r={remaining};t={max(0, reset)}')
+    return {"ratelimit-policy": ", ".join(policies), "ratelimit": ", ".join(states)}
+
+
+# --- admit -------------------------------------------------------------------------------------
+
+_redis_down_until = 0.0
+
+
+def _redis_available() -> bool:
+    return time.monotonic() >= _redis_down_until
+
+
+def _mark_redis_down() -> None:
+    global _redis_down_until
+    _redis_down_until = time.monotonic() + REDIS_RETRY_SECONDS
+
+
+async def admit(
+    *,
+    key: KeyInfo,
+    model: str,
+    model_limits: dict[str, int],
+    request_id: str,
+    tokens: int,
+    worst_cost: Decimal,
+    lease_seconds: float,
+) -> Ticket:
+    """Admit the request against everything that applies, or raise the GatewayError saying why."""
+    now = datetime.now(UTC)
+    ticket = Ticket(
+        request_id=request_id,
+        tokens=tokens,
+        cost_units=to_units(worst_cost),
+        limits=limits_for(key, model, model_limits),
+        budgets=budgets_for(key, now),
+    )
+    if not _redis_available():
+        return _admit_without_redis(key, ticket)
+    lease_ms = int(lease_seconds * 1000) + LEASE_MARGIN_MS
+    initial: dict[int, int] = {}
+    try:
+        for _ in range(len(ticket.budgets) + 1):
+            result = await _script("admission")(
+                keys=_admit_keys(key, ticket), args=_admit_args(ticket, lease_ms, initial)
+            )
+            outcome = result[0].decode()
+            if outcome != "init":
+                break
+            # A budget period Redis has no counter for (new period, or Redis lost it): start it
+            # from the ledger, then try again.
+            index = int(result[1]) - 1
+            initial[index] = to_units(await settled_spend(ticket.budgets[index]))
+    except _REDIS_ERRORS as exc:
+        _mark_redis_down()
+        log.warning("admission: Redis unreachable (%s); tenant policy decides", exc)
+        return _admit_without_redis(key, ticket)
+
+    observe_generation(result[3] or None)
+    if outcome == "blocked":
+        if result[1] == b"key":
+            raise GatewayError(401, "invalid_api_key", "This API key has been revoked.")
+        raise GatewayError(403, "tenant_suspended", "This key's tenant is suspended.")
+    if outcome == "budget":
+        hold = ticket.budgets[int(result[1]) - 1]
+        scope = "key" if hold.key_id else "tenant"
+        raise GatewayError(
+            402,
+            "budget_exceeded",
+            f"This request could exceed the {scope}'s budget of ${from_units(hold.limit_units)} for the period "
+            f"starting {hold.period_start.isoformat()}.",
+        )
+    ticket.used = [int(v) for v in result[4]]
+    ticket.resets_ms = [int(v) for v in result[5]]
+    if outcome == "limit":
+        limit = ticket.limits[int(result[1]) - 1]
+        retry_after = max(1, math.ceil(int(result[2]) / 1000))
+        headers = ratelimit_headers(ticket.limits, ticket.used, ticket.resets_ms, tokens, admitted=False)
+        headers["retry-after"] = str(retry_after)
+        raise GatewayError(
+            429,
+            "rate_limit_exceeded",
+            f"Rate limit reached: {limit.policy} allows {limit.limit}"
+            f"{' tokens' if limit.kind == 'tpm' else ''}"
+            f"{' concurrent requests' if limit.kind == 'concurrency' else ' per minute'}. "
+            f"Retry after {retry_after} s.",
+            headers=headers,
+        )
+    return ticket
+
+
+def _admit_keys(key: KeyInfo, ticket: Ticket) -> list[str]:
+    keys = [GENERATION_KEY, *block_markers(key)]
+    for limit in ticket.limits:
+        keys.extend(limit.keys)
+    for hold in ticket.budgets:
+        keys.extend(hold.keys)
+    return keys
+
+
+def _admit_args(ticket: Ticket, lease_ms: int, initial: dict[int, int]) -> list:
+    args: list = [ticket.request_id, ticket.tokens, ticket.cost_units, lease_ms, len(ticket.limits)]
+    for limit in ticket.limits:
+        args.extend((limit.script_kind, limit.limit, WINDOW_MS))
+    args.append(len(ticket.budgets))
+    for i, hold in enumerate(ticket.budgets):
+        ttl = int((hold.period_end - datetime.now(UTC)).total_seconds()) + 2 * 86400
+        args.extend((hold.limit_units, initial.get(i, ""), ttl, 1 if hold.hard else 0))
+    return args
+
+
+def _settled_spend_sync(hold: BudgetHold) -> Decimal:
+    from billing.selectors import spend_in_period
+
+    return spend_in_period(
+        tenant_id=hold.tenant_id,
+        key_id=hold.key_id,
+        start=datetime.combine(hold.period_start, datetime.min.time(), UTC),
+        end=hold.period_end,
+    )
+
+
+async def settled_spend(hold: BudgetHold) -> Decimal:
+    return await sync_to_async(_settled_spend_sync)(hold)
+
+
+# --- settle ------------------------------------------------------------------------------------
+
+
+async def settle(ticket: Ticket, *, tokens_used: int, cost: Decimal) -> None:
+    """Turn the ticket's holds into what happened (zero tokens and cost: release everything).
+    Safe to call more than once; only the first call counts."""
+    if ticket.settled:
+        return
+    ticket.settled = True
+    if ticket.local:
+        _local.settle(ticket, tokens_used)
+        return
+    tpm = [limit for limit in ticket.limits if limit.kind == "tpm"]
+    concurrency = [limit for limit in ticket.limits if limit.kind == "concurrency"]
+    keys = [k for limit in tpm for k in limit.keys]
+    keys += [limit.keys[0] for limit in concurrency]
+    keys += [k for hold in ticket.budgets for k in hold.keys]
+    spent_units = to_units(cost)
+    try:
+        totals = await _script("settle")(
+            keys=keys,
+            args=[
+                ticket.request_id,
+                ticket.tokens,
+                tokens_used,
+                len(tpm),
+                len(concurrency),
+                len(ticket.budgets),
+                ticket.cost_units,
+                spent_units,
+            ],
+        )
+    except _REDIS_ERRORS as exc:
+        # The holds expire on their own (leases); the ledger keeps the spend either way.
+        _mark_redis_down()
+        log.warning("admission: could not settle %s (%s)", ticket.request_id, exc)
+        return
+    for hold, total in zip(ticket.budgets, totals, strict=True):
+        total = int(total)
+        if hold.alert_units is not None and total >= hold.alert_units > total - spent_units:
+            from tenants.tasks import budget_alert
+
+            budget_alert.delay(hold.budget_id, hold.period_start.isoformat(), str(from_units(total)))
+
+
+# --- without Redis -----------------------------------------------------------------------------
+
+
+class LocalCounters:
+    """This process's own sliding logs, used only while Redis is unreachable for fail-open tenants.
+    With N gateway processes a limit can then admit up to N times its value: the documented price
+    of staying available."""
+
+    def __init__(self) -> None:
+        self.logs: dict[str, deque] = {}
+        self.in_flight: dict[str, set[str]] = {}
+
+    def admit(self, ticket: Ticket) -> bool:
+        now = time.monotonic()
+        for limit in ticket.limits:
+            if limit.kind == "concurrency":
+                if len(self.in_flight.get(limit.keys[0], ())) + 1 > limit.limit:
+                    return False
+                continue
+            entries = self.logs.setdefault(limit.keys[0], deque())
+            while entries and entries[0][0] <= now - WINDOW_MS / 1000:
+                entries.popleft()
+            weight = ticket.tokens if limit.kind == "tpm" else 1
+            if sum(w for _, w, _ in entries) + weight > limit.limit:
+                return False
+        for limit in ticket.limits:
+            if limit.kind == "concurrency":
+                self.in_flight.setdefault(limit.keys[0], set()).add(ticket.request_id)
+            else:
+                weight = ticket.tokens if limit.kind == "tpm" else 1
+                self.logs[limit.keys[0]].append((now, weight, ticket.request_id))
+        return True
+
+    def settle(self, ticket: Ticket, tokens_used: int) -> None:
+        for limit in ticket.limits:
+            if limit.kind == "concurrency":
+                self.in_flight.get(limit.keys[0], set()).discard(ticket.request_id)
+            elif limit.kind == "tpm":
+                entries = self.logs.get(limit.keys[0], deque())
+                for i, (when, _, rid) in enumerate(entries):
+                    if rid == ticket.request_id:
+                        entries[i] = (when, tokens_used, rid)
+                        break
+
+
+_local = LocalCounters()
+
+
+def _admit_without_redis(key: KeyInfo, ticket: Ticket) -> Ticket:
+    if not key.fail_open:
+        raise GatewayError(
+            503,
+            "admission_unavailable",
+            "Sentinel cannot reach its rate-limit store and this tenant fails closed. Retry shortly.",
+            headers={"retry-after": str(math.ceil(REDIS_RETRY_SECONDS))},
+        )
+    ticket.local = True
+    if not _local.admit(ticket):
+        raise GatewayError(
+            429,
+            "rate_limit_exceeded",
+            "Rate limit reached (counted by this gateway process while the shared store is unreachable).",
+            headers={"retry-after": "1"},
+        )
+    return ticket

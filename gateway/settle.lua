@@ -1,0 +1,44 @@
+-- settle: after the call, turn an admitted request's holds into what really happened, atomically.
+-- Token estimates become actual usage, the concurrency slot is freed, budget reservations become
+-- spend. A failed call (or a client gone before the first token) settles with zero: all released.
+--
+-- KEYS: per tpm limit: log, sum; per concurrency limit: log; per budget: spent, reservations, sum
+-- ARGV: request id, tokens estimated, tokens used, number of tpm limits, number of concurrency
+--       limits, number of budgets, cost reserved, cost spent
+-- Returns each budget's spent total after this request (-1 where the period's counter is gone).
+
+local rid, estimated, actual = ARGV[1], ARGV[2], ARGV[3]
+local ntpm, nconc, nbudgets = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local reserved, spent_now = ARGV[7], ARGV[8]
+local k = 1
+for _ = 1, ntpm do
+  local log, sum = KEYS[k], KEYS[k + 1]
+  k = k + 2
+  local score = redis.call('ZSCORE', log, rid .. '|' .. estimated)
+  if score then
+    redis.call('ZREM', log, rid .. '|' .. estimated)
+    redis.call('ZADD', log, score, rid .. '|' .. actual)
+    redis.call('INCRBY', sum, string.format('%d', tonumber(actual) - tonumber(estimated)))
+  end
+end
+for _ = 1, nconc do
+  redis.call('ZREM', KEYS[k], rid)
+  k = k + 1
+end
+local totals = {}
+for i = 1, nbudgets do
+  local spent, log, sum = KEYS[k], KEYS[k + 1], KEYS[k + 2]
+  k = k + 3
+  -- Settling twice must not count twice: spend is added only with the reservation it replaces.
+  if redis.call('ZREM', log, rid .. '|' .. reserved) == 1 then
+    redis.call('DECRBY', sum, reserved)
+    if redis.call('EXISTS', spent) == 1 then
+      totals[i] = redis.call('INCRBY', spent, spent_now)
+    else
+      totals[i] = -1
+    end
+  else
+    totals[i] = -1
+  end
+end
+return totals

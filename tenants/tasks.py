@@ -1,0 +1,62 @@
+"""Celery tasks of the tenants app: webhook deliveries and budget alerts."""
+
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+
+from celery import shared_task
+
+from tenants.models import Budget, BudgetAlert, WebhookDelivery
+from tenants.webhooks import MAX_ATTEMPTS, webhook_attempt, webhook_publish
+
+
+class DeliveryFailed(Exception):
+    pass
+
+
+@shared_task(
+    bind=True,
+    ignore_result=True,
+    autoretry_for=(DeliveryFailed,),
+    retry_backoff=2,
+    retry_backoff_max=600,
+    retry_jitter=True,
+    max_retries=MAX_ATTEMPTS - 1,
+)
+def deliver_webhook(self, delivery_id: int) -> None:
+    delivery = (
+        WebhookDelivery.objects.select_related("endpoint")
+        .filter(pk=delivery_id, status=WebhookDelivery.Status.PENDING)
+        .first()
+    )
+    if delivery is None:  # delivered already, or given up
+        return
+    if not webhook_attempt(delivery=delivery):
+        raise DeliveryFailed(delivery_id)
+
+
+@shared_task(ignore_result=True)
+def budget_alert(budget_id: int, period_start: str, spent_usd: str) -> None:
+    """A soft threshold was crossed: record it once per budget and period, and tell the webhooks."""
+    budget = Budget.objects.select_related("tenant", "key").filter(pk=budget_id).first()
+    if budget is None:
+        return
+    alert, created = BudgetAlert.objects.get_or_create(
+        budget=budget, period_start=date.fromisoformat(period_start), defaults={"spent_usd": Decimal(spent_usd)}
+    )
+    if not created:
+        return
+    webhook_publish(
+        event="budget.threshold",
+        tenant_id=budget.tenant_id,
+        payload={
+            "tenant": budget.tenant.slug,
+            "key": budget.key.prefix if budget.key_id else None,
+            "period": budget.period,
+            "period_start": period_start,
+            "limit_usd": str(budget.limit_usd),
+            "alert_at_percent": budget.alert_at_percent,
+            "spent_usd": spent_usd,
+        },
+    )

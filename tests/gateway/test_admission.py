@@ -1,0 +1,262 @@
+"""Admission control against real gateway processes sharing one Valkey: exact rate limits, budgets
+that concurrency cannot overrun, token limits reconciled with usage, holds released on failure."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import threading
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import aiohttp
+import httpx
+import pytest
+
+from billing.ledger import drain
+from billing.models import LedgerEntry
+from gateway.admission import period_bounds
+from gateway.models import Deployment
+from sentinel.redis_clients import sync_redis
+from tenants.models import Budget, VirtualKey
+from tests.servers import start_gateway
+
+
+@pytest.fixture(scope="module")
+def fleet(test_database_name, mock_provider):
+    """Four gateway processes (one uvicorn worker each) against the one test Postgres and Valkey."""
+    gateways = [start_gateway(test_database_name) for _ in range(4)]
+    yield gateways
+    for gateway in gateways:
+        gateway.stop()
+
+
+async def fire(urls: list[str], key: str, bodies: list[dict], timeout: float = 60) -> list[tuple[int, dict, dict]]:
+    """Send every body at once, round-robin over the gateways; (status, headers, json) each."""
+    rotation = itertools.cycle(urls)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+
+        async def one(url: str, body: dict):
+            async with session.post(
+                f"{url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+            ) as response:
+                headers = {name.lower(): value for name, value in response.headers.items()}
+                return response.status, headers, await response.json()
+
+        return await asyncio.gather(*(one(next(rotation), body) for body in bodies))
+
+
+def ask(model: str, i: int, **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": f"request {i}"}], **extra}
+
+
+def structured(header: str) -> dict[str, dict[str, str]]:
+    """A RateLimit / RateLimit-Policy field as {policy: {param: value}}."""
+    items = {}
+    for item in header.split(", "):
+        name, *params = item.split(";")
+        items[name.strip('"')] = dict(p.split("=", 1) for p in params)
+    return items
+
+
+def test_rate_limit_is_exact_across_four_processes(fleet, tenant, make_key, make_model, mock_provider, live_db):
+    model, (provider,) = make_model()
+    key = make_key(tenant, requests_per_minute=100)
+    results = asyncio.run(fire([g.url for g in fleet], key, [ask(model, i) for i in range(500)]))
+
+    admitted = [r for r in results if r[0] == 200]
+    rejected = [r for r in results if r[0] == 429]
+    assert (len(admitted), len(rejected)) == (100, 400)
+    assert mock_provider.stats(provider)["calls"] == 100  # a rejected request consumes nothing
+
+    # Every admitted request saw its own place in the window: remaining 99, 98, ..., 0, once each.
+    remaining = sorted(int(structured(h["ratelimit"])["key-rpm"]["r"]) for _, h, _ in admitted)
+    assert remaining == list(range(100))
+    for _, headers, _ in admitted[:3] + rejected[:3]:
+        assert structured(headers["ratelimit-policy"])["key-rpm"] == {"q": "100", "w": "60"}
+    for _status, headers, body in rejected:
+        assert body["error"]["code"] == "rate_limit_exceeded"
+        assert "key-rpm" in body["error"]["message"]
+        assert 1 <= int(headers["retry-after"]) <= 60
+        state = structured(headers["ratelimit"])["key-rpm"]
+        assert state["r"] == "0" and 0 < int(state["t"]) <= 60
+
+
+def test_budget_cannot_be_overrun_by_concurrency(fleet, tenant, make_key, make_model, live_db):
+    model, (provider,) = make_model()
+    # Worst case = actual = $0.01: the mock answers exactly max_tokens=40 tokens at $0.00025 each.
+    Deployment.objects.filter(name=provider).update(input_price_override=0, output_price_override=Decimal("0.00025"))
+    Budget.objects.create(tenant=tenant, period="daily", limit_usd=Decimal("1.00"))
+    key = make_key(tenant)
+    results = asyncio.run(fire([g.url for g in fleet], key, [ask(model, i, max_tokens=40) for i in range(300)]))
+
+    statuses = [status for status, _, _ in results]
+    assert statuses.count(200) == 100
+    assert statuses.count(402) == 200
+    assert {body["error"]["code"] for status, _, body in results if status == 402} == {"budget_exceeded"}
+    time.sleep(0.5)
+    drain()
+    rows = LedgerEntry.objects.filter(tenant=tenant, status_code=200)
+    assert rows.count() == 100
+    assert sum(row.cost_usd for row in rows) == Decimal("1.00")
+
+
+def redis_number(name: str) -> int:
+    return int(sync_redis().get(name) or 0)
+
+
+def test_tokens_per_minute_rejects_before_upstream_and_gives_back_unused(
+    gateway, tenant, make_key, make_model, mock_provider, live_db
+):
+    model, (provider,) = make_model()
+    key = make_key(tenant, tokens_per_minute=1000)
+    key_id = VirtualKey.objects.get(tenant=tenant).pk
+    url = f"{gateway.base_url}/chat/completions"
+    headers = {"authorization": f"Bearer {key}"}
+
+    too_big = httpx.post(url, headers=headers, json=ask(model, 0, max_tokens=2000))
+    assert too_big.status_code == 429
+    assert "key-tpm" in too_big.json()["error"]["message"]
+    assert mock_provider.stats(provider)["calls"] == 0
+    assert redis_number(f"{{sentinel}}:rl:key:{key_id}:tpm:sum") == 0
+
+    first = httpx.post(url, headers=headers, json=ask(model, 1, max_tokens=500))
+    assert first.status_code == 200
+    used = first.json()["usage"]["total_tokens"]
+    assert used < 100
+    time.sleep(0.2)
+    # The ~500-token reservation became the ~50 tokens really used ...
+    assert redis_number(f"{{sentinel}}:rl:key:{key_id}:tpm:sum") == used
+    # ... so a request that only fits because of that is admitted.
+    second = httpx.post(url, headers=headers, json=ask(model, 2, max_tokens=900))
+    assert second.status_code == 200
+    policy = structured(second.headers["ratelimit-policy"])["key-tpm"]
+    assert policy == {"q": "1000", "w": "60", "qu": '"tokens"'}
+
+
+def holds(key_id: int, budget: Budget) -> dict[str, int]:
+    start, _ = period_bounds(budget.period, datetime.now(UTC))
+    base = f"{{sentinel}}:budget:{budget.pk}:{start.isoformat()}"
+    return {
+        "in_flight": sync_redis().zcard(f"{{sentinel}}:rl:key:{key_id}:concurrency"),
+        "tokens": redis_number(f"{{sentinel}}:rl:key:{key_id}:tpm:sum"),
+        "reserved": redis_number(base + ":res:sum"),
+        "spent": redis_number(base + ":spent"),
+    }
+
+
+@pytest.fixture
+def held(tenant, make_key, make_model, live_db):
+    model, (provider,) = make_model()
+    key = make_key(tenant, max_concurrent=1, tokens_per_minute=100_000)
+    budget = Budget.objects.create(tenant=tenant, period="monthly", limit_usd=Decimal("5"))
+    return model, provider, key, VirtualKey.objects.get(tenant=tenant).pk, budget
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_upstream_failure_releases_everything(gateway, mock_provider, held, stream):
+    model, provider, key, key_id, budget = held
+    mock_provider.control(provider, error_rate=1.0, error_status=503)
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json=ask(model, 0, stream=stream),
+        timeout=30,
+    )
+    assert response.status_code == 503
+    time.sleep(0.2)
+    assert holds(key_id, budget) == {"in_flight": 0, "tokens": 0, "reserved": 0, "spent": 0}
+    # and the concurrency slot really is free again
+    mock_provider.control(provider, error_rate=0.0)
+    ok = httpx.post(
+        f"{gateway.base_url}/chat/completions", headers={"authorization": f"Bearer {key}"}, json=ask(model, 1)
+    )
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_client_disconnect_before_first_token_releases_everything(gateway, mock_provider, held, stream):
+    model, provider, key, key_id, budget = held
+    mock_provider.control(provider, stall_ms=4000)  # the provider would answer after 4 s
+    started = time.monotonic()
+
+    def impatient_client():
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{gateway.base_url}/chat/completions",
+                headers={"authorization": f"Bearer {key}"},
+                json=ask(model, 0, stream=stream),
+                timeout=httpx.Timeout(10, read=1.0),
+            )
+
+    client = threading.Thread(target=impatient_client)
+    client.start()
+    time.sleep(0.5)
+    during = holds(key_id, budget)
+    assert during["in_flight"] == 1 and during["reserved"] > 0 and during["tokens"] > 0
+    client.join()
+    while holds(key_id, budget)["in_flight"] and time.monotonic() - started < 3.5:
+        time.sleep(0.05)
+    # Released by the disconnect at ~1 s, long before the provider would have answered.
+    assert time.monotonic() - started < 3.0
+    assert holds(key_id, budget) == {"in_flight": 0, "tokens": 0, "reserved": 0, "spent": 0}
+
+
+def test_concurrency_limit(gateway, tenant, make_key, make_model, mock_provider, live_db):
+    model, (provider,) = make_model()
+    mock_provider.control(provider, slow_ms=500)
+    key = make_key(tenant, max_concurrent=2)
+    results = asyncio.run(fire([gateway.url], key, [ask(model, i) for i in range(5)]))
+    assert sorted(status for status, _, _ in results) == [200, 200, 429, 429, 429]
+    assert mock_provider.stats(provider)["max_in_flight"] == 2
+
+
+def test_the_window_slides(test_database_name, tenant, make_key, make_model, mock_provider, live_db):
+    gateway = start_gateway(test_database_name, env={"SENTINEL_RATE_WINDOW_SECONDS": "2"})
+    try:
+        model, _ = make_model()
+        key = make_key(tenant, requests_per_minute=5)
+        urls = [gateway.url]
+        started = time.monotonic()
+        first = asyncio.run(fire(urls, key, [ask(model, i) for i in range(6)]))
+        assert sorted(s for s, _, _ in first) == [200] * 5 + [429]
+        retry = int(next(h for s, h, _ in first if s == 429)["retry-after"])
+        assert retry <= 2
+        time.sleep(max(0.0, started + 2.2 - time.monotonic()))
+        second = asyncio.run(fire(urls, key, [ask(model, i) for i in range(6, 12)]))
+        assert sorted(s for s, _, _ in second) == [200] * 5 + [429]
+    finally:
+        gateway.stop()
+
+
+def test_model_limit_applies_across_tenants(gateway, make_tenant, make_key, make_model, live_db):
+    from gateway.models import ModelAlias
+
+    model, _ = make_model()
+    ModelAlias.objects.filter(name=model).update(requests_per_minute=3)
+    keys = [make_key(make_tenant()) for _ in range(2)]
+    url = f"{gateway.base_url}/chat/completions"
+    statuses = [
+        httpx.post(url, headers={"authorization": f"Bearer {keys[i % 2]}"}, json=ask(model, i)).status_code
+        for i in range(5)
+    ]
+    assert statuses == [200, 200, 200, 429, 429]
+
+
+def test_rejected_headers_name_the_limit(gateway, tenant, make_key, make_model, live_db):
+    from tenants.models import RateLimitTier
+
+    tier = RateLimitTier.objects.create(name=f"free-{tenant.slug}", requests_per_minute=1, max_concurrent=4)
+    model, _ = make_model()
+    key = make_key(tenant, tier=tier)
+    url = f"{gateway.base_url}/chat/completions"
+    assert httpx.post(url, headers={"authorization": f"Bearer {key}"}, json=ask(model, 0)).status_code == 200
+    response = httpx.post(url, headers={"authorization": f"Bearer {key}"}, json=ask(model, 1))
+    assert response.status_code == 429
+    policy = structured(response.headers["ratelimit-policy"])
+    assert policy["key-rpm"] == {"q": "1", "w": "60"}
+    assert policy["key-concurrency"] == {"q": "4", "qu": '"concurrent-requests"'}
+    assert re.fullmatch(r"\d+", response.headers["retry-after"])
