@@ -1,10 +1,23 @@
 """Providers, deployments and model aliases in the Django admin."""
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.template.response import TemplateResponse
+from django.utils.html import format_html, format_html_join
 
+from gateway.breakers import breaker_force, breaker_snapshot
 from gateway.localstate import announce_change
-from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
+from gateway.models import (
+    BreakerPolicy,
+    BreakerTransition,
+    ChainEntry,
+    ControlAction,
+    Deployment,
+    KillSwitch,
+    ModelAlias,
+    Provider,
+)
+from gateway.services import kill_switch_set
 
 
 class AnnouncesChanges(admin.ModelAdmin):
@@ -64,12 +77,155 @@ class ProviderAdmin(AnnouncesChanges):
         super().save_model(request, obj, form, change)
 
 
+class ReasonForm(forms.Form):
+    reason = forms.CharField(max_length=300, help_text="Why: recorded with your name in the audit log.")
+
+
 @admin.register(Deployment)
 class DeploymentAdmin(AnnouncesChanges):
-    list_display = ["name", "provider", "litellm_model", "weight", "enabled"]
-    list_filter = ["enabled", "provider"]
+    list_display = ["name", "provider", "litellm_model", "weight", "enabled", "breaker", "forced_state"]
+    list_filter = ["enabled", "provider", "forced_state"]
     list_select_related = ["provider"]
     search_fields = ["name", "litellm_model"]
+    readonly_fields = ["breaker", "forced_state", "recent_transitions"]
+    actions = ["force_open", "force_closed", "release"]
+
+    @admin.display(description="circuit breaker")
+    def breaker(self, obj):
+        snapshot = breaker_snapshot(obj.pk)
+        if snapshot["open_for_seconds"]:
+            return f"{snapshot['state']} ({snapshot['open_for_seconds']:.0f} s left)"
+        return snapshot["state"]
+
+    @admin.display(description="recent breaker transitions")
+    def recent_transitions(self, obj):
+        rows = obj.transitions.select_related("actor")[:10]
+        if not rows:
+            return "none"
+        return format_html(
+            "<ul>{}</ul>",
+            format_html_join(
+                "",
+                "<li>{} · {} → {} · {}{}</li>",
+                (
+                    (
+                        f"{t.created_at:%Y-%m-%d %H:%M:%S}",
+                        t.from_state,
+                        t.to_state,
+                        t.reason,
+                        f" · by {t.actor}" if t.actor else "",
+                    )
+                    for t in rows
+                ),
+            ),
+        )
+
+    def _force(self, request, queryset, state: str, label: str):
+        if "apply" in request.POST:
+            form = ReasonForm(request.POST)
+            if form.is_valid():
+                for deployment in queryset:
+                    breaker_force(
+                        deployment=deployment, state=state, actor=request.user, reason=form.cleaned_data["reason"]
+                    )
+                self.message_user(request, f"{label}: {queryset.count()} deployment(s).", messages.SUCCESS)
+                return None
+        else:
+            form = ReasonForm()
+        return TemplateResponse(
+            request,
+            "admin/gateway/force_breaker.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": label,
+                "deployments": queryset,
+                "form": form,
+                "action": request.POST["action"],
+                "opts": self.model._meta,
+            },
+        )
+
+    @admin.action(description="Force breaker open (send no traffic)")
+    def force_open(self, request, queryset):
+        return self._force(request, queryset, "open", "Forced open")
+
+    @admin.action(description="Force breaker closed (always try)")
+    def force_closed(self, request, queryset):
+        return self._force(request, queryset, "closed", "Forced closed")
+
+    @admin.action(description="Give breaker back to automatic")
+    def release(self, request, queryset):
+        return self._force(request, queryset, "", "Released to automatic")
+
+
+@admin.register(BreakerPolicy)
+class BreakerPolicyAdmin(AnnouncesChanges):
+    list_display = [
+        "name",
+        "window_seconds",
+        "minimum_calls",
+        "failure_rate_percent",
+        "slow_call_seconds",
+        "slow_rate_percent",
+        "open_seconds",
+        "half_open_probes",
+    ]
+
+
+@admin.register(BreakerTransition)
+class BreakerTransitionAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "deployment", "from_state", "to_state", "reason", "actor"]
+    list_filter = ["to_state", "deployment"]
+    list_select_related = ["deployment", "actor"]
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class KillSwitchForm(forms.ModelForm):
+    reason = forms.CharField(max_length=300, help_text="Why: recorded with your name in the audit log.")
+
+    class Meta:
+        model = KillSwitch
+        fields = ["tenant", "fallback", "active", "reason"]
+
+
+@admin.register(KillSwitch)
+class KillSwitchAdmin(admin.ModelAdmin):
+    form = KillSwitchForm
+    list_display = ["__str__", "active", "reason", "updated_by", "updated_at"]
+    list_select_related = ["tenant", "fallback", "updated_by"]
+    autocomplete_fields = ["tenant", "fallback"]
+
+    def save_model(self, request, obj, form, change):
+        switch = kill_switch_set(
+            tenant=form.cleaned_data["tenant"],
+            fallback=form.cleaned_data["fallback"],
+            active=form.cleaned_data["active"],
+            actor=request.user,
+            reason=form.cleaned_data["reason"],
+        )
+        obj.pk = switch.pk
+
+
+@admin.register(ControlAction)
+class ControlActionAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "action", "subject", "reason", "actor"]
+    list_filter = ["action"]
+    list_select_related = ["actor"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 class ChainEntryInline(admin.TabularInline):

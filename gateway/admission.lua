@@ -4,12 +4,17 @@
 --
 -- KEYS: generation, key marker, tenant marker,
 --       then per limit: its log (rpm, concurrency) or its log and running sum (tpm),
---       then per budget: spent, reservations log, reserved sum
+--       then per budget: spent, reservations log, reserved sum,
+--       then the breaker of each deployment in the model's chain
 -- ARGV: request id, tokens estimate, cost (integer units), lease ms, number of limits,
 --       per limit: kind (r|t|c), limit, window ms,
---       number of budgets, per budget: limit, initial spent ('' when unknown), ttl s, hard (1|0)
--- Returns {outcome, index, retry ms, generation, used per limit, reset ms per limit} whatever the
--- outcome (ok | limit | budget | init | blocked).
+--       number of budgets, per budget: limit, initial spent ('' when unknown), ttl s, hard (1|0),
+--       number of breakers, the configuration generation the caller's caches reflect
+-- Returns {outcome, index, retry ms, generation, used per limit, reset ms per limit, breakers}
+-- whatever the outcome (ok | limit | budget | init | blocked | stale); stale: the configuration
+-- changed since the caller cached it, nothing was taken, re-read and ask again. On ok, breakers holds each chain
+-- deployment's state: closed | open | probe (may be tried as a half-open probe) | forced_open |
+-- forced_closed. Requires breakers.lua.
 -- Numbers passed back to Redis are formatted with %d: Lua's default formatting turns large integers
 -- into exponent notation, which INCRBY refuses.
 
@@ -18,6 +23,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local generation = redis.call('GET', KEYS[1]) or ''
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'blocked', 'key', '0', generation, {}, {}} end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'blocked', 'tenant', '0', generation, {}, {}} end
+if generation ~= ARGV[#ARGV] then return {'stale', 0, '0', generation, {}, {}} end
 
 local rid = ARGV[1]
 local tokens = tonumber(ARGV[2])
@@ -128,4 +134,11 @@ for _, b in ipairs(budgets) do
   redis.call('EXPIRE', b.log, b.ttl)
   redis.call('EXPIRE', b.sum, b.ttl)
 end
-return {'ok', 0, '0', generation, used, resets}
+local breakers = {}
+for i = 1, tonumber(ARGV[a + 1]) do
+  local state, open_until = breaker_state(KEYS[k], now)
+  k = k + 1
+  if state == 'half_open' or (state == 'open' and now >= open_until) then state = 'probe' end
+  breakers[i] = state
+end
+return {'ok', 0, '0', generation, used, resets, breakers}

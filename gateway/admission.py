@@ -17,17 +17,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 
 import redis.exceptions
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from billing.money import quantize_cost
+from gateway import breakers, scripts
 from gateway.auth import KeyInfo, block_markers
+from gateway.breakers import Attempt
 from gateway.errors import GatewayError
-from gateway.localstate import GENERATION_KEY, observe_generation
-from sentinel.redis_clients import async_redis
+from gateway.localstate import GENERATION_KEY, current_generation, observe_generation
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +36,6 @@ UNITS_PER_USD = 10**10  # Redis counts money in integer units of 1e-10 USD (the 
 LEASE_MARGIN_MS = 30_000
 REDIS_RETRY_SECONDS = 2.0
 _REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
-
-_scripts: dict = {}
-
-
-def _script(name: str):
-    script = _scripts.get(name)
-    if script is None:
-        source = (Path(__file__).parent / f"{name}.lua").read_text()
-        script = async_redis().register_script(source)
-        _scripts[name] = script
-    return script
 
 
 def to_units(amount: Decimal) -> int:
@@ -145,6 +134,7 @@ class Ticket:
     budgets: list[BudgetHold]
     used: list[int] = field(default_factory=list)
     resets_ms: list[int] = field(default_factory=list)
+    breaker_states: dict[int, str] = field(default_factory=dict)  # deployment id → state at admission
     local: bool = False  # counted in this process only (Redis unreachable, failing open)
     settled: bool = False
 
@@ -177,6 +167,12 @@ def ratelimit_headers(
 
 # --- admit -------------------------------------------------------------------------------------
 
+
+class StaleConfiguration(Exception):
+    """The configuration changed since this process cached it; nothing was admitted or taken.
+    Its caches are now dropped: re-read the key and the route, and admit again."""
+
+
 _redis_down_until = 0.0
 
 
@@ -194,12 +190,14 @@ async def admit(
     key: KeyInfo,
     model: str,
     model_limits: dict[str, int],
+    deployment_ids: list[int],
     request_id: str,
     tokens: int,
     worst_cost: Decimal,
     lease_seconds: float,
 ) -> Ticket:
-    """Admit the request against everything that applies, or raise the GatewayError saying why."""
+    """Admit the request against everything that applies, or raise the GatewayError saying why.
+    The same step reads the circuit breakers of the model's deployments (`deployment_ids`)."""
     now = datetime.now(UTC)
     ticket = Ticket(
         request_id=request_id,
@@ -214,8 +212,9 @@ async def admit(
     initial: dict[int, int] = {}
     try:
         for _ in range(len(ticket.budgets) + 1):
-            result = await _script("admission")(
-                keys=_admit_keys(key, ticket), args=_admit_args(ticket, lease_ms, initial)
+            result = await scripts.admission(
+                keys=_admit_keys(key, ticket, deployment_ids),
+                args=_admit_args(ticket, lease_ms, initial, len(deployment_ids)),
             )
             outcome = result[0].decode()
             if outcome != "init":
@@ -230,6 +229,8 @@ async def admit(
         return _admit_without_redis(key, ticket)
 
     observe_generation(result[3] or None)
+    if outcome == "stale":
+        raise StaleConfiguration
     if outcome == "blocked":
         if result[1] == b"key":
             raise GatewayError(401, "invalid_api_key", "This API key has been revoked.")
@@ -245,6 +246,8 @@ async def admit(
         )
     ticket.used = [int(v) for v in result[4]]
     ticket.resets_ms = [int(v) for v in result[5]]
+    if outcome == "ok":
+        ticket.breaker_states = {d: state.decode() for d, state in zip(deployment_ids, result[6], strict=True)}
     if outcome == "limit":
         limit = ticket.limits[int(result[1]) - 1]
         retry_after = max(1, math.ceil(int(result[2]) / 1000))
@@ -262,16 +265,17 @@ async def admit(
     return ticket
 
 
-def _admit_keys(key: KeyInfo, ticket: Ticket) -> list[str]:
+def _admit_keys(key: KeyInfo, ticket: Ticket, deployment_ids: list[int]) -> list[str]:
     keys = [GENERATION_KEY, *block_markers(key)]
     for limit in ticket.limits:
         keys.extend(limit.keys)
     for hold in ticket.budgets:
         keys.extend(hold.keys)
+    keys.extend(breakers.keys_for(d)[0] for d in deployment_ids)
     return keys
 
 
-def _admit_args(ticket: Ticket, lease_ms: int, initial: dict[int, int]) -> list:
+def _admit_args(ticket: Ticket, lease_ms: int, initial: dict[int, int], deployments: int) -> list:
     args: list = [ticket.request_id, ticket.tokens, ticket.cost_units, lease_ms, len(ticket.limits)]
     for limit in ticket.limits:
         args.extend((limit.script_kind, limit.limit, WINDOW_MS))
@@ -279,6 +283,7 @@ def _admit_args(ticket: Ticket, lease_ms: int, initial: dict[int, int]) -> list:
     for i, hold in enumerate(ticket.budgets):
         ttl = int((hold.period_end - datetime.now(UTC)).total_seconds()) + 2 * 86400
         args.extend((hold.limit_units, initial.get(i, ""), ttl, 1 if hold.hard else 0))
+    args.extend((deployments, current_generation()))
     return args
 
 
@@ -300,24 +305,26 @@ async def settled_spend(hold: BudgetHold) -> Decimal:
 # --- settle ------------------------------------------------------------------------------------
 
 
-async def settle(ticket: Ticket, *, tokens_used: int, cost: Decimal) -> None:
-    """Turn the ticket's holds into what happened (zero tokens and cost: release everything).
-    Safe to call more than once; only the first call counts."""
+async def settle(ticket: Ticket, *, attempts: list[Attempt], tokens_used: int, cost: Decimal) -> None:
+    """Turn the ticket's holds into what happened (zero tokens and cost: release everything), and
+    record the request's provider attempts in their circuit breakers. Only the first call counts."""
     if ticket.settled:
         return
     ticket.settled = True
     if ticket.local:
         _local.settle(ticket, tokens_used)
+        breakers.record_locally(attempts)
         return
     tpm = [limit for limit in ticket.limits if limit.kind == "tpm"]
     concurrency = [limit for limit in ticket.limits if limit.kind == "concurrency"]
     keys = [k for limit in tpm for k in limit.keys]
     keys += [limit.keys[0] for limit in concurrency]
     keys += [k for hold in ticket.budgets for k in hold.keys]
+    breaker_keys, breaker_args = breakers.record_arguments(attempts)
     spent_units = to_units(cost)
     try:
-        totals = await _script("settle")(
-            keys=keys,
+        totals, transitions, details = await scripts.settle(
+            keys=keys + breaker_keys,
             args=[
                 ticket.request_id,
                 ticket.tokens,
@@ -327,19 +334,24 @@ async def settle(ticket: Ticket, *, tokens_used: int, cost: Decimal) -> None:
                 len(ticket.budgets),
                 ticket.cost_units,
                 spent_units,
+                *breaker_args,
             ],
         )
     except _REDIS_ERRORS as exc:
         # The holds expire on their own (leases); the ledger keeps the spend either way.
         _mark_redis_down()
         log.warning("admission: could not settle %s (%s)", ticket.request_id, exc)
+        breakers.record_locally(attempts)
         return
+    breakers.after_record(attempts, transitions, details)
     for hold, total in zip(ticket.budgets, totals, strict=True):
         total = int(total)
         if hold.alert_units is not None and total >= hold.alert_units > total - spent_units:
             from tenants.tasks import budget_alert
 
-            budget_alert.delay(hold.budget_id, hold.period_start.isoformat(), str(from_units(total)))
+            await sync_to_async(budget_alert.delay)(
+                hold.budget_id, hold.period_start.isoformat(), str(from_units(total))
+            )
 
 
 # --- without Redis -----------------------------------------------------------------------------

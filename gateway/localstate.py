@@ -67,14 +67,20 @@ _caches: list[TTLCache] = []
 _generation: bytes | None = None
 
 
-def observe_generation(value: bytes | None) -> None:
-    """Called with the counter each request read; drops every cache when it moved."""
+def observe_generation(value: bytes | None) -> bool:
+    """Called with the counter a request read; drops every cache when it moved. True if it did."""
     global _generation
-    if value != _generation:
-        if _generation is not None:
-            for cache in _caches:
-                cache.clear()
-        _generation = value
+    if value == _generation:
+        return False
+    for cache in _caches:
+        cache.clear()
+    _generation = value
+    return True
+
+
+def current_generation() -> bytes:
+    """The generation this process's caches reflect (b"" before it has seen one)."""
+    return _generation or b""
 
 
 def announce_change() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 
@@ -25,6 +26,11 @@ class Provider(models.Model):
         max_length=120,
         blank=True,
         help_text="Name of an environment variable holding the API key (instead of storing it).",
+    )
+    max_retries = models.PositiveSmallIntegerField(
+        default=1,
+        help_text="Retries on the same deployment (429, 5xx, connection errors) before failing over. "
+        "Timeouts fail over at once.",
     )
     timeout_seconds = models.FloatField(
         default=60.0,
@@ -74,6 +80,31 @@ class Provider(models.Model):
         return bool(self.api_key_encrypted) or bool(self.api_key_env)
 
 
+class BreakerPolicy(models.Model):
+    """How a deployment's circuit breaker judges it (Resilience4j-like). Deployments without one use
+    the built-in default (gateway.breakers.DEFAULT_POLICY)."""
+
+    name = models.CharField(max_length=60, unique=True)
+    window_seconds = models.PositiveIntegerField(default=60, help_text="Sliding window of recent calls.")
+    minimum_calls = models.PositiveIntegerField(default=20, help_text="Calls in the window before it can open.")
+    failure_rate_percent = models.PositiveSmallIntegerField(default=50)
+    slow_call_seconds = models.FloatField(
+        default=20.0, help_text="A call slower than this is slow (streams: time to the first token)."
+    )
+    slow_rate_percent = models.PositiveSmallIntegerField(default=80)
+    open_seconds = models.FloatField(default=30.0, help_text="Open time; doubles with each repeated opening.")
+    max_open_seconds = models.FloatField(default=600.0)
+    half_open_probes = models.PositiveSmallIntegerField(
+        default=3, help_text="Calls let through while half-open; all must succeed to close."
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Deployment(models.Model):
     """One model at one provider, as litellm names it (e.g. `openai/gpt-4o-mini`)."""
 
@@ -84,6 +115,18 @@ class Deployment(models.Model):
         default=1, help_text="Share of traffic among deployments at the same position of a chain."
     )
     enabled = models.BooleanField(default=True)
+    breaker_policy = models.ForeignKey(
+        BreakerPolicy, null=True, blank=True, on_delete=models.PROTECT, related_name="deployments"
+    )
+
+    class Forced(models.TextChoices):
+        NONE = "", "Automatic"
+        OPEN = "open", "Forced open (no traffic)"
+        CLOSED = "closed", "Forced closed (always tried)"
+
+    forced_state = models.CharField(
+        max_length=8, choices=Forced.choices, default=Forced.NONE, blank=True, editable=False
+    )
     input_price_override = models.DecimalField(
         max_digits=20,
         decimal_places=15,
@@ -142,3 +185,67 @@ class ChainEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.alias} #{self.position}: {self.deployment}"
+
+
+class BreakerTransition(models.Model):
+    """Every change of a breaker's state, automatic or manual: the audit trail operators watch."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="transitions")
+    from_state = models.CharField(max_length=16)
+    to_state = models.CharField(max_length=16)
+    reason = models.CharField(max_length=300, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment}: {self.from_state} → {self.to_state}"
+
+
+class KillSwitch(models.Model):
+    """Sends all traffic (of one tenant, or of everyone) to a designated fallback model."""
+
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="Empty: the global switch.",
+    )
+    fallback = models.ForeignKey(ModelAlias, on_delete=models.PROTECT, related_name="+")
+    active = models.BooleanField(default=False)
+    reason = models.CharField(max_length=300, blank=True)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "kill switches"
+        constraints = [models.UniqueConstraint(fields=["tenant"], name="one_switch_per_tenant", nulls_distinct=False)]
+
+    def __str__(self) -> str:
+        return f"kill switch ({self.tenant or 'global'}) → {self.fallback}"
+
+
+class ControlAction(models.Model):
+    """Who did what to the traffic by hand, when and why (forced breakers, kill switches)."""
+
+    action = models.CharField(max_length=40)
+    subject = models.CharField(max_length=200)
+    reason = models.CharField(max_length=300)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.subject}"

@@ -23,9 +23,10 @@ from django.conf import settings
 from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
-from gateway import admission, providers
+from gateway import admission, breakers, providers
 from gateway.admission import Ticket
 from gateway.auth import KeyInfo, authenticate, ensure_not_blocked
+from gateway.breakers import Attempt
 from gateway.errors import GatewayError
 from gateway.failures import UpstreamError
 from gateway.routing import ModelRoute, Target, order_for_request, route_for
@@ -34,6 +35,7 @@ from gateway.transport import Event
 
 log = logging.getLogger(__name__)
 INTERNAL_ERROR = GatewayError(500, "internal_error", "Sentinel failed to handle this request; it has been logged.")
+MAX_RETRY_WAIT_SECONDS = 5.0  # a longer Retry-After sends the request to the next deployment instead
 REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _background: set[asyncio.Task] = set()
 
@@ -56,6 +58,7 @@ class Call:
     request: ChatRequest | None = None
     body: dict = field(default_factory=dict)
     ticket: Ticket | None = None
+    attempts: list[Attempt] = field(default_factory=list)  # every provider call, for the breakers
     target: Target | None = None
     fallbacks: int = 0
     ttft_ms: int | None = None
@@ -87,9 +90,19 @@ async def chat_completions(headers, raw_body: bytes) -> Reply:
     try:
         call.key = await authenticate(headers.get("authorization"), headers.get("x-api-key"))
         call.request, call.body = parse_chat_request(raw_body)
-        authorize_model(call.key, call.request.model)
-        route = await route_for(call.request.model)
-        call.ticket = await admit(call, route)
+        for _ in range(3):
+            authorize_model(call.key, call.request.model)
+            route = await route_for(call.request.model, call.key.tenant_id)
+            try:
+                call.ticket = await admit(call, route)
+                break
+            except admission.StaleConfiguration:
+                # Caches dropped: read the key and the route again, under the new configuration.
+                call.key = await authenticate(headers.get("authorization"), headers.get("x-api-key"))
+        else:
+            raise GatewayError(
+                503, "configuration_changing", "Configuration is changing; retry.", headers={"retry-after": "1"}
+            )
         chain = order_for_request(route.targets)
         if call.request.stream:
             return await stream_from_chain(call, chain)
@@ -115,6 +128,7 @@ async def admit(call: Call, route: ModelRoute) -> Ticket:
         key=call.key,
         model=request.model,
         model_limits=dict(route.limits),
+        deployment_ids=[target.deployment_id for target in route.targets],
         request_id=call.request_id,
         tokens=tokens,
         worst_cost=worst_cost,
@@ -146,58 +160,81 @@ def authorize_model(key: KeyInfo, model: str) -> None:
         )
 
 
-async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
+async def call_chain(call: Call, chain: list[Target], *, stream: bool):
+    """Try the chain in order until a deployment answers; returns what it answered (a response
+    dict, or a stream's first event and the rest).
+
+    A deployment whose breaker is open is skipped without a call. What retrying can fix (429,
+    5xx, connection errors) is retried on the same deployment with backoff, honoring Retry-After,
+    then the next deployment is tried; a timeout goes straight to the next one, so a dead provider's
+    timeout is waited out once. What retrying cannot fix goes back to the client and counts against
+    no breaker. The chain deadline bounds everything; streams fail over only before the first token.
+    """
     deadline = call.started + settings.CHAIN_DEADLINE_SECONDS
     last_error: UpstreamError | None = None
+    states = call.ticket.breaker_states
     for index, target in enumerate(chain):
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            break
-        call.target, call.fallbacks = target, index
-        try:
-            response = await providers.complete(
-                target, call.body, timeout=min(target.timeout, remaining), request_id=call.request_id
+        allowed, probe = await breakers.permit(
+            target, states.get(target.deployment_id, "closed"), local=call.ticket.local
+        )
+        if not allowed:
+            last_error = last_error or UpstreamError(
+                503, "circuit_open", f"{target.deployment}: circuit open", True, False
             )
-        except UpstreamError as error:
-            if not error.retryable:
-                raise as_client_error(error) from None
-            last_error = error
             continue
-        usage = response.get("usage") or {}
-        cost, price_id = await cost_of(target, usage)
-        headers = response_headers(call, cost)
-        await finish(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
-        return Reply(200, headers, orjson.dumps(response))
-    raise all_failed(last_error)
+        for retry in range(target.max_retries + 1):
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                raise all_failed(last_error, deadline_hit=True)
+            call.target, call.fallbacks = target, index
+            started = time.perf_counter()
+            try:
+                if stream:
+                    result = await providers.open_stream(
+                        target,
+                        call.body,
+                        first_token_timeout=min(target.first_token_timeout, remaining),
+                        timeout=min(target.timeout, remaining),
+                        request_id=call.request_id,
+                    )
+                else:
+                    result = await providers.complete(
+                        target, call.body, timeout=min(target.timeout, remaining), request_id=call.request_id
+                    )
+            except UpstreamError as error:
+                if not error.retryable:
+                    raise as_client_error(error) from None
+                call.attempts.append(Attempt(target, "fail", probe))
+                last_error = error
+                if probe or error.code == "upstream_timeout" or retry == target.max_retries:
+                    break
+                delay = breakers.backoff_seconds(retry, error.retry_after)
+                if delay > MAX_RETRY_WAIT_SECONDS or time.perf_counter() + delay >= deadline:
+                    break  # asked to wait longer than it is worth: the next deployment
+                await asyncio.sleep(delay)
+                continue
+            elapsed = time.perf_counter() - started
+            call.attempts.append(Attempt(target, "slow" if elapsed >= target.policy.slow_call_seconds else "ok", probe))
+            return result
+    raise all_failed(last_error, deadline_hit=time.perf_counter() >= deadline)
+
+
+async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
+    response = await call_chain(call, chain, stream=False)
+    usage = response.get("usage") or {}
+    cost, price_id = await cost_of(call.target, usage)
+    headers = response_headers(call, cost)
+    await finish(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
+    return Reply(200, headers, orjson.dumps(response))
 
 
 async def stream_from_chain(call: Call, chain: list[Target]) -> Reply:
-    deadline = call.started + settings.CHAIN_DEADLINE_SECONDS
-    last_error: UpstreamError | None = None
-    for index, target in enumerate(chain):
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            break
-        call.target, call.fallbacks = target, index
-        try:
-            first, rest = await providers.open_stream(
-                target,
-                call.body,
-                first_token_timeout=min(target.first_token_timeout, remaining),
-                timeout=min(target.timeout, remaining),
-                request_id=call.request_id,
-            )
-        except UpstreamError as error:
-            if not error.retryable:
-                raise as_client_error(error) from None
-            last_error = error
-            continue
-        call.ttft_ms = call.elapsed_ms()
-        headers = response_headers(call, None)
-        headers["content-type"] = "text/event-stream"
-        headers["cache-control"] = "no-cache"
-        return Reply(200, headers, stream=relay(call, first, rest))
-    raise all_failed(last_error)
+    first, rest = await call_chain(call, chain, stream=True)
+    call.ttft_ms = call.elapsed_ms()
+    headers = response_headers(call, None)
+    headers["content-type"] = "text/event-stream"
+    headers["cache-control"] = "no-cache"
+    return Reply(200, headers, stream=relay(call, first, rest))
 
 
 async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[bytes]:
@@ -220,6 +257,9 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
         await finish(call, await stream_record(call, 200, "", usage))
         yield b"data: [DONE]\n\n"
     except UpstreamError as error:
+        # After the first token there is no failing over: end with an error event, and let the
+        # breaker count the broken stream against the deployment.
+        call.attempts[-1].outcome = "fail"
         message = f"The provider's stream broke off after it started: {error.message}"
         yield sse(GatewayError(502, "stream_interrupted", message).payload())
         recorded = True
@@ -253,8 +293,10 @@ def as_client_error(error: UpstreamError) -> GatewayError:
     return GatewayError(error.status, error.code, error.message)
 
 
-def all_failed(last_error: UpstreamError | None) -> GatewayError:
+def all_failed(last_error: UpstreamError | None, *, deadline_hit: bool = False) -> GatewayError:
     detail = f" Last error: {last_error}." if last_error else ""
+    if deadline_hit:
+        detail = f" The chain deadline ({settings.CHAIN_DEADLINE_SECONDS:g} s) passed." + detail
     return GatewayError(
         503,
         "all_providers_unavailable",
@@ -269,13 +311,18 @@ def all_failed(last_error: UpstreamError | None) -> GatewayError:
 async def finish(call: Call, record: LedgerRecord) -> None:
     """Every authenticated request ends here, once: its record goes to the durable ledger queue and
     its admission settles to what it really used (nothing, if it failed)."""
-    await hand_off(record)
-    if call.ticket is not None:
-        await admission.settle(
+    if call.ticket is None:
+        await hand_off(record)
+        return
+    await asyncio.gather(
+        hand_off(record),
+        admission.settle(
             call.ticket,
+            attempts=call.attempts,
             tokens_used=record.prompt_tokens + record.completion_tokens,
             cost=Decimal(record.cost_usd),
-        )
+        ),
+    )
 
 
 # --- money and records -------------------------------------------------------------------------

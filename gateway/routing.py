@@ -10,6 +10,7 @@ from itertools import groupby
 from asgiref.sync import sync_to_async
 
 from gateway import transport
+from gateway.breakers import Policy
 from gateway.errors import GatewayError
 from gateway.localstate import TTLCache
 from gateway.models import ChainEntry, ModelAlias, Provider
@@ -37,6 +38,9 @@ class Target:
     input_price_override: Decimal | None
     output_price_override: Decimal | None
     fast: transport.FastRoute | None  # set when the fast path serves this deployment
+    policy: Policy  # its circuit breaker's
+    forced_state: str  # "" | "open" | "closed": an operator's override of its breaker
+    max_retries: int  # on this deployment before failing over
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ def _load_route(alias: str) -> ModelRoute | None:
 def _load_chain(model: ModelAlias) -> tuple[Target, ...]:
     entries = (
         ChainEntry.objects.filter(alias=model, deployment__enabled=True)
-        .select_related("deployment__provider")
+        .select_related("deployment__provider", "deployment__breaker_policy")
         .order_by("position", "id")
     )
     targets = []
@@ -130,17 +134,23 @@ def _load_chain(model: ModelAlias) -> tuple[Target, ...]:
                 input_price_override=deployment.input_price_override,
                 output_price_override=deployment.output_price_override,
                 fast=fast,
+                policy=Policy.from_model(deployment.breaker_policy),
+                forced_state=deployment.forced_state,
+                max_retries=provider.max_retries,
             )
         )
     return tuple(targets)
 
 
-async def route_for(alias: str) -> ModelRoute:
-    """The model's route. 404 when no such model exists or none of its deployments is enabled."""
-    route = _routes.get(alias)
+async def route_for(alias: str, tenant_id: int | None = None) -> ModelRoute:
+    """The model's route, or the kill switch's fallback when one is on for this tenant (or for
+    everyone). 404 when no such model exists or none of its deployments is enabled."""
+    fallback = await kill_switch_fallback(tenant_id)
+    name = fallback or alias
+    route = _routes.get(name)
     if route is None:
-        route = await sync_to_async(_load_route)(alias) or False
-        _routes.set(alias, route)
+        route = await sync_to_async(_load_route)(name) or False
+        _routes.set(name, route)
     if not route or not route.targets:
         raise GatewayError(
             404,
@@ -149,6 +159,26 @@ async def route_for(alias: str) -> ModelRoute:
             param="model",
         )
     return route
+
+
+_switches = TTLCache(ttl=30.0, maxsize=1)
+
+
+def _load_switches() -> dict[int | None, str]:
+    from gateway.models import KillSwitch
+
+    return dict(KillSwitch.objects.filter(active=True).values_list("tenant_id", "fallback__name"))
+
+
+async def kill_switch_fallback(tenant_id: int | None) -> str | None:
+    """The fallback model name when a kill switch covers this tenant: its own first, else global."""
+    switches = _switches.get("active")
+    if switches is None:
+        switches = await sync_to_async(_load_switches)()
+        _switches.set("active", switches)
+    if not switches:
+        return None
+    return switches.get(tenant_id) or switches.get(None)
 
 
 def order_for_request(chain: tuple[Target, ...], rng: random.Random = random) -> list[Target]:

@@ -2,10 +2,16 @@
 -- Token estimates become actual usage, the concurrency slot is freed, budget reservations become
 -- spend. A failed call (or a client gone before the first token) settles with zero: all released.
 --
--- KEYS: per tpm limit: log, sum; per concurrency limit: log; per budget: spent, reservations, sum
+-- It also records the outcome of every provider attempt the request made in that deployment's
+-- circuit breaker (requires breakers.lua).
+--
+-- KEYS: per tpm limit: log, sum; per concurrency limit: log; per budget: spent, reservations, sum;
+--       per attempt: breaker, breaker window
 -- ARGV: request id, tokens estimated, tokens used, number of tpm limits, number of concurrency
---       limits, number of budgets, cost reserved, cost spent
--- Returns each budget's spent total after this request (-1 where the period's counter is gone).
+--       limits, number of budgets, cost reserved, cost spent, number of attempts,
+--       per attempt: outcome (ok | fail | slow), probe (1|0), 7 policy numbers
+-- Returns {each budget's spent total after this request (-1 where the period's counter is gone),
+--          each attempt's breaker transition ('' | 'closed>open' | ...), and its detail}.
 
 local rid, estimated, actual = ARGV[1], ARGV[2], ARGV[3]
 local ntpm, nconc, nbudgets = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -41,4 +47,14 @@ for i = 1, nbudgets do
     totals[i] = -1
   end
 end
-return totals
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local transitions, details = {}, {}
+local a = 10
+for i = 1, tonumber(ARGV[9]) do
+  local policy = {}
+  for j = 1, 7 do policy[j] = tonumber(ARGV[a + 1 + j]) end
+  transitions[i], details[i] = breaker_record(KEYS[k], KEYS[k + 1], ARGV[a], ARGV[a + 1], now, policy)
+  k, a = k + 2, a + 9
+end
+return {totals, transitions, details}

@@ -7,9 +7,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import httpx
@@ -175,3 +177,29 @@ def start_celery_worker(database: str, *, env: dict | None = None, name: str = "
         stderr=subprocess.STDOUT,
     )
     return CeleryWorker(process)
+
+
+class WebhookReceiver:
+    """An HTTP receiver on 127.0.0.1 that records POSTs; its first `failures` answers are 500."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.requests: list[tuple[dict, bytes]] = []
+        self.failures = failures
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["content-length"]))
+                receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(500 if len(receiver.requests) <= receiver.failures else 200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()

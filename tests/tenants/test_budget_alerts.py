@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import httpx
 import pytest
@@ -14,34 +12,7 @@ import pytest
 from gateway.models import Deployment
 from tenants.models import Budget, BudgetAlert, WebhookDelivery, WebhookEndpoint
 from tenants.webhooks import sign
-from tests.servers import free_port, start_celery_worker
-
-
-class Receiver:
-    """A webhook receiver on 127.0.0.1 that fails its first `failures` deliveries with 500."""
-
-    def __init__(self, failures: int = 0) -> None:
-        self.requests: list[tuple[dict, bytes]] = []
-        self.failures = failures
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["content-length"]))
-                receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                status = 500 if len(receiver.requests) <= receiver.failures else 200
-                self.send_response(status)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
+from tests.servers import WebhookReceiver, start_celery_worker
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +31,7 @@ def wait_for(condition, timeout: float = 20.0) -> None:
 
 
 def test_threshold_alerts_once_with_a_signed_webhook(gateway, celery_worker, tenant, make_key, make_model, live_db):
-    receiver = Receiver(failures=1)
+    receiver = WebhookReceiver(failures=1)
     try:
         endpoint = WebhookEndpoint(tenant=tenant, url=receiver.url, events=["budget.threshold"])
         endpoint.set_secret("whsec-test")
@@ -99,7 +70,7 @@ def test_threshold_alerts_once_with_a_signed_webhook(gateway, celery_worker, ten
 
 
 def test_an_endpoint_of_another_tenant_hears_nothing(gateway, celery_worker, tenancy, make_key, make_model, live_db):
-    receiver = Receiver()
+    receiver = WebhookReceiver()
     try:
         outsider_endpoint = WebhookEndpoint(tenant=tenancy.other, url=receiver.url)
         outsider_endpoint.set_secret("other")
