@@ -45,6 +45,11 @@ class KeyInfo:
     # (budget id, key id or None for the tenant's, period, limit in USD, alert percent, hard)
     budgets: tuple[tuple[int, int | None, str, str, int | None, bool], ...] = ()
     fail_open: bool = True  # what admission does while Redis is unreachable
+    cache_enabled: bool = True
+    semantic_cache_enabled: bool = True
+    semantic_threshold: float | None = None
+    cache_ttl_seconds: int = 86_400
+    cache_max_entries: int = 50_000
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -93,6 +98,11 @@ def _load_from_db(digest: str) -> KeyInfo | None:
             (b.pk, b.key_id, b.period, str(b.limit_usd), b.alert_at_percent, b.hard) for b in budgets.order_by("pk")
         ),
         fail_open=key.tenant.on_redis_outage == Tenant.RedisOutage.FAIL_OPEN,
+        cache_enabled=key.tenant.cache_enabled,
+        semantic_cache_enabled=key.tenant.semantic_cache_enabled,
+        semantic_threshold=key.tenant.semantic_threshold,
+        cache_ttl_seconds=key.tenant.cache_ttl_seconds,
+        cache_max_entries=key.tenant.cache_max_entries,
     )
 
 

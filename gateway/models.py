@@ -7,6 +7,7 @@ import os
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
+from pgvector.django import HnswIndex, VectorField
 
 from sentinel.crypto import decrypt, encrypt
 
@@ -249,3 +250,38 @@ class ControlAction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.subject}"
+
+
+class CacheEntry(models.Model):
+    """A stored answer. Found by its exact digest (through Redis) or, in the semantic tier, by the
+    embedding of its prompt, strictly inside its partition: tenant, resolved model, the parameters
+    that change an answer, the conversation before the prompt, and the namespace."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    partition = models.CharField(max_length=64, db_index=True)
+    exact_digest = models.CharField(max_length=64, db_index=True)
+    model = models.CharField(max_length=200)
+    prompt = models.TextField(help_text="The prompt (last user message) as normalized for matching.")
+    embedding = VectorField(dimensions=384, null=True)
+    answer = models.JSONField(help_text="content, finish_reason, usage, model as served")
+    cost_usd = models.DecimalField(max_digits=20, decimal_places=10, help_text="What the answer cost upstream.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+    last_hit_at = models.DateTimeField(null=True, blank=True)
+    hits = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        verbose_name_plural = "cache entries"
+        indexes = [
+            models.Index(fields=["tenant", "last_hit_at"], name="cache_tenant_lru"),
+            HnswIndex(
+                name="cache_embedding_hnsw",
+                fields=["embedding"],
+                m=16,
+                ef_construction=64,
+                opclasses=["vector_cosine_ops"],
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model}: {self.prompt[:60]}"

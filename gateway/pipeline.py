@@ -1,7 +1,8 @@
 """POST /v1/chat/completions, top to bottom.
 
     authenticate → validate → allowlist → route → admit (limits, budgets, blocks: one Redis step)
-    → call the chain (stream or not) → respond → finish (settle the admission, hand off the ledger)
+    → cache (exact, then semantic) → call the chain (stream or not) → respond
+    → finish (settle the admission, hand off the ledger) → store the answer in the cache
 
 Each stage is a small function; the view only turns the Reply into an HTTP response.
 """
@@ -23,10 +24,12 @@ from django.conf import settings
 from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
-from gateway import admission, breakers, providers
+from gateway import admission, breakers, cache, providers
 from gateway.admission import Ticket
 from gateway.auth import KeyInfo, authenticate, ensure_not_blocked
 from gateway.breakers import Attempt
+from gateway.cache.keys import CacheKey, cache_key
+from gateway.cache.replay import answer_from_response, completion_body, storable, stream_chunks
 from gateway.errors import GatewayError
 from gateway.failures import UpstreamError
 from gateway.routing import ModelRoute, Target, order_for_request, route_for
@@ -63,6 +66,10 @@ class Call:
     fallbacks: int = 0
     ttft_ms: int | None = None
     chunks: int = 0  # content chunks relayed so far (a stream's usage if it ends early)
+    cache_controls: cache.Controls = field(default_factory=cache.Controls)
+    cache_key: CacheKey | None = None
+    cache_tier: str = "bypass"
+    cache_embedding: object = None
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.started) * 1000)
@@ -90,6 +97,7 @@ async def chat_completions(headers, raw_body: bytes) -> Reply:
     try:
         call.key = await authenticate(headers.get("authorization"), headers.get("x-api-key"))
         call.request, call.body = parse_chat_request(raw_body)
+        call.cache_controls = cache.controls_from(call.body, headers)
         for _ in range(3):
             authorize_model(call.key, call.request.model)
             route = await route_for(call.request.model, call.key.tenant_id)
@@ -103,6 +111,9 @@ async def chat_completions(headers, raw_body: bytes) -> Reply:
             raise GatewayError(
                 503, "configuration_changing", "Configuration is changing; retry.", headers={"retry-after": "1"}
             )
+        hit = await consult_cache(call, route)
+        if hit is not None:
+            return await serve_from_cache(call, hit)
         chain = order_for_request(route.targets)
         if call.request.stream:
             return await stream_from_chain(call, chain)
@@ -133,6 +144,67 @@ async def admit(call: Call, route: ModelRoute) -> Ticket:
         tokens=tokens,
         worst_cost=worst_cost,
         lease_seconds=settings.CHAIN_DEADLINE_SECONDS,
+    )
+
+
+async def consult_cache(call: Call, route: ModelRoute) -> cache.Hit | None:
+    """The tenant's cache, unless it is off, the request opted out, or it asks for several choices."""
+    key, request = call.key, call.request
+    if not key.cache_enabled or (request.n or 1) != 1:
+        return None
+    call.cache_key = cache_key(
+        tenant_id=key.tenant_id, namespace=call.cache_controls.namespace, model_identity=route.identity, body=call.body
+    )
+    if call.cache_controls.no_cache:
+        return None
+    found = await cache.lookup(
+        call.cache_key,
+        tenant_id=key.tenant_id,
+        semantic=key.semantic_cache_enabled,
+        threshold=key.semantic_threshold,
+    )
+    call.cache_tier = "miss"
+    call.cache_embedding = found.embedding
+    return found.hit
+
+
+async def serve_from_cache(call: Call, hit: cache.Hit) -> Reply:
+    """A hit: the stored answer at zero upstream cost (replayed as a stream if one was asked for);
+    the ledger records the tier and what it saved."""
+    call.cache_tier = hit.tier
+    spawn(cache.touch(hit.entry_id))
+    headers = response_headers(call, ZERO)
+    headers["x-sentinel-provider"] = "cache"
+    if hit.similarity is not None:
+        headers["x-sentinel-cache-similarity"] = f"{hit.similarity:.4f}"
+    usage = hit.answer.get("usage") or {}
+    await finish(call, ledger_record(call, 200, usage=usage, saved=hit.cost_usd))
+    if call.request.stream:
+        headers["content-type"] = "text/event-stream"
+        headers["cache-control"] = "no-cache"
+        include_usage = bool(call.request.stream_options and call.request.stream_options.include_usage)
+        return Reply(200, headers, stream=stream_chunks(hit.answer, include_usage=include_usage))
+    return Reply(200, headers, completion_body(hit.answer))
+
+
+def remember(call: Call, answer: dict | None, cost: Decimal) -> None:
+    """Store a fresh answer for next time, after the response (never errors, refusals, tool calls,
+    broken streams, or what the client asked not to store)."""
+    if call.cache_key is None or call.cache_controls.no_store or answer is None or not storable(answer):
+        return
+    key = call.key
+    spawn(
+        cache.store(
+            call.cache_key,
+            tenant_id=key.tenant_id,
+            model=call.request.model,
+            answer={k: v for k, v in answer.items() if k != "tool_calls"},
+            cost_usd=cost,
+            ttl=call.cache_controls.ttl or key.cache_ttl_seconds,
+            max_entries=key.cache_max_entries,
+            embedding=call.cache_embedding,
+            semantic=key.semantic_cache_enabled,
+        )
     )
 
 
@@ -225,6 +297,7 @@ async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
     cost, price_id = await cost_of(call.target, usage)
     headers = response_headers(call, cost)
     await finish(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
+    remember(call, answer_from_response(response), cost)
     return Reply(200, headers, orjson.dumps(response))
 
 
@@ -242,8 +315,10 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
     error event (never a silently truncated stream). The ledger record is written however it ends."""
     wants_usage = bool(call.request.stream_options and call.request.stream_options.include_usage)
     usage: dict = {}
+    answer = Answer()
     recorded = False
     try:
+        answer.add(first.data)
         yield first.raw or sse(first.data)
         async for event in rest:
             chunk = event.data
@@ -252,10 +327,13 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
                 if not chunk.get("choices") and not wants_usage:
                     continue
             call.chunks += 1
+            answer.add(chunk)
             yield event.raw or sse(chunk)
         recorded = True
-        await finish(call, await stream_record(call, 200, "", usage))
+        record = await stream_record(call, 200, "", usage)
+        await finish(call, record)
         yield b"data: [DONE]\n\n"
+        remember(call, answer.stored(usage, first.data.get("model", "")), Decimal(record.cost_usd))
     except UpstreamError as error:
         # After the first token there is no failing over: end with an error event, and let the
         # breaker count the broken stream against the deployment.
@@ -269,6 +347,34 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
             # The client went away (this task is being cancelled): record what it got, separately.
             spawn(finish_disconnected(call, usage))
         await rest.aclose()
+
+
+class Answer:
+    """A streamed answer put back together, to be cached once the stream completes."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.finish_reason: str | None = None
+        self.tool_calls = False
+
+    def add(self, chunk: dict) -> None:
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.parts.append(delta["content"])
+            if delta.get("tool_calls") or delta.get("function_call"):
+                self.tool_calls = True
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def stored(self, usage: dict, model: str) -> dict:
+        return {
+            "content": "".join(self.parts),
+            "tool_calls": self.tool_calls,
+            "finish_reason": self.finish_reason,
+            "usage": usage,
+            "model": model,
+        }
 
 
 async def finish_disconnected(call: Call, usage: dict) -> None:
@@ -319,7 +425,7 @@ async def finish(call: Call, record: LedgerRecord) -> None:
         admission.settle(
             call.ticket,
             attempts=call.attempts,
-            tokens_used=record.prompt_tokens + record.completion_tokens,
+            tokens_used=0 if record.cache_tier.startswith("hit") else record.prompt_tokens + record.completion_tokens,
             cost=Decimal(record.cost_usd),
         ),
     )
@@ -340,7 +446,7 @@ async def cost_of(target: Target, usage: dict) -> tuple[Decimal, int | None]:
 def response_headers(call: Call, cost: Decimal | None) -> dict[str, str]:
     headers = {
         "x-sentinel-request-id": call.request_id,
-        "x-sentinel-cache": "miss",
+        "x-sentinel-cache": call.cache_tier,
         "x-sentinel-fallbacks": str(call.fallbacks),
         **(call.ticket.headers() if call.ticket else {}),
     }
@@ -360,6 +466,7 @@ def ledger_record(
     usage: dict | None = None,
     cost: Decimal = ZERO,
     price_id: int | None = None,
+    saved: Decimal = ZERO,
 ) -> LedgerRecord:
     usage = usage or {}
     target = call.target
@@ -371,13 +478,15 @@ def ledger_record(
         status_code=status,
         model_served=target.litellm_model if target and status == 200 else "",
         deployment=target.deployment if target else "",
-        provider=target.provider if target else "",
+        provider=target.provider if target else ("cache" if call.cache_tier.startswith("hit") else ""),
         stream=bool(call.request and call.request.stream),
         error_code=error_code,
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
         cost_usd=format_usd(cost),
         price_id=price_id,
+        cache_tier=call.cache_tier,
+        saved_cost_usd=format_usd(saved),
         latency_ms=call.elapsed_ms(),
         ttft_ms=call.ttft_ms,
         fallbacks=call.fallbacks,

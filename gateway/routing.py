@@ -55,6 +55,11 @@ class ModelRoute:
     output_price: Decimal
     max_output_tokens: int
 
+    @property
+    def identity(self) -> tuple:
+        """What "the same model" means for the cache: the alias and the deployments behind it."""
+        return (self.name, tuple(t.litellm_model for t in self.targets))
+
     def worst_case(self, prompt_tokens: int, max_tokens: int | None, choices: int) -> tuple[int, Decimal]:
         """(tokens, USD) the request can at most consume."""
         completion = (max_tokens or self.max_output_tokens) * choices

@@ -7,6 +7,7 @@ each synchronous middleware would cost a thread hop per request on the hot path.
 """
 
 import os
+import threading
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
 
@@ -23,6 +24,7 @@ from django.core.exceptions import RequestAborted  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 
+from gateway.cache import warm_up  # noqa: E402
 from gateway.errors import GatewayError  # noqa: E402
 from sentinel.routing import websocket_urlpatterns  # noqa: E402
 
@@ -80,6 +82,8 @@ async def _send_too_large(send, limit: int) -> None:
 
 
 api_application = APIHandler()
+# Load the cache's embedding model now, in the background, rather than on the first request.
+threading.Thread(target=warm_up, name="embedder-warm-up", daemon=True).start()
 static_application = ASGIStaticFilesHandler(console_application)
 
 

@@ -217,6 +217,19 @@ CHAIN_DEADLINE_SECONDS = envfloat(
     120.0,
     "Upper bound on one request's time across all retries and fallbacks.",
 )
+CACHE_LOOKUP_TIMEOUT_MS = envint(
+    "SENTINEL_CACHE_LOOKUP_TIMEOUT_MS",
+    250,
+    "Longest the semantic cache may spend (embedding, then search); slower: the request goes upstream.",
+)
+CACHE_DATABASE_URL = envstr(
+    "SENTINEL_CACHE_DATABASE_URL",
+    "",
+    "PostgreSQL (pgvector) for the semantic cache's vectors, if not the main database. Unset: DATABASE_URL.",
+)
+CACHE_EF_SEARCH = envint(
+    "SENTINEL_CACHE_EF_SEARCH", 100, "pgvector hnsw.ef_search for semantic lookups (recall versus speed)."
+)
 MOCK_PROVIDER_URL = envstr(
     "SENTINEL_MOCK_URL",
     "http://127.0.0.1:8100",

@@ -71,6 +71,17 @@ class Tenant(Limits):
         FAIL_OPEN = "open", "Admit and count locally in each process"
         FAIL_CLOSED = "closed", "Refuse with 503"
 
+    cache_enabled = models.BooleanField(default=True, help_text="Answer repeated requests from the cache.")
+    semantic_cache_enabled = models.BooleanField(
+        default=True, help_text="Also answer paraphrases (verified before they are served)."
+    )
+    semantic_threshold = models.FloatField(
+        null=True, blank=True, help_text="Cosine similarity a candidate must reach. Empty: the built-in default."
+    )
+    cache_ttl_seconds = models.PositiveIntegerField(default=86_400, help_text="How long an answer stays cached.")
+    cache_max_entries = models.PositiveIntegerField(
+        default=50_000, help_text="Above this, the least recently used entries are evicted."
+    )
     on_redis_outage = models.CharField(
         max_length=8,
         choices=RedisOutage.choices,

@@ -68,7 +68,15 @@ def test_database_name(django_db_setup, django_db_blocker) -> str:
 
 
 @pytest.fixture(scope="session")
-def gateway(test_database_name, mock_provider) -> GatewayServer:
+def embedding_model() -> None:
+    """Export the embedding model once (first run only) before gateway processes load it."""
+    from gateway.cache import shared_embedder
+
+    shared_embedder()
+
+
+@pytest.fixture(scope="session")
+def gateway(test_database_name, mock_provider, embedding_model) -> GatewayServer:
     server = start_gateway(test_database_name)
     yield server
     server.stop()

@@ -1,0 +1,310 @@
+"""The semantic cache end to end: the official SDK against a real gateway, pgvector in the embedded
+PostgreSQL, the exact tier in Valkey. Cache stores happen after the response, so tests wait for them."""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from billing.ledger import drain
+from billing.models import LedgerEntry
+from gateway.mock_provider import REFUSAL_TEXT, answer_text
+from gateway.models import CacheEntry
+from tests.servers import start_gateway
+
+PARAPHRASES = [
+    ("How do I reset my password?", "how can i reset my password"),
+    ("What is the capital of Australia?", "whats the capital of australia?"),
+]
+
+
+@pytest.fixture
+def served(gateway, tenant, make_key, make_model):
+    model, (provider,) = make_model()
+    return model, provider, OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0)
+
+
+def wait_stored(tenant, count: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while CacheEntry.objects.filter(tenant=tenant).count() < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"expected {count} cache entries")
+        time.sleep(0.05)
+
+
+def ask(client, model: str, prompt: str, **extra):
+    return client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": prompt}], **extra
+    )
+
+
+def test_exact_repeat_is_served_from_cache(served, tenant, mock_provider, live_db):
+    model, provider, client = served
+    first = ask(client, model, "Exact repeat please")
+    assert first.headers["x-sentinel-cache"] == "miss"
+    wait_stored(tenant, 1)
+    second = ask(client, model, "Exact repeat please")
+    assert second.headers["x-sentinel-cache"] == "hit-exact"
+    assert second.headers["x-sentinel-cost-usd"] == "0.0000000000"
+    assert second.headers["x-sentinel-provider"] == "cache"
+    assert second.parse().choices[0].message.content == answer_text("Exact repeat please")
+    assert second.parse().usage.completion_tokens == 40
+    assert mock_provider.stats(provider)["calls"] == 1
+    # whitespace that cannot change the answer does not defeat the exact tier
+    assert ask(client, model, "  Exact   repeat please ").headers["x-sentinel-cache"] == "hit-exact"
+
+
+@pytest.mark.parametrize(("stored", "asked"), PARAPHRASES)
+def test_paraphrase_is_served_from_the_semantic_tier(served, tenant, mock_provider, live_db, stored, asked):
+    model, provider, client = served
+    ask(client, model, stored)
+    wait_stored(tenant, 1)
+    hit = ask(client, model, asked)
+    assert hit.headers["x-sentinel-cache"] == "hit-semantic"
+    assert 0.5 < float(hit.headers["x-sentinel-cache-similarity"]) <= 1.0
+    assert hit.parse().choices[0].message.content == answer_text(stored)
+    assert mock_provider.stats(provider)["calls"] == 1
+
+
+@pytest.mark.parametrize(
+    ("stored", "asked"),
+    [
+        ("Convert 5 km to miles", "Convert 5 miles to km"),
+        ("How do I reverse a list in Python?", "How do I reverse a list in JavaScript?"),
+        ("Are grapes safe for dogs?", "Are grapes toxic to dogs?"),
+    ],
+)
+def test_near_misses_are_not_served(served, tenant, mock_provider, live_db, stored, asked):
+    model, provider, client = served
+    ask(client, model, stored)
+    wait_stored(tenant, 1)
+    response = ask(client, model, asked)
+    assert response.headers["x-sentinel-cache"] == "miss"
+    assert response.parse().choices[0].message.content == answer_text(asked)
+    assert mock_provider.stats(provider)["calls"] == 2
+
+
+def test_no_tenant_ever_gets_another_tenants_entry(gateway, make_tenant, make_key, make_model, mock_provider, live_db):
+    model, (provider,) = make_model()
+    tenant_a, tenant_b = make_tenant(), make_tenant()
+    a = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant_a), max_retries=0)
+    b = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant_b), max_retries=0)
+    ask(a, model, "Shared question across tenants")
+    wait_stored(tenant_a, 1)
+    for prompt in ("Shared question across tenants", "shared question across tenants?"):
+        # B stores nothing of its own, so any hit here could only be A's entry.
+        response = ask(b, model, prompt, extra_body={"cache": {"no-store": True}})
+        assert response.headers["x-sentinel-cache"] == "miss"
+    assert mock_provider.stats(provider)["calls"] == 3
+
+
+def test_another_model_or_system_prompt_or_parameter_never_hits(served, make_model, tenant, live_db):
+    model, _, client = served
+    other_model, _ = make_model()
+    prompt = "What is the boiling point of water?"
+    ask(client, model, prompt)
+    wait_stored(tenant, 1)
+    assert ask(client, other_model, prompt).headers["x-sentinel-cache"] == "miss"
+    with_system = client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=[{"role": "system", "content": "Answer in French."}, {"role": "user", "content": prompt}],
+    )
+    assert with_system.headers["x-sentinel-cache"] == "miss"
+    assert ask(client, model, prompt, temperature=1.5).headers["x-sentinel-cache"] == "miss"
+    assert ask(client, model, prompt, max_tokens=7).headers["x-sentinel-cache"] == "miss"
+    assert ask(client, model, prompt).headers["x-sentinel-cache"] == "hit-exact"
+
+
+def test_earlier_conversation_is_part_of_the_partition(served, tenant, live_db):
+    model, _, client = served
+
+    def converse(history: str, question: str):
+        return client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=[
+                {"role": "user", "content": history},
+                {"role": "assistant", "content": "Sure."},
+                {"role": "user", "content": question},
+            ],
+        )
+
+    converse("Let's talk about Python.", "How do I sort a list?")
+    wait_stored(tenant, 1)
+    assert converse("Let's talk about Rust.", "How do I sort a list?").headers["x-sentinel-cache"] == "miss"
+    assert converse("Let's talk about Python.", "How do I sort a list?").headers["x-sentinel-cache"] == "hit-exact"
+
+
+def test_streamed_replay_is_what_the_sdk_expects(served, tenant, mock_provider, live_db):
+    model, provider, client = served
+    ask(client, model, "Replay me as a stream")
+    wait_stored(tenant, 1)
+    live = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Live stream"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    replayed = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Replay me as a stream"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    for chunks, prompt in ((live, "Live stream"), (replayed, "Replay me as a stream")):
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer_text(prompt)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40
+        assert {c.object for c in chunks} == {"chat.completion.chunk"}
+        assert len({c.id for c in chunks}) == 1
+    assert len(replayed) > 10  # chunked like a live stream, not one blob
+    assert mock_provider.stats(provider)["calls"] == 2
+
+
+def test_a_streamed_answer_is_stored_when_it_completes(served, tenant, live_db):
+    model, _, client = served
+    list(
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "stream then plain"}], stream=True
+        )
+    )
+    wait_stored(tenant, 1)
+    hit = ask(client, model, "stream then plain")
+    assert hit.headers["x-sentinel-cache"] == "hit-exact"
+    assert hit.parse().choices[0].message.content == answer_text("stream then plain")
+
+
+def test_errors_refusals_tool_calls_and_broken_streams_are_never_stored(served, tenant, mock_provider, live_db):
+    model, provider, client = served
+    ask(client, model, "Please [[refuse]] this")
+    mock_provider.control(provider, error_rate=1.0)
+    with pytest.raises(openai.APIStatusError):
+        ask(client, model, "this one fails")
+    mock_provider.control(provider, error_rate=0.0, drop_after=3, tpt_ms=5)
+    with pytest.raises(openai.APIError):
+        list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "broken"}], stream=True))
+    mock_provider.control(provider, drop_after=None)
+    time.sleep(1.0)
+    assert CacheEntry.objects.filter(tenant=tenant).count() == 0
+    again = ask(client, model, "Please [[refuse]] this")
+    assert again.headers["x-sentinel-cache"] == "miss"
+    assert again.parse().choices[0].message.content == REFUSAL_TEXT
+
+
+def test_ttl_expiry(served, tenant, live_db):
+    model, _, client = served
+    ask(client, model, "short lived", extra_body={"cache": {"ttl": 1}})
+    wait_stored(tenant, 1)
+    assert ask(client, model, "short lived").headers["x-sentinel-cache"] == "hit-exact"
+    time.sleep(1.2)
+    assert ask(client, model, "short lived").headers["x-sentinel-cache"] == "miss"
+
+
+def test_size_cap_evicts_the_least_recently_used(served, tenant, live_db):
+    model, _, client = served
+    tenant.cache_max_entries = 2
+    tenant.save()
+    from gateway.localstate import announce_change
+
+    announce_change()
+    for i, prompt in enumerate(("first entry alpha", "second entry bravo")):
+        ask(client, model, prompt)
+        wait_stored(tenant, i + 1)
+    assert ask(client, model, "first entry alpha").headers["x-sentinel-cache"] == "hit-exact"  # now most recent
+    time.sleep(0.3)
+    ask(client, model, "third entry charlie")
+    time.sleep(1.0)
+    prompts = set(CacheEntry.objects.filter(tenant=tenant).values_list("prompt", flat=True))
+    assert prompts == {"first entry alpha", "third entry charlie"}
+    assert ask(client, model, "second entry bravo").headers["x-sentinel-cache"] == "miss"
+
+
+def test_per_request_controls(served, tenant, mock_provider, live_db):
+    model, provider, client = served
+    ask(client, model, "controlled", extra_body={"cache": {"no-store": True}})
+    time.sleep(0.5)
+    assert CacheEntry.objects.filter(tenant=tenant).count() == 0
+    ask(client, model, "controlled")
+    wait_stored(tenant, 1)
+    bypass = ask(client, model, "controlled", extra_headers={"x-sentinel-cache-control": "no-cache"})
+    assert bypass.headers["x-sentinel-cache"] == "bypass"
+    other_space = ask(client, model, "controlled", extra_body={"cache": {"namespace": "v2"}})
+    assert other_space.headers["x-sentinel-cache"] == "miss"
+    assert ask(client, model, "controlled").headers["x-sentinel-cache"] == "hit-exact"
+    assert mock_provider.stats(provider)["calls"] == 4
+
+
+@pytest.mark.parametrize(
+    "control",
+    [
+        {"cache": "yes"},
+        {"cache": {"ttl": -5}},
+        {"cache": {"ttl": "soon"}},
+        {"cache": {"nocache": True}},
+        {"cache": {"no-cache": "maybe"}},
+    ],
+)
+def test_bad_controls_are_400(gateway, api_key, model, mock_provider, control):
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        headers={"authorization": f"Bearer {api_key}"},
+        json={"model": model[0], "messages": [{"role": "user", "content": "x"}], **control},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"].startswith("cache")
+    assert mock_provider.stats(model[1][0])["calls"] == 0
+
+
+def test_cache_off_for_a_tenant(gateway, make_tenant, make_key, make_model, mock_provider, live_db):
+    model, (provider,) = make_model()
+    tenant = make_tenant(cache_enabled=False)
+    client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0)
+    for _ in range(2):
+        assert ask(client, model, "no cache here").headers["x-sentinel-cache"] == "bypass"
+    assert mock_provider.stats(provider)["calls"] == 2
+
+
+def test_hits_are_recorded_with_their_tier_and_saving(served, tenant, live_db):
+    model, _, client = served
+    miss = ask(client, model, "record the saving")
+    wait_stored(tenant, 1)
+    ask(client, model, "record the saving")
+    ask(client, model, "please record the saving")
+    time.sleep(0.3)
+    drain()
+    rows = {row.cache_tier: row for row in LedgerEntry.objects.filter(tenant=tenant)}
+    assert set(rows) == {"miss", "hit-exact", "hit-semantic"}
+    paid = Decimal(miss.headers["x-sentinel-cost-usd"])
+    assert rows["miss"].cost_usd == paid and rows["miss"].saved_cost_usd == 0
+    for tier in ("hit-exact", "hit-semantic"):
+        assert rows[tier].cost_usd == 0
+        assert rows[tier].saved_cost_usd == paid
+        assert rows[tier].provider == "cache"
+
+
+def test_fails_open_when_the_vector_store_is_unreachable(
+    test_database_name, tenant, make_key, make_model, mock_provider, live_db
+):
+    """The cache's own database connection points nowhere; requests still get answers."""
+    gateway = start_gateway(
+        test_database_name, env={"SENTINEL_CACHE_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    )
+    try:
+        model, (provider,) = make_model()
+        client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0)
+        for _ in range(2):
+            response = ask(client, model, "still answered")
+            assert response.parse().choices[0].message.content == answer_text("still answered")
+            assert response.headers["x-sentinel-cache"] == "miss"
+        assert mock_provider.stats(provider)["calls"] == 2
+    finally:
+        gateway.stop()
