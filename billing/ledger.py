@@ -3,12 +3,16 @@ workers move records to Postgres in batches.
 
 A worker reads with a consumer group, inserts with ON CONFLICT DO NOTHING on the record id, and only
 then acknowledges. A worker that dies mid-batch leaves its records pending; the next drain claims
-them after CLAIM_IDLE_MS and inserts them again, which the conflict clause makes harmless. So a record
-is never lost once XADD returned, and never counted twice.
+them after SENTINEL_LEDGER_CLAIM_IDLE_MS and inserts them again, which the conflict clause makes
+harmless. So a record is never lost once XADD returned, and never counted twice.
+
+A record Postgres refuses (it names a tenant or key that no longer exists, say) would fail its whole
+batch forever; such records move to a dead-letter stream, kept for an operator, and the rest go in.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -19,13 +23,17 @@ from decimal import Decimal
 import orjson
 import redis
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import DatabaseError, transaction
 
-from billing.models import LedgerEntry
+from billing.models import LedgerEntry, RollupDue
 from sentinel.redis_clients import async_redis, sync_redis
 
+log = logging.getLogger(__name__)
+
 STREAM = "sentinel:ledger"
+DEAD_LETTERS = "sentinel:ledger:dead"
 GROUP = "ledger-writers"
-CLAIM_IDLE_MS = 30_000
 
 
 @dataclass
@@ -67,7 +75,7 @@ async def hand_off(record: LedgerRecord) -> None:
 
 
 def _insert_directly(encoded: bytes) -> None:
-    LedgerEntry.objects.bulk_create([_entry({b"r": encoded})], ignore_conflicts=True)
+    _insert([_entry({b"r": encoded})])
 
 
 def _ensure_group(client: redis.Redis) -> None:
@@ -117,7 +125,9 @@ def drain(*, batch_size: int = 1000, max_batches: int = 50) -> int:
     moved = 0
     for _ in range(max_batches):
         # Records a dead worker left pending first, then new ones.
-        _, claimed, _ = client.xautoclaim(STREAM, GROUP, consumer, min_idle_time=CLAIM_IDLE_MS, count=batch_size)
+        _, claimed, _ = client.xautoclaim(
+            STREAM, GROUP, consumer, min_idle_time=settings.LEDGER_CLAIM_IDLE_MS, count=batch_size
+        )
         messages = list(claimed)
         if not messages:
             response = client.xreadgroup(GROUP, consumer, {STREAM: ">"}, count=batch_size)
@@ -130,13 +140,61 @@ def drain(*, batch_size: int = 1000, max_batches: int = 50) -> int:
 
 
 def write_batch(client: redis.Redis, messages: list) -> None:
+    """Insert one batch, then acknowledge it. Never acknowledges a record that is neither in
+    Postgres nor in the dead-letter stream."""
     ids = [message_id for message_id, _ in messages]
-    entries = [_entry(fields) for _, fields in messages if fields]
-    LedgerEntry.objects.bulk_create(entries, ignore_conflicts=True, batch_size=1000)
+    readable, dead = [], []
+    for message_id, fields in messages:
+        if not fields:  # deleted from the stream after a previous insert: nothing left to do
+            continue
+        try:
+            readable.append((_entry(fields), message_id, fields))
+        except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
+            dead.append((message_id, fields, f"unreadable record: {exc!r}"))
+    try:
+        _insert([entry for entry, _, _ in readable])
+    except DatabaseError as exc:
+        if not _is_refusal(exc):
+            raise  # the database is unwell, not the records: leave them pending for a retry
+        dead.extend(_insert_one_by_one(readable))
     pipe = client.pipeline(transaction=False)
+    for message_id, fields, reason in dead:
+        pipe.xadd(DEAD_LETTERS, {**fields, b"reason": reason.encode(), b"stream_id": message_id})
     pipe.xack(STREAM, GROUP, *ids)
     pipe.xdel(STREAM, *ids)
     pipe.execute()
+    if dead:
+        log.error("ledger: %d record(s) Postgres refused moved to %s", len(dead), DEAD_LETTERS)
+
+
+def _insert(entries: list[LedgerEntry]) -> None:
+    """The rows and the markers saying whose days need a new rollup commit together."""
+    if not entries:
+        return
+    due = {(entry.tenant_id, entry.created_at.date()) for entry in entries}
+    with transaction.atomic():
+        LedgerEntry.objects.bulk_create(entries, ignore_conflicts=True, batch_size=1000)
+        RollupDue.objects.bulk_create([RollupDue(tenant_id=tenant_id, day=day) for tenant_id, day in due])
+
+
+def _is_refusal(exc: DatabaseError) -> bool:
+    """Errors about the data itself (a missing referenced row, a value out of range), as opposed to
+    errors about the connection or the server, which a later retry can cure."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+    return sqlstate.startswith(("22", "23"))  # data exception, integrity constraint violation
+
+
+def _insert_one_by_one(readable: list[tuple]) -> list[tuple]:
+    """A batch was refused: insert its records alone to find the ones at fault."""
+    dead = []
+    for entry, message_id, fields in readable:
+        try:
+            _insert([entry])
+        except DatabaseError as exc:
+            if not _is_refusal(exc):
+                raise
+            dead.append((message_id, fields, f"refused by Postgres: {exc}"))
+    return dead
 
 
 def pending_count() -> int:
