@@ -162,7 +162,7 @@ def _pairs_filter(pairs: Iterable[tuple[int, date]], *, rollups: bool) -> Q:
 
 def spend_report(*, tenants: Sequence[Tenant], start: date, end: date, group_by: Sequence[str]) -> SpendReport:
     """Spend of `tenants` from `start` to `end` (whole UTC days, both included), grouped by any of
-    DIMENSIONS, with totals. The caller decides which tenants the user may see."""
+    DIMENSIONS (none: totals only), with totals. The caller decides which tenants the user may see."""
     group_by = [name for name in DIMENSIONS if name in group_by]
     tenant_ids = [tenant.pk for tenant in tenants]
     due = set(
@@ -187,10 +187,11 @@ def spend_report(*, tenants: Sequence[Tenant], start: date, end: date, group_by:
         merged = groups.setdefault(key, _zeroed({}))
         for name in METRICS:
             merged[name] += values[name] or 0
-    rows = _labelled(group_by, groups)
     totals = SpendRow()
-    for row in rows:
-        totals.add(row.metrics)
+    for metrics in groups.values():
+        totals.add(metrics)
+    # Without dimensions the one group is the totals.
+    rows = _labelled(group_by, groups) if group_by else []
     return SpendReport(start=start, end=end, group_by=group_by, tenants=list(tenants), rows=rows, totals=totals)
 
 
