@@ -23,7 +23,7 @@ from django.db.models import Sum
 from django.db.models.functions import TruncDate
 from openai import AsyncOpenAI
 
-from billing.ledger import DEAD_LETTERS, GROUP, STREAM, LedgerRecord, drain
+from billing.ledger import COLUMNS, DEAD_LETTERS, GROUP, STREAM, LedgerRecord, drain
 from billing.models import DailyRollup, LedgerEntry, RollupDue
 from billing.selectors import ledger_totals, spend_in_period, spend_report
 from billing.services import spend_roll_up
@@ -71,6 +71,10 @@ def rollups_match_ledger(tenant) -> None:
 
 
 # --- the batch path ----------------------------------------------------------------------------
+
+
+def test_a_record_carries_every_column_of_the_ledger():
+    assert set(COLUMNS) == {f.attname for f in LedgerEntry._meta.concrete_fields}
 
 
 def test_every_record_reaches_postgres_once(empty_queue, tenant):
@@ -158,7 +162,7 @@ def blocked_ledger_insert() -> int | None:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
-            "AND query LIKE 'INSERT INTO \"billing_ledgerentry\"%%'"
+            "AND query LIKE 'INSERT INTO billing_ledgerentry%%'"
         )
         row = cursor.fetchone()
     return row[0] if row else None
