@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer, inline_serializer
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.pagination import CursorPagination
@@ -130,11 +132,12 @@ class SpendReportApi(APIView):
                 raise ValidationError({"end": [f"A report covers at most {MAX_REPORT_DAYS} days."]})
             return data
 
+    @extend_schema_serializer(component_name="SpendReport")
     class OutputSerializer(serializers.Serializer):
         start = serializers.DateField()
         end = serializers.DateField()
         group_by = serializers.ListField(child=serializers.CharField())
-        tenants = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
+        tenants = serializers.ListField(child=serializers.SlugField(), source="tenant_slugs")
         rows = SpendRowSerializer(many=True)
         totals = SpendTotalsSerializer()
 
@@ -151,6 +154,15 @@ class SpendReportApi(APIView):
             self.request.accepted_media_type = JSONRenderer.media_type
         return response
 
+    @extend_schema(
+        operation_id="spend_report",
+        parameters=[InputSerializer],
+        responses={
+            (200, "application/json"): OutputSerializer,
+            (200, CSVRenderer.media_type): OpenApiResponse(OpenApiTypes.BINARY, description="The report as CSV."),
+            (200, XLSXRenderer.media_type): OpenApiResponse(OpenApiTypes.BINARY, description="The report as XLSX."),
+        },
+    )
     def get(self, request):
         params = self.InputSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
@@ -188,12 +200,15 @@ class RequestLogApi(APIView):
         provider = serializers.CharField(required=False, max_length=80)
         cache = serializers.ChoiceField(choices=LedgerEntry.CacheTier.values, required=False)
         key = serializers.IntegerField(required=False, min_value=1, help_text="A virtual key's id.")
+        limit = serializers.IntegerField(required=False, min_value=1, max_value=500, help_text="Page size (50).")
+        cursor = serializers.CharField(required=False, help_text="Opaque; from a page's next or previous link.")
 
         def validate(self, data: dict) -> dict:
             if "start" in data and "end" in data and data["end"] < data["start"]:
                 raise ValidationError({"end": ["Must not be before start."]})
             return data
 
+    @extend_schema_serializer(component_name="LoggedRequest")
     class OutputSerializer(serializers.Serializer):
         id = serializers.UUIDField()
         request_id = serializers.CharField()
@@ -216,6 +231,18 @@ class RequestLogApi(APIView):
         ttft_ms = serializers.IntegerField(allow_null=True)
         fallbacks = serializers.IntegerField()
 
+    @extend_schema(
+        operation_id="tenant_requests",
+        parameters=[InputSerializer],
+        responses=inline_serializer(
+            "RequestLogPage",
+            {
+                "next": serializers.URLField(allow_null=True),
+                "previous": serializers.URLField(allow_null=True),
+                "results": OutputSerializer(many=True),
+            },
+        ),
+    )
     def get(self, request, slug: str):
         (tenant,) = tenants_in_scope(request.user, MANAGE, slug)
         params = self.InputSerializer(data=request.query_params)

@@ -148,6 +148,10 @@ class SpendReport:
     rows: list[SpendRow]
     totals: SpendRow
 
+    @property
+    def tenant_slugs(self) -> list[str]:
+        return [tenant.slug for tenant in self.tenants]
+
 
 def _pairs_filter(pairs: Iterable[tuple[int, date]], *, rollups: bool) -> Q:
     query = Q(pk__in=[])
