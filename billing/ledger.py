@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -61,7 +61,8 @@ class LedgerRecord:
     fallbacks: int = 0
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        # orjson serializes dataclasses itself, ~30x faster than through asdict(): this is on the request path.
+        return orjson.dumps(self)
 
 
 async def hand_off(record: LedgerRecord) -> None:
