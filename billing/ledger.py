@@ -76,7 +76,7 @@ async def hand_off(record: LedgerRecord) -> None:
 
 
 def _insert_directly(encoded: bytes) -> None:
-    _insert([_entry({b"r": encoded})])
+    _insert([_row({b"r": encoded})])
 
 
 def _ensure_group(client: redis.Redis) -> None:

@@ -18,19 +18,20 @@ from decimal import Decimal
 import openai
 import psycopg
 import pytest
-from django.db import connection
+from asgiref.sync import sync_to_async
+from django.db import connection, connections
 from django.db.models import Sum
 from django.db.models.functions import TruncDate
 from openai import AsyncOpenAI
 
-from billing.ledger import COLUMNS, DEAD_LETTERS, GROUP, STREAM, LedgerRecord, drain
+from billing.ledger import COLUMNS, DEAD_LETTERS, GROUP, STREAM, LedgerRecord, drain, hand_off
 from billing.models import DailyRollup, LedgerEntry, RollupDue
 from billing.selectors import ledger_totals, spend_in_period, spend_report
 from billing.services import spend_roll_up
 from sentinel.celery import app as celery_app
 from sentinel.redis_clients import sync_redis
 from tests.billing.conftest import drain_all, hand_off_all, record
-from tests.servers import database_url_for, start_celery_worker, start_gateway
+from tests.servers import database_url_for, free_port, start_celery_worker, start_gateway
 
 
 def ask(prompt: str) -> list[dict]:
@@ -97,6 +98,20 @@ def test_request_ids_may_repeat_the_record_id_is_the_key(empty_queue, tenant):
     hand_off_all([record(tenant, request_id="client-chosen"), record(tenant, request_id="client-chosen")])
     drain_all()
     assert LedgerEntry.objects.filter(tenant=tenant, request_id="client-chosen").count() == 2
+
+
+def test_while_redis_is_unreachable_a_record_goes_straight_to_postgres(empty_queue, tenant, settings):
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    lone = record(tenant, at=datetime(2026, 5, 1, 8, tzinfo=UTC), request_id="no-redis")
+
+    async def hand_off_and_hang_up() -> None:
+        await hand_off(lone)
+        await sync_to_async(connections.close_all)()  # the insert's thread holds a connection
+
+    asyncio.run(hand_off_and_hang_up())
+    row = LedgerEntry.objects.get(tenant=tenant)
+    assert (str(row.id), row.request_id, row.cost_usd) == (lone.id, "no-redis", Decimal(lone.cost_usd))
+    assert RollupDue.objects.filter(tenant=tenant, day=datetime(2026, 5, 1).date()).exists()
 
 
 def test_rows_mark_their_tenant_days_for_the_rollup(empty_queue, tenant):
@@ -317,7 +332,8 @@ async def thousand_requests(gateway, keys: list[str], alias: str, total: int, co
 
 def test_a_thousand_requests_reconcile_ledger_headers_and_rollups(gateway, mock_provider, tenant, make_key, make_model):
     alias, (provider,) = make_model()
-    mock_provider.control(provider, error_rate=0.02, error_status=503)
+    # Failures retrying cannot cure (a 5xx would be retried into a success): they reach the client.
+    mock_provider.control(provider, error_rate=0.02, error_status=400)
     keys = [make_key(tenant), make_key(tenant)]
     started = datetime.now(UTC)
 
@@ -326,6 +342,7 @@ def test_a_thousand_requests_reconcile_ledger_headers_and_rollups(gateway, mock_
 
     successes = [r for r in results if r[0] == 200]
     assert len(results) == 1000
+    assert {status for status, _, _ in results} == {200, 400}
     assert 0 < 1000 - len(successes) < 100  # the provider's injected failures
     rows = LedgerEntry.objects.filter(tenant=tenant)
     assert rows.count() == 1000  # refused requests are recorded too, at zero cost
