@@ -165,7 +165,7 @@ REST_FRAMEWORK = {
     # Basic first: a request without credentials gets 401 with a WWW-Authenticate challenge (with
     # the session first it would be a bare 403). Session logins (the console) work either way.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.BasicAuthentication",
+        "sentinel.authentication.GuardedBasicAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
