@@ -1,15 +1,82 @@
-"""Prices and the ledger in the Django admin (the ledger is read-only)."""
+"""Billing in the Django admin: prices (an edit of a price already billed becomes a new version), the
+read-only ledger, and the spend report page for finance (filter, view, download CSV or XLSX)."""
 
-from django.contrib import admin
+from datetime import timedelta
 
-from billing.models import LedgerEntry, Price
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpResponse
+from django.template.response import TemplateResponse
+from django.utils import timezone
+
+from billing.exports import cell_text, report_columns, report_csv, report_filename, report_rows, report_xlsx
+from billing.models import LedgerEntry, Price, SpendReport
+from billing.selectors import DIMENSIONS, spend_report
+from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
+from tenants.models import Tenant
+from tenants.selectors import EXPORT_SPEND, SEE_SPEND, tenants_for
+
+EXPORTS = {
+    "csv": (report_csv, "text/csv"),
+    "xlsx": (report_xlsx, "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"),
+}
+
+
+class PriceForm(forms.ModelForm):
+    class Meta:
+        model = Price
+        fields = ["model", "input_per_token", "output_per_token", "effective_from"]
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        model, effective_from = data["model"], data["effective_from"]
+        price = self.instance
+        try:
+            if price.pk and price_is_used(price=price):
+                if effective_from != price.effective_from:  # unchanged means "from now", always allowed
+                    price_validate_effective_from(model=model, effective_from=effective_from)
+            elif not price.pk or (model, effective_from) != (price.model, price.effective_from):
+                price_validate_effective_from(model=model, effective_from=effective_from)
+        except ValidationError as error:
+            raise ValidationError({"effective_from": error.messages}) from None
+        return data
+
+    def validate_unique(self):
+        """A used price is never overwritten, so its own (model, moment) is no clash: the service
+        decides where the edit goes, and checks uniqueness there."""
 
 
 @admin.register(Price)
 class PriceAdmin(admin.ModelAdmin):
+    form = PriceForm
     list_display = ["model", "input_per_token", "output_per_token", "effective_from", "source"]
     search_fields = ["model"]
     list_filter = ["source"]
+    readonly_fields = ["source", "created_at"]
+
+    def save_model(self, request, obj, form, change):
+        fields = {name: form.cleaned_data[name] for name in PriceForm.Meta.fields}
+        if change:
+            original = Price.objects.get(pk=obj.pk)
+            saved = price_change(price=original, **fields)
+            if saved.pk != original.pk:
+                messages.info(
+                    request,
+                    f"Requests were already billed at {original}, so it stays as it was: the new price is a "
+                    f"new version, in force from {saved.effective_from:%Y-%m-%d %H:%M:%S} UTC.",
+                )
+        else:
+            saved = price_create(**fields)
+        for model_field in Price._meta.concrete_fields:
+            setattr(obj, model_field.attname, getattr(saved, model_field.attname))
+
+    def has_delete_permission(self, request, obj=None):
+        if obj is not None and price_is_used(price=obj):
+            return False
+        return super().has_delete_permission(request, obj)
 
 
 @admin.register(LedgerEntry)
@@ -40,3 +107,92 @@ class LedgerEntryAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class SpendReportForm(forms.Form):
+    start = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), help_text="First UTC day.")
+    end = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), help_text="Last UTC day (included).")
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.none(), required=False, empty_label="All my tenants")
+    group_by = forms.MultipleChoiceField(
+        choices=[(name, name) for name in DIMENSIONS], widget=forms.CheckboxSelectMultiple, required=False
+    )
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].queryset = tenants_for(user, SEE_SPEND)
+        self.fields["tenant"].to_field_name = "slug"
+
+    def clean(self):
+        data = super().clean()
+        if data.get("start") and data.get("end") and data["end"] < data["start"]:
+            raise ValidationError({"end": "Must not be before start."})
+        return data
+
+
+@admin.register(SpendReport)
+class SpendReportAdmin(admin.ModelAdmin):
+    """Not a list of rows: the changelist is the report page. Visible to anyone who may see the
+    spend of at least one tenant; exports need the export role in every tenant exported."""
+
+    def has_module_permission(self, request):
+        return tenants_for(request.user, SEE_SPEND).exists()
+
+    def has_view_permission(self, request, obj=None):
+        return self.has_module_permission(request)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        today = timezone.now().date()
+        initial = {"start": today.replace(day=1), "end": today, "group_by": list(DIMENSIONS)}
+        form = SpendReportForm(request.GET if "start" in request.GET else None, user=request.user, initial=initial)
+        report = None
+        if form.is_valid():
+            data = form.cleaned_data
+            export = request.GET.get("format")
+            if export in EXPORTS:
+                tenants = self._export_scope(request.user, data["tenant"])
+            else:
+                tenants = [data["tenant"]] if data["tenant"] else list(tenants_for(request.user, SEE_SPEND))
+            if data["end"] - data["start"] > timedelta(days=366):
+                form.add_error("end", "A report covers at most 366 days.")
+            else:
+                report = spend_report(tenants=tenants, start=data["start"], end=data["end"], group_by=data["group_by"])
+                if export in EXPORTS:
+                    build, content_type = EXPORTS[export]
+                    response = HttpResponse(build(report), content_type=content_type)
+                    response["Content-Disposition"] = f'attachment; filename="{report_filename(report, export)}"'
+                    return response
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Spend report",
+            "opts": self.model._meta,
+            "form": form,
+            "report": report,
+            "columns": report_columns(report) if report else [],
+            "rows": [[cell_text(value) for value in row] for row in report_rows(report)] if report else [],
+            "query": request.GET.urlencode(),
+            "may_export": tenants_for(request.user, EXPORT_SPEND).exists(),
+        }
+        return TemplateResponse(request, "admin/billing/spend_report.html", context)
+
+    @staticmethod
+    def _export_scope(user, tenant: Tenant | None) -> list[Tenant]:
+        allowed = tenants_for(user, EXPORT_SPEND)
+        if tenant is not None:
+            if not allowed.filter(pk=tenant.pk).exists():
+                raise PermissionDenied
+            return [tenant]
+        tenants = list(allowed)
+        if not tenants:
+            raise PermissionDenied
+        return tenants

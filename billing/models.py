@@ -66,3 +66,59 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.model_requested} {self.status_code}"
+
+
+class RollupDue(models.Model):
+    """A tenant's day whose rollup is out of date: written with the ledger rows that made it so, in
+    the same transaction, and removed by the rollup job that folded them in. An insert, never an
+    update, so concurrent ledger batches never contend for a row."""
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    day = models.DateField()
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "day"])]
+
+    def __str__(self) -> str:
+        return f"tenant {self.tenant_id} on {self.day}"
+
+
+class DailyRollup(models.Model):
+    """Ledger totals per tenant, key, model (as asked for), price version and UTC day. Recomputed from
+    the ledger for each tenant's day that got new rows, so it always equals the ledger's sums."""
+
+    day = models.DateField()
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="+")
+    key = models.ForeignKey("tenants.VirtualKey", null=True, on_delete=models.PROTECT, related_name="+")
+    model = models.CharField(max_length=200, help_text="The model (alias) clients asked for.")
+    price = models.ForeignKey(Price, null=True, on_delete=models.PROTECT, related_name="+")
+    requests = models.PositiveIntegerField(default=0)
+    successful_requests = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=10, default=0)
+    exact_hits = models.PositiveIntegerField(default=0)
+    semantic_hits = models.PositiveIntegerField(default=0)
+    saved_cost_usd = models.DecimalField(max_digits=24, decimal_places=10, default=0)
+    computed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-day", "tenant", "model"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "tenant", "key", "model", "price"], name="one_rollup_per_group", nulls_distinct=False
+            )
+        ]
+        indexes = [models.Index(fields=["tenant", "day"])]
+
+    def __str__(self) -> str:
+        return f"{self.day} tenant {self.tenant_id} {self.model}"
+
+
+class SpendReport(DailyRollup):
+    """The spend report's place in the admin (a page, not a list of rows)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "spend report"
+        verbose_name_plural = "spend report"

@@ -1,10 +1,10 @@
 """The price table: seeded from litellm's bundled price map (read from disk, never fetched) and
-looked up on the request path from a small in-process cache."""
+looked up on the request path from a small in-process cache, which every gateway process drops as
+soon as a price changes anywhere (gateway.localstate)."""
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from billing.models import Price
 from billing.money import to_price
+from gateway.localstate import TTLCache
 
 # The moment bundled prices take effect: before any request this installation can have served.
 SEED_EFFECTIVE_FROM = datetime(2000, 1, 1, tzinfo=UTC)
@@ -77,7 +78,8 @@ class PriceVersion:
 
 UNPRICED = PriceVersion(None, Decimal(0), Decimal(0))
 
-_cache: dict[str, tuple[float, list[tuple[datetime, PriceVersion]]]] = {}
+# litellm model -> [(effective_from, version)], newest first.
+_cache = TTLCache(ttl=CACHE_SECONDS, maxsize=10_000)
 
 
 def clear_cache() -> None:
@@ -96,22 +98,24 @@ def _versions(names: list[str]) -> list[tuple[datetime, PriceVersion]]:
     return []
 
 
-def price_at(litellm_model: str, when: datetime | None = None) -> PriceVersion:
-    """The price version in force at `when` (now by default)."""
-    when = when or timezone.now()
-    now = time.monotonic()
-    cached = _cache.get(litellm_model)
-    if cached is None or now - cached[0] > CACHE_SECONDS:
-        cached = (now, _versions(price_key(litellm_model)))
-        _cache[litellm_model] = cached
-    for effective_from, version in cached[1]:
+def _in_force(versions: list[tuple[datetime, PriceVersion]], when: datetime) -> PriceVersion:
+    for effective_from, version in versions:
         if effective_from <= when:
             return version
     return UNPRICED
 
 
+def price_at(litellm_model: str, when: datetime | None = None) -> PriceVersion:
+    """The price version in force at `when` (now by default)."""
+    versions = _cache.get(litellm_model)
+    if versions is None:
+        versions = _versions(price_key(litellm_model))
+        _cache.set(litellm_model, versions)
+    return _in_force(versions, when or timezone.now())
+
+
 async def aprice_at(litellm_model: str, when: datetime | None = None) -> PriceVersion:
-    cached = _cache.get(litellm_model)
-    if cached is not None and time.monotonic() - cached[0] <= CACHE_SECONDS:
-        return price_at(litellm_model, when)
+    versions = _cache.get(litellm_model)
+    if versions is not None:
+        return _in_force(versions, when or timezone.now())
     return await sync_to_async(price_at)(litellm_model, when)

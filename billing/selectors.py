@@ -1,18 +1,266 @@
-"""Reads of spend."""
+"""Reads about spend: period totals for budgets, spend reports for finance, the request log.
+
+Settled figures come from the daily rollups wherever a tenant's day is rolled up and from the ledger
+itself where it is not (a day with new rows the rollup job has not folded in yet, or part of a day),
+so every figure equals the sum of the ledger rows it covers, whenever it is asked.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 
-from django.db.models import Sum
+from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
 
-from billing.models import LedgerEntry
+from billing.models import DailyRollup, LedgerEntry, Price, RollupDue
+from billing.money import ZERO
+from tenants.models import Tenant, VirtualKey
+
+ONE_DAY = timedelta(days=1)
+# Report dimensions, in the order columns and sorting use them.
+DIMENSIONS = ("day", "tenant", "key", "model", "price")
+METRICS = (
+    "requests",
+    "successful_requests",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "exact_hits",
+    "semantic_hits",
+    "saved_cost_usd",
+)
+MONEY_METRICS = frozenset({"cost_usd", "saved_cost_usd"})
+
+_LEDGER_METRICS = {
+    "requests": Count("id"),
+    "successful_requests": Count("id", filter=Q(status_code=200)),
+    "prompt_tokens": Sum("prompt_tokens"),
+    "completion_tokens": Sum("completion_tokens"),
+    "cost_usd": Sum("cost_usd"),
+    "exact_hits": Count("id", filter=Q(cache_tier=LedgerEntry.CacheTier.EXACT)),
+    "semantic_hits": Count("id", filter=Q(cache_tier=LedgerEntry.CacheTier.SEMANTIC)),
+    "saved_cost_usd": Sum("saved_cost_usd"),
+}
+_ROLLUP_METRICS = {name: Sum(name) for name in METRICS}
+# Where each dimension lives in the rollups and in the ledger.
+_ROLLUP_FIELDS = {"day": "day", "tenant": "tenant_id", "key": "key_id", "model": "model", "price": "price_id"}
+_LEDGER_FIELDS = {"day": "day", "tenant": "tenant_id", "key": "key_id", "model": "model_requested", "price": "price_id"}
+
+
+def day_bounds(day: date) -> tuple[datetime, datetime]:
+    """A day is a UTC day, here and in the rollups."""
+    start = datetime.combine(day, time.min, tzinfo=UTC)
+    return start, start + ONE_DAY
+
+
+def _zeroed(row: dict) -> dict:
+    """Sums over no rows are NULL in SQL; here they are zero."""
+    for name in METRICS:
+        if row.get(name) is None:
+            row[name] = ZERO if name in MONEY_METRICS else 0
+    return row
+
+
+def ledger_totals(entries: QuerySet[LedgerEntry], fields: Sequence[str]) -> list[dict]:
+    """Ledger sums grouped by `fields` (ledger field names), one dict per group."""
+    # order_by() drops the model's default ordering, which would otherwise join the GROUP BY.
+    return [_zeroed(row) for row in entries.order_by().values(*fields).annotate(**_LEDGER_METRICS)]
+
+
+# --- period totals (budgets) -----------------------------------------------------------------------
+
+
+def _whole_days(start: datetime, end: datetime) -> list[date]:
+    first = start.astimezone(UTC).date()
+    if day_bounds(first)[0] < start:
+        first += ONE_DAY
+    days = []
+    while day_bounds(first)[1] <= end:
+        days.append(first)
+        first += ONE_DAY
+    return days
+
+
+def _outside(days: list[date], start: datetime, end: datetime) -> Q | None:
+    """A filter on created_at for [start, end) minus the given whole days (sorted)."""
+    spans, cursor = [], start
+    for day in days:
+        day_start, day_end = day_bounds(day)
+        if cursor < day_start:
+            spans.append((cursor, day_start))
+        cursor = day_end
+    if cursor < end:
+        spans.append((cursor, end))
+    query = None
+    for low, high in spans:
+        span = Q(created_at__gte=low, created_at__lt=high)
+        query = span if query is None else query | span
+    return query
 
 
 def spend_in_period(*, tenant_id: int, key_id: int | None = None, start: datetime, end: datetime) -> Decimal:
-    """Settled spend of a tenant (or one of its keys) in [start, end), from the ledger."""
-    rows = LedgerEntry.objects.filter(tenant_id=tenant_id, created_at__gte=start, created_at__lt=end)
+    """Settled spend of a tenant (or one of its keys) in [start, end): rollups for the whole days
+    that are rolled up, ledger rows for the rest. Requests still queued for the ledger are not in
+    it; the live counters in Redis cover those."""
+    if end <= start:
+        return ZERO
+    scope = {"tenant_id": tenant_id} if key_id is None else {"tenant_id": tenant_id, "key_id": key_id}
+    days = _whole_days(start, end)
+    due = set(RollupDue.objects.filter(tenant_id=tenant_id, day__in=days).values_list("day", flat=True))
+    rolled_up = [day for day in days if day not in due]
+    total = ZERO
+    if rolled_up:
+        total += DailyRollup.objects.filter(day__in=rolled_up, **scope).aggregate(s=Sum("cost_usd"))["s"] or ZERO
+    rest = _outside(rolled_up, start, end)
+    if rest is not None:
+        total += LedgerEntry.objects.filter(rest, **scope).aggregate(s=Sum("cost_usd"))["s"] or ZERO
+    return total
+
+
+# --- spend reports -----------------------------------------------------------------------------
+
+
+@dataclass
+class SpendRow:
+    """One group of a report: its dimensions (None where not grouped by) and its totals."""
+
+    day: date | None = None
+    tenant: Tenant | None = None
+    key: VirtualKey | None = None
+    model: str | None = None
+    price: Price | None = None
+    metrics: dict = field(default_factory=lambda: _zeroed({}))
+
+    def add(self, values: dict) -> None:
+        for name in METRICS:
+            self.metrics[name] += values[name] or 0
+
+
+@dataclass
+class SpendReport:
+    start: date
+    end: date
+    group_by: list[str]
+    tenants: list[Tenant]
+    rows: list[SpendRow]
+    totals: SpendRow
+
+    @property
+    def tenant_slugs(self) -> list[str]:
+        return [tenant.slug for tenant in self.tenants]
+
+
+def _pairs_filter(pairs: Iterable[tuple[int, date]], *, rollups: bool) -> Q:
+    query = Q(pk__in=[])
+    for tenant_id, day in pairs:
+        if rollups:
+            query |= Q(tenant_id=tenant_id, day=day)
+        else:
+            low, high = day_bounds(day)
+            query |= Q(tenant_id=tenant_id, created_at__gte=low, created_at__lt=high)
+    return query
+
+
+def spend_report(*, tenants: Sequence[Tenant], start: date, end: date, group_by: Sequence[str]) -> SpendReport:
+    """Spend of `tenants` from `start` to `end` (whole UTC days, both included), grouped by any of
+    DIMENSIONS (none: totals only), with totals. The caller decides which tenants the user may see."""
+    group_by = [name for name in DIMENSIONS if name in group_by]
+    tenant_ids = [tenant.pk for tenant in tenants]
+    due = set(
+        RollupDue.objects.filter(tenant_id__in=tenant_ids, day__gte=start, day__lte=end)
+        .values_list("tenant_id", "day")
+        .distinct()
+    )
+    rollups = (
+        DailyRollup.objects.filter(tenant_id__in=tenant_ids, day__gte=start, day__lte=end)
+        .exclude(_pairs_filter(due, rollups=True))
+        .order_by()
+        .values(*[_ROLLUP_FIELDS[name] for name in group_by])
+        .annotate(**_ROLLUP_METRICS)
+    )
+    entries = LedgerEntry.objects.filter(_pairs_filter(due, rollups=False))
+    if "day" in group_by:
+        entries = entries.annotate(day=TruncDate("created_at", tzinfo=UTC))
+    ledger = ledger_totals(entries, [_LEDGER_FIELDS[name] for name in group_by])
+    groups: dict[tuple, dict] = {}
+    for values, fields in [(row, _ROLLUP_FIELDS) for row in rollups] + [(row, _LEDGER_FIELDS) for row in ledger]:
+        key = tuple(values[fields[name]] for name in group_by)
+        merged = groups.setdefault(key, _zeroed({}))
+        for name in METRICS:
+            merged[name] += values[name] or 0
+    totals = SpendRow()
+    for metrics in groups.values():
+        totals.add(metrics)
+    # Without dimensions the one group is the totals.
+    rows = _labelled(group_by, groups) if group_by else []
+    return SpendReport(start=start, end=end, group_by=group_by, tenants=list(tenants), rows=rows, totals=totals)
+
+
+def _labelled(group_by: list[str], groups: dict[tuple, dict]) -> list[SpendRow]:
+    """Rows with their tenants, keys and prices loaded, sorted by day, tenant, key, model, price."""
+    ids = {name: {key[i] for key in groups if key[i] is not None} for i, name in enumerate(group_by)}
+    objects = {
+        "tenant": Tenant.objects.in_bulk(ids.get("tenant", ())),
+        "key": VirtualKey.objects.in_bulk(ids.get("key", ())),
+        "price": Price.objects.in_bulk(ids.get("price", ())),
+    }
+    rows = []
+    for key, metrics in groups.items():
+        row = SpendRow(metrics=metrics)
+        for name, value in zip(group_by, key, strict=True):
+            setattr(row, name, objects[name].get(value) if name in objects else value)
+        rows.append(row)
+
+    def order(row: SpendRow) -> tuple:
+        return (
+            row.day or date.min,
+            row.tenant.slug if row.tenant else "",
+            row.key.pk if row.key else 0,
+            row.model or "",
+            row.price.effective_from if row.price else datetime.min.replace(tzinfo=UTC),
+        )
+
+    return sorted(rows, key=order)
+
+
+# --- the request log ---------------------------------------------------------------------------
+
+
+def ledger_entries(
+    *,
+    tenant_id: int,
+    start: date | None = None,
+    end: date | None = None,
+    status: int | None = None,
+    model: str | None = None,
+    provider: str | None = None,
+    cache_tier: str | None = None,
+    key_id: int | None = None,
+) -> QuerySet[LedgerEntry]:
+    """One tenant's requests, newest first, narrowed by whichever filters are given (days are UTC
+    days, both ends included)."""
+    entries = LedgerEntry.objects.filter(tenant_id=tenant_id).select_related("key", "price")
+    if start is not None:
+        entries = entries.filter(created_at__gte=day_bounds(start)[0])
+    if end is not None:
+        entries = entries.filter(created_at__lt=day_bounds(end)[1])
+    if status is not None:
+        entries = entries.filter(status_code=status)
+    if model:
+        entries = entries.filter(model_requested=model)
+    if provider:
+        entries = entries.filter(provider=provider)
+    if cache_tier:
+        entries = entries.filter(cache_tier=cache_tier)
     if key_id is not None:
-        rows = rows.filter(key_id=key_id)
-    return rows.aggregate(total=Sum("cost_usd"))["total"] or Decimal(0)
+        entries = entries.filter(key_id=key_id)
+    return entries.order_by("-created_at", "-id")
+
+
+def price_label(price: Price | None) -> str:
+    if price is None:
+        return "deployment price or unpriced"
+    return f"{price.model} from {price.effective_from:%Y-%m-%d %H:%M:%S} UTC"

@@ -1,11 +1,17 @@
-"""Celery tasks of the billing app."""
+"""Celery tasks of the billing app (beat runs both)."""
 
 from celery import shared_task
 
-from billing import ledger
+from billing import ledger, services
 
 
 @shared_task(ignore_result=True)
 def drain_ledger() -> int:
-    """Move queued ledger records to Postgres (beat runs this every second)."""
+    """Move queued ledger records to Postgres (every second)."""
     return ledger.drain()
+
+
+@shared_task(ignore_result=True)
+def roll_up_spend() -> int:
+    """Fold new ledger rows into the daily rollups (every minute)."""
+    return services.spend_roll_up()

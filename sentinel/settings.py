@@ -162,7 +162,10 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
 REST_FRAMEWORK = {
+    # Basic first: a request without credentials gets 401 with a WWW-Authenticate challenge (with
+    # the session first it would be a bare 403). Session logins (the console) work either way.
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "sentinel.authentication.GuardedBasicAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -195,7 +198,21 @@ CELERY_BEAT_SCHEDULE = {
         ),
         "options": {"expires": 10},
     },
+    "roll-up-spend": {
+        "task": "billing.tasks.roll_up_spend",
+        "schedule": envfloat(
+            "SENTINEL_ROLLUP_SECONDS", 60.0, "How often beat folds new ledger rows into the daily spend rollups."
+        ),
+        "options": {"expires": 300},
+    },
 }
+# A record a worker read but did not acknowledge within this time (the worker died, or its batch is
+# stuck) is taken over by another worker. Inserting it twice is harmless (idempotent on its id).
+LEDGER_CLAIM_IDLE_MS = envint(
+    "SENTINEL_LEDGER_CLAIM_IDLE_MS",
+    30_000,
+    "Milliseconds before another worker takes over ledger records a worker read but never acknowledged.",
+)
 
 # --- Gateway -----------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 from django.conf import settings
 from django.contrib import admin
-from django.urls import include, path
+from django.http import JsonResponse
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from django_ratelimit.decorators import ratelimit
 
@@ -13,8 +14,16 @@ admin.site.login = ratelimit(key="ip", rate=settings.LOGIN_RATE_PER_IP, method="
     ratelimit(key="post:username", rate=settings.LOGIN_RATE_PER_USER, method="POST")(admin.site.login)
 )
 
+
+def api_not_found(request, path: str = "") -> JsonResponse:
+    """The management API answers in JSON, unknown URLs included."""
+    return JsonResponse({"detail": f"Unknown API URL: {request.method} {request.path}."}, status=404)
+
+
 urlpatterns = [
     path("", include("gateway.urls")),
     path("admin/", admin.site.urls),
+    path("api/v1/", include("billing.urls")),
+    re_path(r"^api/(?P<path>.*)$", api_not_found),
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
 ]

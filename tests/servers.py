@@ -141,10 +141,16 @@ def start_gateway(
 class CeleryWorker:
     process: subprocess.Popen
 
+    @property
+    def pid(self) -> int:
+        """Its consumer name in the ledger stream is <host>-<pid>."""
+        return self.process.pid
+
     def stop(self) -> None:
         stop_process(self.process)
 
     def kill(self) -> None:
+        """kill -9, no goodbye: what a crash or the OOM killer does."""
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 

@@ -6,3 +6,7 @@ import os
 os.environ.setdefault("SENTINEL_DATA_DIR", ".data/test")
 
 from sentinel.settings import *  # noqa: E402,F403
+
+# Users are created by the dozen (the tenancy fixture makes five per test): a fast hasher keeps that
+# from costing seconds per test. The gateway processes tests start load these settings too.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

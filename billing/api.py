@@ -1,0 +1,263 @@
+"""Billing's management API (/api/v1/): spend reports as JSON, CSV or XLSX, and a tenant's request
+log. Every view scopes what it returns to the tenants the user holds the needed role in; another
+tenant's URL answers 404 (403 where the user is a member without the role), never data."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer, inline_serializer
+from rest_framework import serializers
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.pagination import CursorPagination
+from rest_framework.renderers import BaseRenderer, BrowsableAPIRenderer, JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from billing.exports import report_csv, report_filename, report_xlsx
+from billing.models import LedgerEntry
+from billing.selectors import DIMENSIONS, ledger_entries, spend_report
+from tenants.models import Tenant
+from tenants.selectors import ALL_ROLES, EXPORT_SPEND, MANAGE, SEE_SPEND, tenants_for
+
+MAX_REPORT_DAYS = 366
+
+
+def tenants_in_scope(user, roles: frozenset[str], slug: str | None = None) -> list[Tenant]:
+    """The tenants `user` may act on with `roles`: one (by slug) or all of them."""
+    if slug is not None:
+        tenant = tenants_for(user, roles).filter(slug=slug).first()
+        if tenant is not None:
+            return [tenant]
+        if tenants_for(user, ALL_ROLES).filter(slug=slug).exists():
+            raise PermissionDenied("Your role in this tenant does not allow this.")
+        raise NotFound("No such tenant.")
+    tenants = list(tenants_for(user, roles))
+    if not tenants:
+        raise PermissionDenied("Your roles do not allow this in any tenant.")
+    return tenants
+
+
+class FileRenderer(BaseRenderer):
+    """Passes through a file the view already built (errors are rendered as JSON instead)."""
+
+    charset = None
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return data
+
+
+class CSVRenderer(FileRenderer):
+    media_type = "text/csv"
+    format = "csv"
+
+
+class XLSXRenderer(FileRenderer):
+    media_type = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+    format = "xlsx"
+
+
+# --- spend report ------------------------------------------------------------------------------
+
+
+class TenantRefSerializer(serializers.Serializer):
+    slug = serializers.SlugField()
+    name = serializers.CharField()
+
+
+class KeyRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    prefix = serializers.CharField()
+
+
+class PriceRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    model = serializers.CharField()
+    effective_from = serializers.DateTimeField()
+    input_per_token = serializers.DecimalField(max_digits=20, decimal_places=15)
+    output_per_token = serializers.DecimalField(max_digits=20, decimal_places=15)
+
+
+class SpendTotalsSerializer(serializers.Serializer):
+    requests = serializers.IntegerField(source="metrics.requests")
+    successful_requests = serializers.IntegerField(source="metrics.successful_requests")
+    prompt_tokens = serializers.IntegerField(source="metrics.prompt_tokens")
+    completion_tokens = serializers.IntegerField(source="metrics.completion_tokens")
+    cost_usd = serializers.DecimalField(max_digits=24, decimal_places=10, source="metrics.cost_usd")
+    exact_hits = serializers.IntegerField(source="metrics.exact_hits")
+    semantic_hits = serializers.IntegerField(source="metrics.semantic_hits")
+    saved_cost_usd = serializers.DecimalField(max_digits=24, decimal_places=10, source="metrics.saved_cost_usd")
+
+
+class SpendRowSerializer(SpendTotalsSerializer):
+    day = serializers.DateField(allow_null=True)
+    tenant = TenantRefSerializer(allow_null=True)
+    key = KeyRefSerializer(allow_null=True)
+    model = serializers.CharField(allow_null=True)
+    price = PriceRefSerializer(allow_null=True, help_text="The price version the requests were billed at.")
+
+
+class SpendReportApi(APIView):
+    """Spend for a date range, grouped by any of day, tenant, key, model and price version, with
+    totals. `format=csv` or `format=xlsx` (or the matching Accept header) downloads it as a file."""
+
+    renderer_classes = [JSONRenderer, BrowsableAPIRenderer, CSVRenderer, XLSXRenderer]
+
+    class InputSerializer(serializers.Serializer):
+        start = serializers.DateField(help_text="First UTC day, YYYY-MM-DD.")
+        end = serializers.DateField(help_text="Last UTC day, YYYY-MM-DD (included).")
+        group_by = serializers.CharField(
+            required=False,
+            default=",".join(DIMENSIONS),
+            help_text=f"Comma-separated, any of: {', '.join(DIMENSIONS)}. Empty: totals only.",
+            allow_blank=True,
+        )
+        tenant = serializers.SlugField(required=False, help_text="One tenant; default: every tenant you may see.")
+        format = serializers.ChoiceField(choices=["json", "csv", "xlsx"], required=False)
+
+        def validate_group_by(self, value: str) -> list[str]:
+            names = [name.strip() for name in value.split(",") if name.strip()]
+            unknown = sorted(set(names) - set(DIMENSIONS))
+            if unknown:
+                raise ValidationError(f"Unknown dimension(s): {', '.join(unknown)}. Use {', '.join(DIMENSIONS)}.")
+            return names
+
+        def validate(self, data: dict) -> dict:
+            if data["end"] < data["start"]:
+                raise ValidationError({"end": ["Must not be before start."]})
+            if data["end"] - data["start"] >= timedelta(days=MAX_REPORT_DAYS):
+                raise ValidationError({"end": [f"A report covers at most {MAX_REPORT_DAYS} days."]})
+            return data
+
+    @extend_schema_serializer(component_name="SpendReport")
+    class OutputSerializer(serializers.Serializer):
+        start = serializers.DateField()
+        end = serializers.DateField()
+        group_by = serializers.ListField(child=serializers.CharField())
+        tenants = serializers.ListField(child=serializers.SlugField(), source="tenant_slugs")
+        rows = SpendRowSerializer(many=True)
+        totals = SpendTotalsSerializer()
+
+    def perform_content_negotiation(self, request, force=False):
+        requested = request.query_params.get("format")
+        if not force and requested is not None and requested not in ("json", "api", "csv", "xlsx"):
+            raise ValidationError({"format": ["Must be one of json, csv, xlsx."]})
+        return super().perform_content_negotiation(request, force)
+
+    def handle_exception(self, exc):
+        response = super().handle_exception(exc)
+        if isinstance(getattr(self.request, "accepted_renderer", None), FileRenderer):
+            self.request.accepted_renderer = JSONRenderer()
+            self.request.accepted_media_type = JSONRenderer.media_type
+        return response
+
+    @extend_schema(
+        operation_id="spend_report",
+        parameters=[InputSerializer],
+        responses={
+            (200, "application/json"): OutputSerializer,
+            (200, CSVRenderer.media_type): OpenApiResponse(OpenApiTypes.BINARY, description="The report as CSV."),
+            (200, XLSXRenderer.media_type): OpenApiResponse(OpenApiTypes.BINARY, description="The report as XLSX."),
+        },
+    )
+    def get(self, request):
+        params = self.InputSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        data = params.validated_data
+        renderer = request.accepted_renderer
+        roles = EXPORT_SPEND if isinstance(renderer, FileRenderer) else SEE_SPEND
+        tenants = tenants_in_scope(request.user, roles, data.get("tenant"))
+        report = spend_report(tenants=tenants, start=data["start"], end=data["end"], group_by=data["group_by"])
+        if isinstance(renderer, FileRenderer):
+            content = report_csv(report) if renderer.format == "csv" else report_xlsx(report)
+            disposition = f'attachment; filename="{report_filename(report, renderer.format)}"'
+            return Response(content, headers={"Content-Disposition": disposition})
+        return Response(self.OutputSerializer(report).data)
+
+
+# --- request log -------------------------------------------------------------------------------
+
+
+class RequestLogPagination(CursorPagination):
+    ordering = ("-created_at", "-id")
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = 500
+
+
+class RequestLogApi(APIView):
+    """A tenant's requests, newest first, for its admins: filter by UTC days, status, model,
+    provider, cache tier and key; page with the `next` link."""
+
+    class InputSerializer(serializers.Serializer):
+        start = serializers.DateField(required=False, help_text="First UTC day, YYYY-MM-DD.")
+        end = serializers.DateField(required=False, help_text="Last UTC day, YYYY-MM-DD (included).")
+        status = serializers.IntegerField(required=False, min_value=100, max_value=599, help_text="HTTP status.")
+        model = serializers.CharField(required=False, max_length=200, help_text="The model asked for.")
+        provider = serializers.CharField(required=False, max_length=80)
+        cache = serializers.ChoiceField(choices=LedgerEntry.CacheTier.values, required=False)
+        key = serializers.IntegerField(required=False, min_value=1, help_text="A virtual key's id.")
+        limit = serializers.IntegerField(required=False, min_value=1, max_value=500, help_text="Page size (50).")
+        cursor = serializers.CharField(required=False, help_text="Opaque; from a page's next or previous link.")
+
+        def validate(self, data: dict) -> dict:
+            if "start" in data and "end" in data and data["end"] < data["start"]:
+                raise ValidationError({"end": ["Must not be before start."]})
+            return data
+
+    @extend_schema_serializer(component_name="LoggedRequest")
+    class OutputSerializer(serializers.Serializer):
+        id = serializers.UUIDField()
+        request_id = serializers.CharField()
+        created_at = serializers.DateTimeField()
+        key = KeyRefSerializer(allow_null=True)
+        model_requested = serializers.CharField()
+        model_served = serializers.CharField()
+        deployment = serializers.CharField()
+        provider = serializers.CharField()
+        stream = serializers.BooleanField()
+        status_code = serializers.IntegerField()
+        error_code = serializers.CharField()
+        prompt_tokens = serializers.IntegerField()
+        completion_tokens = serializers.IntegerField()
+        cost_usd = serializers.DecimalField(max_digits=20, decimal_places=10)
+        price = PriceRefSerializer(allow_null=True)
+        cache_tier = serializers.CharField()
+        saved_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=10)
+        latency_ms = serializers.IntegerField()
+        ttft_ms = serializers.IntegerField(allow_null=True)
+        fallbacks = serializers.IntegerField()
+
+    @extend_schema(
+        operation_id="tenant_requests",
+        parameters=[InputSerializer],
+        responses=inline_serializer(
+            "RequestLogPage",
+            {
+                "next": serializers.URLField(allow_null=True),
+                "previous": serializers.URLField(allow_null=True),
+                "results": OutputSerializer(many=True),
+            },
+        ),
+    )
+    def get(self, request, slug: str):
+        (tenant,) = tenants_in_scope(request.user, MANAGE, slug)
+        params = self.InputSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        filters = params.validated_data
+        entries: QuerySet[LedgerEntry] = ledger_entries(
+            tenant_id=tenant.pk,
+            start=filters.get("start"),
+            end=filters.get("end"),
+            status=filters.get("status"),
+            model=filters.get("model"),
+            provider=filters.get("provider"),
+            cache_tier=filters.get("cache"),
+            key_id=filters.get("key"),
+        )
+        paginator = RequestLogPagination()
+        page = paginator.paginate_queryset(entries, request, view=self)
+        return paginator.get_paginated_response(self.OutputSerializer(page, many=True).data)

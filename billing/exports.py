@@ -1,0 +1,121 @@
+"""A spend report as a table, and that table as CSV (exact decimals) or XLSX (numbers a spreadsheet
+can sum; money keeps ten decimal places as far as a spreadsheet's doubles allow, far below a cent)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import date, datetime
+from decimal import Decimal
+
+from billing.selectors import METRICS, MONEY_METRICS, SpendReport, SpendRow
+
+DIMENSION_COLUMNS = {
+    "day": ["day"],
+    "tenant": ["tenant", "tenant_name"],
+    "key": ["key_id", "key_name", "key_prefix"],
+    "model": ["model"],
+    "price": ["price_id", "price_model", "price_effective_from", "input_usd_per_token", "output_usd_per_token"],
+}
+MONEY_FORMAT = "#,##0.00########"
+PRICE_FORMAT = "0.000000000000000"
+
+
+def report_columns(report: SpendReport) -> list[str]:
+    return [column for name in report.group_by for column in DIMENSION_COLUMNS[name]] + list(METRICS)
+
+
+def _dimension_values(name: str, row: SpendRow) -> list:
+    if name == "day":
+        return [row.day]
+    if name == "tenant":
+        return [row.tenant.slug, row.tenant.name] if row.tenant else [None, None]
+    if name == "key":
+        return [row.key.pk, row.key.name, row.key.prefix] if row.key else [None, None, None]
+    if name == "model":
+        return [row.model]
+    price = row.price
+    if price is None:
+        return [None, None, None, None, None]
+    return [price.pk, price.model, price.effective_from, price.input_per_token, price.output_per_token]
+
+
+def report_rows(report: SpendReport) -> list[list]:
+    """The table's rows, the totals last (labelled TOTAL in the first column)."""
+    rows = []
+    for row in report.rows:
+        values = [value for name in report.group_by for value in _dimension_values(name, row)]
+        rows.append(values + [row.metrics[name] for name in METRICS])
+    width = len(report_columns(report)) - len(METRICS)
+    label = ["TOTAL"] + [None] * (width - 1) if width else []
+    rows.append(label + [report.totals.metrics[name] for name in METRICS])
+    return rows
+
+
+def cell_text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    return str(value)
+
+
+def report_csv(report: SpendReport) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(report_columns(report))
+    for row in report_rows(report):
+        writer.writerow([cell_text(value) for value in row])
+    return out.getvalue().encode()
+
+
+def report_xlsx(report: SpendReport) -> bytes:
+    # Imported here: openpyxl pulls in numpy, half a second that every process loading the admin
+    # (gateway and worker processes included) would otherwise pay at start for a rare export.
+    from openpyxl import Workbook
+    from openpyxl.cell import WriteOnlyCell
+    from openpyxl.styles import Font
+
+    workbook = Workbook(write_only=True)
+    sheet = workbook.create_sheet("Spend")
+    columns = report_columns(report)
+    bold = Font(bold=True)
+    header = []
+    for column in columns:
+        cell = WriteOnlyCell(sheet, value=column)
+        cell.font = bold
+        header.append(cell)
+    sheet.append(header)
+    rows = report_rows(report)
+    for index, row in enumerate(rows):
+        cells = []
+        for column, value in zip(columns, row, strict=True):
+            if isinstance(value, datetime):
+                value = value.replace(tzinfo=None)  # Excel has no time zones; every time here is UTC
+            cell = WriteOnlyCell(sheet, value=value)
+            if column in MONEY_METRICS:
+                cell.number_format = MONEY_FORMAT
+            elif column.endswith("_per_token"):
+                cell.number_format = PRICE_FORMAT
+            elif isinstance(value, date):
+                cell.number_format = "yyyy-mm-dd hh:mm:ss" if isinstance(value, datetime) else "yyyy-mm-dd"
+            if index == len(rows) - 1:
+                cell.font = bold
+            cells.append(cell)
+        sheet.append(cells)
+    info = workbook.create_sheet("About")
+    info.append(["Spend report", f"{report.start.isoformat()} to {report.end.isoformat()} (UTC days, inclusive)"])
+    info.append(["Tenants", ", ".join(tenant.slug for tenant in report.tenants)])
+    info.append(["Grouped by", ", ".join(report.group_by) or "(totals only)"])
+    out = io.BytesIO()
+    workbook.save(out)
+    return out.getvalue()
+
+
+def report_filename(report: SpendReport, extension: str) -> str:
+    scope = report.tenants[0].slug if len(report.tenants) == 1 else "all-tenants"
+    return f"spend-{scope}-{report.start.isoformat()}-{report.end.isoformat()}.{extension}"

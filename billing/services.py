@@ -1,0 +1,161 @@
+"""Writes to billing: price versions (history is never rewritten) and the daily spend rollups."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import date, datetime
+from decimal import Decimal
+
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+from django.utils import timezone
+
+from billing import prices
+from billing.models import DailyRollup, LedgerEntry, Price, RollupDue
+from billing.selectors import day_bounds, ledger_totals
+from gateway.localstate import announce_change
+
+# pg advisory lock id: one rollup job at a time (two would delete each other's fresh rows).
+ROLLUP_LOCK_ID = 0x5E_B111
+# Markers folded per run, at most; a backlog is worked off over several runs.
+ROLLUP_MARKERS_PER_RUN = 100_000
+
+
+def price_validate_effective_from(*, model: str, effective_from: datetime) -> None:
+    """A ledger row's price is the version in force when it was created. A version that took
+    effect before rows already billed at another version would contradict them, so it is refused."""
+    latest = (
+        LedgerEntry.objects.filter(price__model=model, created_at__gte=effective_from)
+        .order_by("-created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    if latest is not None:
+        raise ValidationError(
+            f"Requests to {model} were already billed at {latest:%Y-%m-%d %H:%M:%S} UTC at another price; "
+            "a new price can only take effect after that.",
+            code="price_history",
+        )
+    if Price.objects.filter(model=model, effective_from=effective_from).exists():
+        raise ValidationError(f"{model} already has a price taking effect at that moment.", code="price_exists")
+
+
+def _announce() -> None:
+    """Every gateway process re-reads prices on its next request; this one at once."""
+    transaction.on_commit(prices.clear_cache)
+    announce_change()
+
+
+@transaction.atomic
+def price_create(
+    *,
+    model: str,
+    input_per_token: Decimal,
+    output_per_token: Decimal,
+    effective_from: datetime | None = None,
+    source: str = "manual",
+) -> Price:
+    """A new price version for `model`, in force from `effective_from` (now by default)."""
+    effective_from = effective_from or timezone.now()
+    price_validate_effective_from(model=model, effective_from=effective_from)
+    price = Price.objects.create(
+        model=model,
+        input_per_token=input_per_token,
+        output_per_token=output_per_token,
+        effective_from=effective_from,
+        source=source,
+    )
+    _announce()
+    return price
+
+
+def price_is_used(*, price: Price) -> bool:
+    return LedgerEntry.objects.filter(price=price).exists()
+
+
+@transaction.atomic
+def price_change(
+    *,
+    price: Price,
+    model: str,
+    input_per_token: Decimal,
+    output_per_token: Decimal,
+    effective_from: datetime,
+) -> Price:
+    """Edit a price. While no ledger row refers to it, in place; once one does, the edit becomes a
+    new version (from now, unless a later moment is given) and the old one stays as it was.
+    Returns the version that now holds the edit."""
+    if price_is_used(price=price):
+        if effective_from == price.effective_from:
+            effective_from = timezone.now()
+        return price_create(
+            model=model,
+            input_per_token=input_per_token,
+            output_per_token=output_per_token,
+            effective_from=effective_from,
+            source="manual",
+        )
+    if (model, effective_from) != (price.model, price.effective_from):
+        price_validate_effective_from(model=model, effective_from=effective_from)
+    Price.objects.filter(pk=price.pk).update(
+        model=model,
+        input_per_token=input_per_token,
+        output_per_token=output_per_token,
+        effective_from=effective_from,
+    )
+    price.refresh_from_db()
+    _announce()
+    return price
+
+
+def spend_roll_up() -> int:
+    """Recompute the rollups of every tenant's day that got ledger rows since the last run; returns
+    how many tenant-days were recomputed.
+
+    Taking the markers (DELETE ... RETURNING) and rewriting those days happen in one transaction.
+    Rows committed before the DELETE are all seen by the recomputation after it; rows committed
+    later come with markers the DELETE did not see, which stay for the next run.
+    """
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ROLLUP_LOCK_ID])
+            if not cursor.fetchone()[0]:
+                return 0  # another run is at it
+            table = RollupDue._meta.db_table
+            cursor.execute(
+                f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} ORDER BY id LIMIT %s) "  # noqa: S608
+                "RETURNING tenant_id, day",
+                [ROLLUP_MARKERS_PER_RUN],
+            )
+            due = set(cursor.fetchall())
+        tenants_by_day: dict[date, set[int]] = defaultdict(set)
+        for tenant_id, day in due:
+            tenants_by_day[day].add(tenant_id)
+        for day, tenant_ids in sorted(tenants_by_day.items()):
+            _roll_up_day(day, tenant_ids)
+    return len(due)
+
+
+def _roll_up_day(day: date, tenant_ids: set[int]) -> None:
+    start, end = day_bounds(day)
+    totals = ledger_totals(
+        LedgerEntry.objects.filter(tenant_id__in=tenant_ids, created_at__gte=start, created_at__lt=end),
+        ["tenant_id", "key_id", "model_requested", "price_id"],
+    )
+    DailyRollup.objects.filter(day=day, tenant_id__in=tenant_ids).delete()
+    now = timezone.now()
+    DailyRollup.objects.bulk_create(
+        [
+            DailyRollup(
+                day=day,
+                tenant_id=row.pop("tenant_id"),
+                key_id=row.pop("key_id"),
+                model=row.pop("model_requested"),
+                price_id=row.pop("price_id"),
+                computed_at=now,
+                **row,
+            )
+            for row in totals
+        ],
+        batch_size=1000,
+    )

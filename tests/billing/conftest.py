@@ -1,0 +1,148 @@
+"""Helpers for billing tests: ledger records handed off through the real Redis stream and drained
+into Postgres the way workers do it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
+
+import pytest
+
+from billing.ledger import LedgerRecord, drain, hand_off, pending_count
+from billing.models import Price
+from tenants.models import VirtualKey
+from tests.conftest import unique
+
+
+async def _hand_off_all(records: list[LedgerRecord]) -> None:
+    # A few at a time: each call runs on a fresh event loop, so each concurrent hand-off opens a
+    # new connection, and a loaded machine times out opening hundreds at once.
+    for start in range(0, len(records), 16):
+        await asyncio.gather(*(hand_off(record) for record in records[start : start + 16]))
+
+
+def hand_off_all(records: list[LedgerRecord]) -> None:
+    asyncio.run(_hand_off_all(records))
+
+
+def drain_all() -> None:
+    """Drain until nothing is queued (records a dead consumer holds are not this process's to take)."""
+    while drain():
+        pass
+
+
+def record(
+    tenant,
+    *,
+    key: VirtualKey | None = None,
+    at: datetime | None = None,
+    model: str = "gpt-4o-mini",
+    cost: str = "0.0000123456",
+    price_id: int | None = None,
+    status: int = 200,
+    **fields,
+) -> LedgerRecord:
+    extra = {"created_at": at.timestamp()} if at is not None else {}
+    return LedgerRecord(
+        request_id=fields.pop("request_id", "req_test"),
+        tenant_id=tenant.pk,
+        key_id=key.pk if key else None,
+        model_requested=model,
+        status_code=status,
+        cost_usd=str(Decimal(cost)),
+        price_id=price_id,
+        prompt_tokens=fields.pop("prompt_tokens", 11),
+        completion_tokens=fields.pop("completion_tokens", 40),
+        **extra,
+        **fields,
+    )
+
+
+@pytest.fixture
+def make_virtual_key(make_key) -> Callable[..., VirtualKey]:
+    def make(tenant, **fields) -> VirtualKey:
+        make_key(tenant, **fields)
+        return VirtualKey.objects.filter(tenant=tenant).order_by("-id").first()
+
+    return make
+
+
+@pytest.fixture
+def empty_queue(live_db):
+    """Start from an empty ledger queue, so a batch holds this test's records only."""
+    drain_all()
+    assert pending_count() == 0
+
+
+DAYS = [date(2026, 3, 1), date(2026, 3, 2), date(2026, 3, 3)]
+HOURS = [0, 11, 23]
+
+
+@dataclass
+class SpendData:
+    """Ledger rows over DAYS for tenant A (two keys, and rows without a key) and tenant B, two
+    models, a price that changes at noon on the second day, some cache hits."""
+
+    tenancy: object
+    keys_a: list
+    key_b: object
+    old_price: Price
+    new_price: Price
+    records: list[LedgerRecord]
+
+
+def varied_cost(i: int) -> str:
+    return f"0.{(i * 7_919_993) % 10**10:010d}"
+
+
+@pytest.fixture
+def spend_data(tenancy, make_virtual_key, empty_queue) -> SpendData:
+    a, b = tenancy.tenant, tenancy.other
+    keys_a = [make_virtual_key(a), make_virtual_key(a)]
+    key_b = make_virtual_key(b)
+    model = unique("priced")
+    old = Price.objects.create(
+        model=model,
+        input_per_token=Decimal("0.000001"),
+        output_per_token=Decimal("0.000002"),
+        effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    new = Price.objects.create(
+        model=model,
+        input_per_token=Decimal("0.0000015"),
+        output_per_token=Decimal("0.0000025"),
+        effective_from=datetime(2026, 3, 2, 12, tzinfo=UTC),
+    )
+    tiers = ["miss", "miss", "hit-exact", "hit-semantic", "bypass"]
+    records, i = [], 0
+    for day in DAYS:
+        for hour in HOURS:
+            at = datetime.combine(day, time(hour, 30), tzinfo=UTC)
+            price = new if at >= new.effective_from else old
+            for tenant, key in [(a, keys_a[0]), (a, keys_a[1]), (a, None), (b, key_b)]:
+                for alias in ("fast", "smart"):
+                    i += 1
+                    tier = tiers[i % len(tiers)]
+                    hit = tier.startswith("hit")
+                    records.append(
+                        record(
+                            tenant,
+                            key=key,
+                            at=at,
+                            model=alias,
+                            price_id=None if hit else price.pk,
+                            cost="0" if hit else varied_cost(i),
+                            cache_tier=tier,
+                            saved_cost_usd=varied_cost(i + 1) if hit else "0",
+                            status=200 if i % 7 else 503,
+                            prompt_tokens=i,
+                            completion_tokens=2 * i,
+                            request_id=f"spend-{i}",
+                        )
+                    )
+    hand_off_all(records)
+    drain_all()
+    return SpendData(tenancy=tenancy, keys_a=keys_a, key_b=key_b, old_price=old, new_price=new, records=records)

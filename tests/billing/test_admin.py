@@ -1,0 +1,173 @@
+"""Billing in the admin: the spend report page (scoped, exportable by finance, not by viewers), price
+edits that never rewrite history, and the read-only ledger."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import openpyxl
+from django.db.models import Sum
+from django.test import Client
+from django.utils import timezone
+
+from billing.models import LedgerEntry, Price
+from tests.billing.conftest import DAYS, drain_all, hand_off_all, record
+from tests.conftest import unique
+
+PAGE = "/admin/billing/spendreport/"
+RANGE = {"start": DAYS[0].isoformat(), "end": DAYS[-1].isoformat()}
+
+
+def as_user(user) -> Client:
+    web = Client()
+    web.force_login(user)
+    return web
+
+
+def ledger_cost(tenant) -> Decimal:
+    return LedgerEntry.objects.filter(tenant=tenant).aggregate(s=Sum("cost_usd"))["s"]
+
+
+# --- spend report page -------------------------------------------------------------------------
+
+
+def test_finance_finds_the_report_and_sees_its_tenant_only(spend_data):
+    t = spend_data.tenancy
+    finance = as_user(t.finance)
+    assert PAGE in finance.get("/admin/").content.decode()
+
+    page = finance.get(PAGE, {**RANGE, "group_by": ["tenant", "model"]})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert t.tenant.slug in html
+    assert t.other.slug not in html
+    total = dict(zip(page.context["columns"], page.context["rows"][-1], strict=True))
+    assert total["tenant"] == "TOTAL"
+    assert Decimal(total["cost_usd"]) == ledger_cost(t.tenant)
+    assert "Download CSV" in html
+
+
+def test_finance_cannot_pick_another_tenant(spend_data):
+    t = spend_data.tenancy
+    page = as_user(t.finance).get(PAGE, {**RANGE, "tenant": t.other.slug})
+    assert page.status_code == 200
+    assert page.context["report"] is None
+    assert "tenant" in page.context["form"].errors
+    assert t.other.slug not in page.content.decode()
+    export = as_user(t.finance).get(PAGE, {**RANGE, "tenant": t.other.slug, "format": "csv"})
+    assert "attachment" not in export.get("content-disposition", "")
+
+
+def test_finance_downloads_csv_and_xlsx(spend_data):
+    t = spend_data.tenancy
+    finance = as_user(t.finance)
+    response = finance.get(PAGE, {**RANGE, "format": "csv", "group_by": ["day", "key"]})
+    assert response["content-disposition"].startswith("attachment;")
+    lines = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert list(lines[0])[:2] == ["day", "key_id"]
+    assert Decimal(lines[-1]["cost_usd"]) == ledger_cost(t.tenant)
+
+    response = finance.get(PAGE, {**RANGE, "format": "xlsx", "tenant": t.tenant.slug, "group_by": ["model"]})
+    sheet = openpyxl.load_workbook(io.BytesIO(response.content))["Spend"]
+    rows = list(sheet.iter_rows(values_only=True))
+    cost = rows[0].index("cost_usd")
+    assert [row[0] for row in rows[1:]] == ["fast", "smart", "TOTAL"]
+    assert round(Decimal(str(rows[-1][cost])), 2) == round(ledger_cost(t.tenant), 2)
+
+
+def test_a_viewer_can_neither_open_nor_export_the_report(spend_data):
+    viewer = as_user(spend_data.tenancy.viewer)
+    assert PAGE not in viewer.get("/admin/").content.decode()
+    assert viewer.get(PAGE, RANGE).status_code == 403
+    response = viewer.get(PAGE, {**RANGE, "format": "csv"})
+    assert response.status_code == 403
+    assert "attachment" not in response.get("content-disposition", "")
+
+
+def test_the_superuser_sees_every_tenant(spend_data):
+    t = spend_data.tenancy
+    html = as_user(t.superuser).get(PAGE, {**RANGE, "group_by": ["tenant"]}).content.decode()
+    assert t.tenant.slug in html
+    assert t.other.slug in html
+
+
+# --- prices ------------------------------------------------------------------------------------
+
+
+def price_form(price: Price, **changes) -> dict:
+    moment = changes.pop("effective_from", price.effective_from)
+    return {
+        "model": changes.pop("model", price.model),
+        "input_per_token": changes.pop("input_per_token", price.input_per_token),
+        "output_per_token": changes.pop("output_per_token", price.output_per_token),
+        "effective_from_0": moment.strftime("%Y-%m-%d"),
+        "effective_from_1": moment.strftime("%H:%M:%S"),
+    }
+
+
+def billed_price(tenant) -> Price:
+    price = Price.objects.create(
+        model=unique("admin-price"),
+        input_per_token=Decimal("0.000001"),
+        output_per_token=Decimal("0.000002"),
+        effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    hand_off_all([record(tenant, price_id=price.pk, at=datetime(2026, 2, 1, tzinfo=UTC))])
+    drain_all()
+    return price
+
+
+def test_editing_a_billed_price_saves_a_new_version(tenancy, empty_queue):
+    price = billed_price(tenancy.tenant)
+    admin = as_user(tenancy.superuser)
+    response = admin.post(
+        f"/admin/billing/price/{price.pk}/change/", price_form(price, input_per_token="0.000009"), follow=True
+    )
+    assert response.status_code == 200
+    assert "new version" in response.content.decode()
+
+    old, new = Price.objects.filter(model=price.model).order_by("effective_from")
+    assert (old.pk, old.input_per_token, old.effective_from) == (price.pk, Decimal("0.000001"), price.effective_from)
+    assert new.input_per_token == Decimal("0.000009")
+    assert timezone.now() - new.effective_from < timedelta(seconds=10)
+    assert LedgerEntry.objects.get(price__model=price.model).price_id == old.pk
+
+
+def test_an_unbilled_price_is_edited_in_place(tenancy):
+    price = Price.objects.create(model=unique("unbilled"), input_per_token=1, output_per_token=2)
+    admin = as_user(tenancy.superuser)
+    admin.post(f"/admin/billing/price/{price.pk}/change/", price_form(price, output_per_token="3"))
+    (only,) = Price.objects.filter(model=price.model)
+    assert (only.pk, only.output_per_token) == (price.pk, Decimal("3"))
+
+
+def test_a_new_price_cannot_reach_back_over_billed_requests(tenancy, empty_queue):
+    price = billed_price(tenancy.tenant)
+    admin = as_user(tenancy.superuser)
+    response = admin.post(
+        "/admin/billing/price/add/",
+        price_form(price, input_per_token="5", effective_from=datetime(2026, 1, 20, tzinfo=UTC)),
+    )
+    assert response.status_code == 200  # the form again, with the error
+    assert "already billed" in response.content.decode()
+    assert Price.objects.filter(model=price.model).count() == 1
+
+
+def test_a_billed_price_cannot_be_deleted(tenancy, empty_queue):
+    price = billed_price(tenancy.tenant)
+    admin = as_user(tenancy.superuser)
+    assert admin.post(f"/admin/billing/price/{price.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert Price.objects.filter(pk=price.pk).exists()
+
+
+def test_the_ledger_is_read_only(spend_data):
+    entry = LedgerEntry.objects.filter(tenant=spend_data.tenancy.tenant).first()
+    admin = as_user(spend_data.tenancy.superuser)
+    before = (entry.cost_usd, entry.status_code)
+    assert admin.post(f"/admin/billing/ledgerentry/{entry.pk}/change/", {"cost_usd": "0"}).status_code == 403
+    assert admin.post(f"/admin/billing/ledgerentry/{entry.pk}/delete/", {"post": "yes"}).status_code == 403
+    entry.refresh_from_db()
+    assert (entry.cost_usd, entry.status_code) == before

@@ -1,0 +1,65 @@
+"""Prices on the request path: a change mid-day takes effect at once in a running gateway, and each
+request keeps the version it was billed at, in the ledger and in the report."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django.utils import timezone
+from openai import OpenAI
+
+from billing.models import LedgerEntry
+from billing.prices import litellm_price_map, seeded_prices
+from billing.selectors import spend_report
+from billing.services import price_create, spend_roll_up
+from tests.billing.conftest import drain_all
+from tests.conftest import unique
+
+
+def ask(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}]
+
+
+def test_price_change_mid_day_each_request_keeps_its_version(gateway, tenant, make_key, make_model):
+    model = unique("priced")
+    v1 = price_create(
+        model=model,
+        input_per_token=Decimal("0.000001"),
+        output_per_token=Decimal("0.000002"),
+        effective_from=timezone.now() - timedelta(hours=1),
+    )
+    alias, _ = make_model(litellm_model=f"openai/{model}")
+    client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0, timeout=30)
+
+    def call(prompt: str):
+        return client.chat.completions.with_raw_response.create(model=alias, messages=ask(prompt))
+
+    before = [call(f"before {i}") for i in range(3)]
+    v2 = price_create(model=model, input_per_token=Decimal("0.000003"), output_per_token=Decimal("0.000005"))
+    after = [call(f"after {i}") for i in range(4)]
+    drain_all()
+
+    rows = {row.request_id: row for row in LedgerEntry.objects.filter(tenant=tenant)}
+    for responses, version in ((before, v1), (after, v2)):
+        for raw in responses:
+            row = rows[raw.headers["x-sentinel-request-id"]]
+            assert row.price_id == version.pk
+            expected = row.prompt_tokens * version.input_per_token + row.completion_tokens * version.output_per_token
+            assert row.cost_usd == expected
+            assert str(row.cost_usd) == raw.headers["x-sentinel-cost-usd"]
+
+    today = timezone.now().date()
+    for rolled_up in (False, True):
+        if rolled_up:
+            spend_roll_up()
+        report = spend_report(tenants=[tenant], start=today, end=today, group_by=["day", "model", "price"])
+        assert [(row.price, row.metrics["requests"]) for row in report.rows] == [(v1, 3), (v2, 4)]
+        for row, version in zip(report.rows, (v1, v2), strict=True):
+            assert row.metrics["cost_usd"] == sum(r.cost_usd for r in rows.values() if r.price_id == version.pk)
+
+
+def test_the_seed_is_litellm_s_bundled_map_as_exact_decimals():
+    seeded = {model: (inp, out) for model, inp, out in seeded_prices(litellm_price_map())}
+    assert seeded["gpt-4o-mini"] == (Decimal("0.00000015"), Decimal("0.0000006"))
+    assert all(isinstance(inp, Decimal) and isinstance(out, Decimal) for inp, out in seeded.values())
