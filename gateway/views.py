@@ -7,6 +7,7 @@ import asyncio
 from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.http import require_GET
 
 from gateway import pipeline
 from gateway.auth import authenticate, ensure_not_blocked
@@ -64,6 +65,7 @@ async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
     return error_response(GatewayError(404, "unknown_url", f"Unknown request URL: {request.method} {request.path}."))
 
 
+@require_GET
 async def live(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"status": "ok"})
 
@@ -73,6 +75,7 @@ def _database_ok() -> None:
         cursor.execute("select 1")
 
 
+@require_GET
 async def ready(request: HttpRequest) -> HttpResponse:
     """Ready when the database and Redis both answer within a second."""
     failing = []
