@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from gateway.mock_provider import answer_text
-from tests.servers import BASE_DIR, database_url_for, free_port
+from tests.servers import BASE_DIR, database_url_for, free_port, scrape_metrics
 
 READY_LINE = "Press Ctrl-C to stop everything"
 
@@ -126,6 +126,12 @@ def test_make_run_from_empty_data_then_again(tmp_path):
         assert console.url.path == "/admin/"
         assert "Sentinel console" in console.text and "Log out" in console.text
         assert (data_dir / "pg" / "PG_VERSION").exists() and (data_dir / "valkey").is_dir()
+        # The web workers share their metrics through the data folder; one scrape counts them all.
+        assert (data_dir / "metrics").is_dir()
+        served = scrape_metrics(gateway).samples.items()
+        assert sum(v for (name, labels), v in served if name == "sentinel_requests_total") == 3  # curl, SDK, smart
+        web_log = (data_dir / "logs" / "web.log").read_text().splitlines()
+        assert web_log and all(line.startswith("{") for line in web_log)
     finally:
         first.ctrl_c()
     assert first.process.returncode == 0
