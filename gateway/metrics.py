@@ -116,6 +116,19 @@ def exported_names() -> set[str]:
     return names
 
 
+_children: dict[tuple, object] = {}
+
+
+def _child(metric, *labels):
+    """metric.labels(*labels), remembered: labels() converts and locks on every call, and a request
+    records about ten samples (label sets are bounded, so this dict is too)."""
+    key = (metric, labels)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*labels)
+    return child
+
+
 def request_finished(record: LedgerRecord, *, tenant: str, elapsed_seconds: float, upstream_seconds: float) -> None:
     """Everything the end of one authenticated request tells: called once per request."""
     served = record.status_code < 400 or bool(record.provider)
@@ -123,48 +136,48 @@ def request_finished(record: LedgerRecord, *, tenant: str, elapsed_seconds: floa
     provider = record.provider
     tier = record.cache_tier
     status = record.status_code
-    REQUESTS.labels(model, provider, status, record.error_code).inc()
-    REQUEST_SECONDS.labels(model, provider, tier).observe(elapsed_seconds)
+    _child(REQUESTS, model, provider, status, record.error_code).inc()
+    _child(REQUEST_SECONDS, model, provider, tier).observe(elapsed_seconds)
     if record.ttft_ms is not None:
         until_answer = record.ttft_ms / 1000
-        TTFT_SECONDS.labels(model, provider, tier).observe(until_answer)
+        _child(TTFT_SECONDS, model, provider, tier).observe(until_answer)
     else:
         until_answer = elapsed_seconds
-    OVERHEAD_SECONDS.labels(model, provider, tier).observe(max(until_answer - upstream_seconds, 0.0))
+    _child(OVERHEAD_SECONDS, model, provider, tier).observe(max(until_answer - upstream_seconds, 0.0))
     if status == 200:
-        CACHE.labels(tier).inc()
+        _child(CACHE, tier).inc()
     money = (tenant, model, str(record.key_id)) if KEY_LABELS else (tenant, model)
     if record.prompt_tokens:
-        TOKENS.labels(*money, "prompt").inc(record.prompt_tokens)
+        _child(TOKENS, *money, "prompt").inc(record.prompt_tokens)
     if record.completion_tokens:
-        TOKENS.labels(*money, "completion").inc(record.completion_tokens)
+        _child(TOKENS, *money, "completion").inc(record.completion_tokens)
     # Floats are fine here: metrics show trends; the ledger's Decimals are the money of record.
     cost = float(record.cost_usd)
     if cost:
-        COST.labels(*money).inc(cost)
+        _child(COST, *money).inc(cost)
     saved = float(record.saved_cost_usd)
     if saved:
-        SAVED.labels(*money).inc(saved)
+        _child(SAVED, *money).inc(saved)
 
 
 def request_refused(status: int, code: str) -> None:
-    REQUESTS.labels("", "", status, code).inc()
+    _child(REQUESTS, "", "", status, code).inc()
 
 
 def upstream_attempt(provider: str, code: str) -> None:
-    UPSTREAM_ATTEMPTS.labels(provider, code).inc()
+    _child(UPSTREAM_ATTEMPTS, provider, code).inc()
 
 
 def breaker_state(deployment: str, state: str) -> None:
     """The state a process found a breaker in (e.g. read from Redis): the gauge only."""
-    BREAKER_STATE.labels(deployment).set(BREAKER_STATES[state])
+    _child(BREAKER_STATE, deployment).set(BREAKER_STATES[state])
 
 
 def breaker_transition(deployment: str, state: str) -> None:
     """A breaker entered `state` (call it once, where the transition is made): gauge and count."""
-    BREAKER_STATE.labels(deployment).set(BREAKER_STATES[state])
-    BREAKER_TRANSITIONS.labels(deployment, state).inc()
+    _child(BREAKER_STATE, deployment).set(BREAKER_STATES[state])
+    _child(BREAKER_TRANSITIONS, deployment, state).inc()
 
 
 def admission_rejected(limit: str) -> None:
-    ADMISSION_REJECTIONS.labels(limit).inc()
+    _child(ADMISSION_REJECTIONS, limit).inc()
