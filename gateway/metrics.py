@@ -14,18 +14,25 @@ Recording, for the rest of the gateway:
     request_finished(record, ...)       the pipeline's finish(): latency, overhead, TTFT, counts, money
     request_refused(status, code)       a refusal before the key was known (never reaches finish)
     upstream_attempt(provider, code)    one call to a provider, "" for success or its error code
-    breaker_state(deployment, state)    a breaker's state ("closed" | "half_open" | "open") as this
-                                        process found it (the gauge only)
-    breaker_transition(deployment, state)  a breaker entered a state: the gauge and a count
-    admission_rejected(limit)           a request refused by one limit (a name from a fixed set:
-                                        "requests_per_minute", "tokens_per_minute", "concurrency",
-                                        "budget", ...)
+    breaker_transition(deployment, state)  a breaker entered a state (breakers.breaker_transition)
+    admission_rejected(limit)           a request refused by one limit: a RateLimit policy name
+                                        (key-rpm, tenant-tpm, model-concurrency, ...), key-budget,
+                                        tenant-budget, or local (counted while Redis is unreachable)
+
+Breaker states are not recorded but read from Redis when /metrics is scraped (BreakerStates): the
+breakers live there, and a process that saw a breaker open must not keep saying so after another
+closed it.
 """
 
 from __future__ import annotations
 
+import os
+
 from django.conf import settings
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from billing.ledger import LedgerRecord
 
@@ -79,12 +86,6 @@ CACHE = Counter(
     "Answered requests (status 200) by cache tier: hit-exact, hit-semantic, miss or bypass.",
     ("tier",),
 )
-BREAKER_STATE = Gauge(
-    "sentinel_breaker_state",
-    "Circuit breaker state per deployment: 0 closed, 1 half-open, 2 open.",
-    ("deployment",),
-    multiprocess_mode="mostrecent",  # the breaker lives in Redis; the latest word of any worker counts
-)
 BREAKER_TRANSITIONS = Counter(
     "sentinel_breaker_transitions",
     "Circuit breaker state changes per deployment, by the state entered.",
@@ -96,15 +97,68 @@ ADMISSION_REJECTIONS = Counter(
     ("limit",),
 )
 
-BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+# Forced states count as what they force.
+BREAKER_VALUES = {"closed": 0, "forced_closed": 0, "half_open": 1, "open": 2, "forced_open": 2}
+
+
+class BreakerStates(Collector):
+    """sentinel_breaker_state, read from Redis at scrape time for every deployment."""
+
+    def describe(self):
+        return [self._family()]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "sentinel_breaker_state",
+            "Circuit breaker state per deployment, as shared in Redis: 0 closed, 1 half-open, 2 open.",
+            labels=("deployment",),
+        )
+
+    def collect(self):
+        import redis
+
+        from gateway.breakers import keys_for
+        from gateway.models import Deployment
+        from sentinel.redis_clients import sync_redis
+
+        family = self._family()
+        deployments = list(Deployment.objects.values_list("pk", "name"))
+        pipe = sync_redis().pipeline(transaction=False)
+        for pk, _ in deployments:
+            pipe.hmget(keys_for(pk)[0], "state", "forced")
+        try:
+            states = pipe.execute()
+        except redis.RedisError:
+            return [family]  # no word from Redis is no state, not "closed"
+        for (_, name), (state, forced) in zip(deployments, states, strict=True):
+            value = "forced_" + forced.decode() if forced else (state or b"closed").decode()
+            family.add_metric([name], BREAKER_VALUES.get(value, 0))
+        return [family]
+
 
 # Exported metric names (as a scrape shows them), for alert rules and tests to check against.
 EXPORTED = (REQUEST_SECONDS, TTFT_SECONDS, OVERHEAD_SECONDS, REQUESTS, UPSTREAM_ATTEMPTS, TOKENS, COST, SAVED)
-EXPORTED += (CACHE, BREAKER_STATE, BREAKER_TRANSITIONS, ADMISSION_REJECTIONS)
+EXPORTED += (CACHE, BREAKER_TRANSITIONS, ADMISSION_REJECTIONS)
+
+
+BREAKER_REGISTRY = CollectorRegistry(auto_describe=False)
+BREAKER_REGISTRY.register(BreakerStates())
+
+
+def exposition() -> bytes:
+    """What /metrics serves: every worker's samples (django-prometheus's and the gateway's; one
+    process's own when not in multiprocess mode) and the breaker states."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+    else:
+        registry = REGISTRY
+    return generate_latest(registry) + generate_latest(BREAKER_REGISTRY)
 
 
 def exported_names() -> set[str]:
-    names = set()
+    names = {"sentinel_breaker_state"}
     for metric in EXPORTED:
         name = metric._name
         if metric._type == "histogram":
@@ -168,14 +222,8 @@ def upstream_attempt(provider: str, code: str) -> None:
     _child(UPSTREAM_ATTEMPTS, provider, code).inc()
 
 
-def breaker_state(deployment: str, state: str) -> None:
-    """The state a process found a breaker in (e.g. read from Redis): the gauge only."""
-    _child(BREAKER_STATE, deployment).set(BREAKER_STATES[state])
-
-
 def breaker_transition(deployment: str, state: str) -> None:
-    """A breaker entered `state` (call it once, where the transition is made): gauge and count."""
-    _child(BREAKER_STATE, deployment).set(BREAKER_STATES[state])
+    """A breaker entered `state` (closed, open, half_open, forced_open, forced_closed)."""
     _child(BREAKER_TRANSITIONS, deployment, state).inc()
 
 

@@ -1,11 +1,11 @@
 from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
-from django.views.decorators.http import require_GET
 from django.views.generic import RedirectView
-from django_prometheus.exports import ExportToDjangoView
 from django_ratelimit.decorators import ratelimit
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from gateway import views as gateway_views
 
 admin.site.site_header = "Sentinel console"
 admin.site.site_title = "Sentinel console"
@@ -19,8 +19,8 @@ admin.site.login = ratelimit(key="ip", rate=settings.LOGIN_RATE_PER_IP, method="
 urlpatterns = [
     path("", include("gateway.urls")),
     path("admin/", admin.site.urls),
-    # django-prometheus's exporter: one scrape adds up every web worker's samples.
-    path("metrics", require_GET(ExportToDjangoView), name="prometheus-django-metrics"),
+    # One scrape adds up every web worker's samples, django-prometheus's and the gateway's.
+    path("metrics", gateway_views.metrics_export, name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),

@@ -95,7 +95,8 @@ def test_a_failing_provider_shows_in_its_attempts(gateway, api_key, make_model, 
     assert response.headers["x-sentinel-provider"] == secondary
 
     scrape = scrape_metrics(gateway.url)
-    assert scrape.value("sentinel_upstream_attempts_total", provider=primary, code="provider_error_503") == 1
+    # The first call and its one retry failed, then the secondary answered.
+    assert scrape.value("sentinel_upstream_attempts_total", provider=primary, code="provider_error_503") == 2
     assert scrape.value("sentinel_upstream_attempts_total", provider=primary, code="") == 0
     assert scrape.value("sentinel_upstream_attempts_total", provider=secondary, code="") == 1
     assert scrape.value("sentinel_requests_total", model=alias, provider=secondary, status="200", code="") == 1
@@ -184,17 +185,26 @@ def sample(name: str, **labels) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def test_breaker_state_and_transitions():
+def test_breaker_transitions_count_by_state_entered():
+    before = sample("sentinel_breaker_transitions_total", deployment="dep-unit", state="open")
     metrics.breaker_transition("dep-unit", "open")
-    assert sample("sentinel_breaker_state", deployment="dep-unit") == 2
-    metrics.breaker_state("dep-unit", "half_open")
-    assert sample("sentinel_breaker_state", deployment="dep-unit") == 1
-    metrics.breaker_transition("dep-unit", "closed")
-    assert sample("sentinel_breaker_state", deployment="dep-unit") == 0
-    assert sample("sentinel_breaker_transitions_total", deployment="dep-unit", state="open") == 1
-    assert sample("sentinel_breaker_transitions_total", deployment="dep-unit", state="half_open") == 0
-    with pytest.raises(KeyError):
-        metrics.breaker_state("dep-unit", "ajar")
+    metrics.breaker_transition("dep-unit", "half_open")
+    metrics.breaker_transition("dep-unit", "open")
+    assert sample("sentinel_breaker_transitions_total", deployment="dep-unit", state="open") - before == 2
+
+
+def test_breaker_states_are_read_from_redis_when_scraped(gateway, make_model, live_db):
+    """Whoever changed a breaker, every process's scrape shows its state now (not what it last saw)."""
+    from gateway.breakers import breaker_force
+    from gateway.models import Deployment
+
+    _, (name,) = make_model()
+    deployment = Deployment.objects.get(name=name)
+    assert scrape_metrics(gateway.url).samples[("sentinel_breaker_state", frozenset({("deployment", name)}))] == 0
+    breaker_force(deployment=deployment, state="open", actor=None, reason="metrics test")
+    assert scrape_metrics(gateway.url).value("sentinel_breaker_state", deployment=name) == 2
+    breaker_force(deployment=deployment, state="", actor=None, reason="metrics test")
+    assert scrape_metrics(gateway.url).value("sentinel_breaker_state", deployment=name) == 0
 
 
 def test_admission_rejections_by_limit():

@@ -1,6 +1,7 @@
 """Scale-out on one machine: three gateway processes on one PostgreSQL and one Valkey, behind a
 round-robin load balancer (tests/loadbalancer.py), behave as one gateway. A key works wherever it
-was created, a revocation reaches every process within a second, each request is billed once, and
+was created, a revocation reaches every process within a second, each request is billed once, a rate
+limit counts the requests of all of them together, a breaker one of them opened is open on all, and
 each process's metrics count what it served.
 
 Every shared property gets its own test function on the `fleet` fixture: a client through the
@@ -123,3 +124,56 @@ def test_each_gateway_counts_what_it_served(fleet, tenant, make_key, model):
     labels = {"model": alias, "provider": provider, "status": "200", "code": ""}
     counts = [scrape_metrics(g.url).value("sentinel_requests_total", **labels) for g in fleet.gateways]
     assert counts == [3] * GATEWAYS
+
+
+def test_a_rate_limit_counts_every_gateways_requests_together(fleet, tenant, make_key, model):
+    alias, _ = model
+    key = make_key(tenant, requests_per_minute=4)
+    rejected_before = sum(
+        scrape_metrics(g.url).value("sentinel_admission_rejections_total", limit="key-rpm") for g in fleet.gateways
+    )
+    statuses = [post(fleet.balancer.url, key, alias).status_code for _ in range(2 * GATEWAYS)]
+    assert statuses == [200] * 4 + [429] * (2 * GATEWAYS - 4)
+    rejected = sum(
+        scrape_metrics(g.url).value("sentinel_admission_rejections_total", limit="key-rpm") for g in fleet.gateways
+    )
+    assert rejected - rejected_before == 2 * GATEWAYS - 4
+
+
+def test_a_breaker_opened_through_one_gateway_is_open_on_all(fleet, tenant, make_key, make_model, mock_provider):
+    from gateway.models import BreakerPolicy, Deployment
+    from tests.conftest import unique
+
+    alias, (primary, secondary) = make_model(chain_length=2)
+    policy = BreakerPolicy.objects.create(
+        name=unique("policy"),
+        window_seconds=30,
+        minimum_calls=4,
+        failure_rate_percent=50,
+        slow_call_seconds=5,
+        slow_rate_percent=50,
+        open_seconds=30,
+        max_open_seconds=60,
+        half_open_probes=2,
+    )
+    Deployment.objects.filter(name__in=(primary, secondary)).update(breaker_policy=policy)
+    key = make_key(tenant)
+    mock_provider.control(primary, error_rate=1.0, error_status=503)
+    first = fleet.gateways[0]
+    for _ in range(2):  # a call and its retry fail each time: 4 failures open the breaker
+        assert post(first.url, key, alias).headers["x-sentinel-provider"] == secondary
+
+    calls = mock_provider.stats(primary)["calls"]
+    for gateway in fleet.gateways:
+        assert post(gateway.url, key, alias).headers["x-sentinel-provider"] == secondary
+        assert scrape_metrics(gateway.url).value("sentinel_breaker_state", deployment=primary) == 2
+    assert mock_provider.stats(primary)["calls"] == calls  # no gateway tried the open deployment
+
+    def opened() -> float:
+        labels = {"deployment": primary, "state": "open"}
+        return sum(scrape_metrics(g.url).value("sentinel_breaker_transitions_total", **labels) for g in fleet.gateways)
+
+    deadline = time.monotonic() + 5  # the transition is recorded off the request path
+    while opened() < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert opened() == 1  # counted once, by the gateway that opened it
