@@ -167,9 +167,23 @@ def external_database(live_db):
         conn.execute(f'drop database "{name}" with (force)')
 
 
-def test_make_run_with_external_servers_starts_neither_embedded_one(tmp_path, external_database):
+@pytest.fixture
+def external_redis():
+    """Another database of the test session's Valkey, standing in for an operator's Redis: the
+    session's own would get ledger records naming rows of the external database."""
+    import redis
+
+    url = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/1"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+def test_make_run_with_external_servers_starts_neither_embedded_one(tmp_path, external_database, external_redis):
     data_dir = tmp_path / "d"
-    session = RunSession(run_env(data_dir, DATABASE_URL=external_database, REDIS_URL=os.environ["REDIS_URL"]))
+    session = RunSession(run_env(data_dir, DATABASE_URL=external_database, REDIS_URL=external_redis))
     try:
         assert "Storage               DATABASE_URL / REDIS_URL" in session.output
         key = session.line(r"export OPENAI_API_KEY=(\S+)$")
