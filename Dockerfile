@@ -6,11 +6,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_TELEMETRY=False HF_HUB_OFFLINE=1
 WORKDIR /app
 COPY requirements.txt .
+# torch's CPU build (the default Linux wheel pulls CUDA).
 RUN pip install --no-cache-dir -r requirements.txt \
     --extra-index-url https://download.pytorch.org/whl/cpu
 COPY . .
 RUN DATABASE_URL=postgres://build@localhost/build REDIS_URL=redis://localhost \
-    SENTINEL_SECRET_KEY=build python manage.py collectstatic --noinput
+    SENTINEL_SECRET_KEY=build python manage.py collectstatic --noinput \
+    && useradd --system --uid 10001 --home-dir /app sentinel
+USER sentinel
 EXPOSE 8000
-CMD ["python", "-m", "uvicorn", "sentinel.asgi:application", "--host", "0.0.0.0", "--port", "8000", \
-     "--lifespan", "off", "--no-access-log"]
+CMD ["python", "-m", "sentinel.web", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]

@@ -23,7 +23,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from billing.money import quantize_cost
-from gateway import breakers, scripts
+from gateway import breakers, metrics, scripts
 from gateway.auth import KeyInfo, block_markers
 from gateway.breakers import Attempt
 from gateway.errors import GatewayError
@@ -238,6 +238,7 @@ async def admit(
     if outcome == "budget":
         hold = ticket.budgets[int(result[1]) - 1]
         scope = "key" if hold.key_id else "tenant"
+        metrics.admission_rejected(f"{scope}-budget")
         raise GatewayError(
             402,
             "budget_exceeded",
@@ -250,6 +251,7 @@ async def admit(
         ticket.breaker_states = {d: state.decode() for d, state in zip(deployment_ids, result[6], strict=True)}
     if outcome == "limit":
         limit = ticket.limits[int(result[1]) - 1]
+        metrics.admission_rejected(limit.policy)
         retry_after = max(1, math.ceil(int(result[2]) / 1000))
         headers = ratelimit_headers(ticket.limits, ticket.used, ticket.resets_ms, tokens, admitted=False)
         headers["retry-after"] = str(retry_after)
@@ -412,6 +414,7 @@ def _admit_without_redis(key: KeyInfo, ticket: Ticket) -> Ticket:
         )
     ticket.local = True
     if not _local.admit(ticket):
+        metrics.admission_rejected("local")
         raise GatewayError(
             429,
             "rate_limit_exceeded",

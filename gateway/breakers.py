@@ -23,7 +23,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
 from redis import exceptions as redis_errors
 
-from gateway import scripts
+from gateway import metrics, scripts
 
 if TYPE_CHECKING:
     from gateway.routing import Target
@@ -168,6 +168,7 @@ def breaker_transition(*, deployment_id: int, old: str, new: str, reason: str, a
     row = BreakerTransition.objects.create(
         deployment=deployment, from_state=old, to_state=new, reason=reason[:300], actor=actor
     )
+    metrics.breaker_transition(deployment.name, new)
     event = {
         "deployment": deployment.name,
         "provider": deployment.provider.name,

@@ -110,6 +110,7 @@ class ProviderState:
     max_in_flight: int = 0
     last_model: str | None = None
     last_key_digest: str | None = None
+    last_request_id: str | None = None  # the x-request-id header a gateway sent
     _error_accumulator: float = 0.0
 
     def should_fail(self) -> bool:
@@ -134,6 +135,7 @@ class ProviderState:
             "max_in_flight": self.max_in_flight,
             "last_model": self.last_model,
             "last_key_digest": self.last_key_digest,
+            "last_request_id": self.last_request_id,
             "faults": asdict(self.faults),
         }
 
@@ -233,6 +235,7 @@ class MockProvider:
         state.calls += 1
         auth = request.headers.get("Authorization", "")
         state.last_key_digest = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else None
+        state.last_request_id = request.headers.get("x-request-id")
         try:
             body = orjson.loads(await request.read())
             messages = body["messages"]

@@ -14,7 +14,8 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -24,7 +25,7 @@ from django.conf import settings
 from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
-from gateway import admission, breakers, cache, providers
+from gateway import admission, breakers, cache, metrics, providers, requestlog
 from gateway.admission import Ticket
 from gateway.auth import KeyInfo, authenticate, ensure_not_blocked
 from gateway.breakers import Attempt
@@ -70,9 +71,27 @@ class Call:
     cache_key: CacheKey | None = None
     cache_tier: str = "bypass"
     cache_embedding: object = None
+    upstream_seconds: float = 0.0  # waiting on providers (calls, backoff); the rest is the gateway's
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.started) * 1000)
+
+    @contextmanager
+    def waiting_on(self, target: Target) -> Iterator[None]:
+        """Around each provider call: times it and counts its outcome by provider."""
+        started = time.perf_counter()
+        code = ""
+        try:
+            yield
+        except UpstreamError as error:
+            code = error.code
+            raise
+        except BaseException:
+            code = "interrupted"
+            raise
+        finally:
+            self.upstream_seconds += time.perf_counter() - started
+            metrics.upstream_attempt(target.provider, code)
 
 
 def request_id_from(header: str | None) -> str:
@@ -261,18 +280,19 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool):
             call.target, call.fallbacks = target, index
             started = time.perf_counter()
             try:
-                if stream:
-                    result = await providers.open_stream(
-                        target,
-                        call.body,
-                        first_token_timeout=min(target.first_token_timeout, remaining),
-                        timeout=min(target.timeout, remaining),
-                        request_id=call.request_id,
-                    )
-                else:
-                    result = await providers.complete(
-                        target, call.body, timeout=min(target.timeout, remaining), request_id=call.request_id
-                    )
+                with call.waiting_on(target):
+                    if stream:
+                        result = await providers.open_stream(
+                            target,
+                            call.body,
+                            first_token_timeout=min(target.first_token_timeout, remaining),
+                            timeout=min(target.timeout, remaining),
+                            request_id=call.request_id,
+                        )
+                    else:
+                        result = await providers.complete(
+                            target, call.body, timeout=min(target.timeout, remaining), request_id=call.request_id
+                        )
             except UpstreamError as error:
                 if not error.retryable:
                     raise as_client_error(error) from None
@@ -283,6 +303,7 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool):
                 delay = breakers.backoff_seconds(retry, error.retry_after)
                 if delay > MAX_RETRY_WAIT_SECONDS or time.perf_counter() + delay >= deadline:
                     break  # asked to wait longer than it is worth: the next deployment
+                call.upstream_seconds += delay  # the provider's doing, not the gateway's overhead
                 await asyncio.sleep(delay)
                 continue
             elapsed = time.perf_counter() - started
@@ -416,19 +437,28 @@ def all_failed(last_error: UpstreamError | None, *, deadline_hit: bool = False) 
 
 async def finish(call: Call, record: LedgerRecord) -> None:
     """Every authenticated request ends here, once: its record goes to the durable ledger queue and
-    its admission settles to what it really used (nothing, if it failed)."""
+    its admission settles to what it really used (nothing, if it failed); then the metrics and the
+    request log hear of it (one line, never the prompt or the answer)."""
     if call.ticket is None:
         await hand_off(record)
-        return
-    await asyncio.gather(
-        hand_off(record),
-        admission.settle(
-            call.ticket,
-            attempts=call.attempts,
-            tokens_used=0 if record.cache_tier.startswith("hit") else record.prompt_tokens + record.completion_tokens,
-            cost=Decimal(record.cost_usd),
-        ),
+    else:
+        hit = record.cache_tier.startswith("hit")  # a cache hit consumed no provider tokens
+        await asyncio.gather(
+            hand_off(record),
+            admission.settle(
+                call.ticket,
+                attempts=call.attempts,
+                tokens_used=0 if hit else record.prompt_tokens + record.completion_tokens,
+                cost=Decimal(record.cost_usd),
+            ),
+        )
+    metrics.request_finished(
+        record,
+        tenant=call.key.tenant_slug,
+        elapsed_seconds=time.perf_counter() - call.started,
+        upstream_seconds=call.upstream_seconds,
     )
+    requestlog.finished(record)
 
 
 # --- money and records -------------------------------------------------------------------------
@@ -507,4 +537,6 @@ async def error_reply(call: Call, error: GatewayError) -> Reply:
     if call.key is not None:
         # Authenticated requests are billed records even when refused (at zero cost).
         await finish(call, ledger_record(call, error.status, error_code=error.code))
+    else:
+        metrics.request_refused(error.status, error.code)
     return Reply(error.status, headers, error.body())

@@ -13,10 +13,14 @@ from gateway import transport
 from gateway.failures import UpstreamError, classify
 from gateway.routing import Target
 from gateway.transport import Event
+from sentinel import logs
 
 litellm.suppress_debug_info = True
 litellm.telemetry = False
 litellm.drop_params = False
+# litellm logs through handlers of its own, and whole requests at DEBUG: route it through Sentinel's
+# (JSON, request id) and hold it at WARNING.
+logs.adopt_loggers(logs.LITELLM_LOGGERS)
 
 # Fields of the client's body that are ours or that the provider layer sets itself.
 _NOT_FORWARDED = frozenset({"model", "messages", "stream", "stream_options", "cache"})
@@ -25,7 +29,7 @@ _NOT_FORWARDED = frozenset({"model", "messages", "stream", "stream_options", "ca
 async def complete(target: Target, body: dict, *, timeout: float, request_id: str) -> dict:
     """A non-streamed completion as an OpenAI response dict."""
     if target.fast is not None:
-        return await transport.complete(target.fast, body, timeout=timeout)
+        return await transport.complete(target.fast, body, timeout=timeout, request_id=request_id)
     try:
         response = await asyncio.wait_for(
             litellm.acompletion(**_arguments(target, body, stream=False, request_id=request_id), timeout=timeout),
@@ -44,7 +48,9 @@ async def open_stream(
     Failing here is failing before the first token: the caller may still fail over.
     """
     if target.fast is not None:
-        return await transport.open_stream(target.fast, body, first_token_timeout=first_token_timeout, timeout=timeout)
+        return await transport.open_stream(
+            target.fast, body, first_token_timeout=first_token_timeout, timeout=timeout, request_id=request_id
+        )
     try:
         response = await asyncio.wait_for(
             litellm.acompletion(**_arguments(target, body, stream=True, request_id=request_id), timeout=timeout),

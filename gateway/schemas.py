@@ -9,9 +9,28 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from gateway.errors import GatewayError, invalid_request
+
+# Integers are bounded as the providers' APIs bound them.
+MAX_INT32 = 2**31 - 1
+MAX_INT64 = 2**63 - 1
+
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type: 855.0 is the integer 855. Not past 2**53, where a float no longer
+    holds an integer exactly (orjson also reads an integer past 64 bits as a float): such a number
+    stays a float, and is refused as one."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
+def integer(*, ge: int, le: int) -> Any:
+    # The bounds before the validator, or pydantic leaves them out of the JSON Schema it documents.
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral)]
+
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -20,8 +39,47 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
+# A content part of one of OpenAI's types must carry that type's payload (litellm's translation
+# fails on one that does not); parts of other types pass through to providers that know them.
+_PART_PAYLOADS = {
+    "text": "string",
+    "refusal": "string",
+    "image_url": "object",
+    "input_audio": "object",
+    "file": "object",
+}
+
+
+def _part_rules() -> dict:
+    rules = []
+    for kind, payload in _PART_PAYLOADS.items():
+        rule = {
+            "if": {"properties": {"type": {"const": kind}}, "required": ["type"]},
+            "then": {"properties": {kind: {"type": payload}}, "required": [kind]},
+        }
+        if kind == "image_url":
+            rule["then"]["properties"][kind].update(properties={"url": {"type": "string"}}, required=["url"])
+        rules.append(rule)
+    return {"allOf": rules}
+
+
 class ContentPart(_Strict):
+    model_config = ConfigDict(json_schema_extra=_part_rules())
     type: str
+
+    @model_validator(mode="after")
+    def _payload_present(self) -> ContentPart:
+        payload = _PART_PAYLOADS.get(self.type)
+        if payload is None:
+            return self
+        value = (self.model_extra or {}).get(self.type)
+        if not isinstance(value, str if payload == "string" else dict):
+            raise ValueError(
+                f"a '{self.type}' part needs '{self.type}' ({'a string' if payload == 'string' else 'an object'})"
+            )
+        if self.type == "image_url" and not isinstance(value.get("url"), str):
+            raise ValueError("an 'image_url' part needs 'image_url.url' (a string)")
+        return self
 
 
 class Message(_Strict):
@@ -41,12 +99,12 @@ class ChatRequest(_Strict):
     messages: Annotated[list[Message], Field(min_length=1)]
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: integer(ge=1, le=MAX_INT32) | None = None
+    max_completion_tokens: integer(ge=1, le=MAX_INT32) | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    n: Annotated[int, Field(ge=1, le=128)] | None = None
-    seed: int | None = None
+    n: integer(ge=1, le=128) | None = None
+    seed: integer(ge=-MAX_INT64 - 1, le=MAX_INT64) | None = None
     stop: str | list[str] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
@@ -56,6 +114,7 @@ class ChatRequest(_Strict):
     user: str | None = None
 
 
+_INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed")
 _UNION_LABELS = frozenset({"str", "int", "float", "bool", "none"})
 
 
@@ -76,7 +135,8 @@ def _param(loc: tuple) -> str:
 
 
 def _error_from(exc: ValidationError) -> GatewayError:
-    error = exc.errors(include_url=False)[0]
+    # The deepest error is the most precise: a bad content part, not "content is not a string".
+    error = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
     param = _param(error["loc"])
     kind = error["type"]
     if kind == "missing":
@@ -105,6 +165,10 @@ def parse_chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
     if not isinstance(body, dict):
         raise invalid_request("Request body must be a JSON object.", code="invalid_json")
     try:
-        return ChatRequest.model_validate(body), body
+        request = ChatRequest.model_validate(body)
     except ValidationError as exc:
         raise _error_from(exc) from None
+    for name in _INTEGER_FIELDS:
+        if isinstance(body.get(name), float):  # 855.0 goes on as 855: providers want an integer
+            body[name] = getattr(request, name)
+    return request, body

@@ -132,12 +132,27 @@ async def _http_failure(response: aiohttp.ClientResponse) -> UpstreamError:
     return status_error(response.status, message, code, response.headers.get("retry-after"))
 
 
-async def complete(route: FastRoute, body: dict, *, timeout: float) -> dict:
+def _request_body(route: FastRoute, body: dict, *, stream: bool) -> bytes:
+    """The provider's request body. litellm's translation failing on the client's parameters is the
+    client's error (a 400 it can fix), not the provider's."""
+    try:
+        return route.body(body, stream=stream)
+    except Exception as exc:
+        message = f"The request's parameters could not be translated for this model: {exc}"[:500]
+        raise UpstreamError(400, "invalid_request", message, False, True) from exc
+
+
+def _headers(route: FastRoute, request_id: str) -> dict[str, str]:
+    """The provider's headers, plus the request id so its logs can be matched with Sentinel's."""
+    return {**dict(route.headers), "x-request-id": request_id}
+
+
+async def complete(route: FastRoute, body: dict, *, timeout: float, request_id: str) -> dict:
     try:
         async with http_session().post(
             route.url,
-            data=route.body(body, stream=False),
-            headers=dict(route.headers),
+            data=_request_body(route, body, stream=False),
+            headers=_headers(route, request_id),
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
             if response.status != 200:
@@ -186,15 +201,15 @@ async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[Event]:
 
 
 async def open_stream(
-    route: FastRoute, body: dict, *, first_token_timeout: float, timeout: float
+    route: FastRoute, body: dict, *, first_token_timeout: float, timeout: float, request_id: str
 ) -> tuple[Event, AsyncIterator[Event]]:
     """Start a stream and wait for its first chunk (failing here is failing before the first token)."""
     try:
         response = await asyncio.wait_for(
             http_session().post(
                 route.stream_url,
-                data=route.body(body, stream=True),
-                headers=dict(route.headers),
+                data=_request_body(route, body, stream=True),
+                headers=_headers(route, request_id),
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ),
             first_token_timeout,

@@ -7,8 +7,10 @@ import asyncio
 from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway import pipeline
+from gateway import metrics, pipeline
 from gateway.auth import authenticate, ensure_not_blocked
 from gateway.errors import GatewayError
 from gateway.pipeline import Reply
@@ -64,6 +66,13 @@ async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
     return error_response(GatewayError(404, "unknown_url", f"Unknown request URL: {request.method} {request.path}."))
 
 
+@require_GET
+def metrics_export(request: HttpRequest) -> HttpResponse:
+    """GET /metrics (Prometheus): see gateway.metrics."""
+    return HttpResponse(metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
+
+
+@require_GET
 async def live(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"status": "ok"})
 
@@ -73,6 +82,7 @@ def _database_ok() -> None:
         cursor.execute("select 1")
 
 
+@require_GET
 async def ready(request: HttpRequest) -> HttpResponse:
     """Ready when the database and Redis both answer within a second."""
     failing = []

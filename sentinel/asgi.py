@@ -26,9 +26,12 @@ from django.core.handlers.exception import convert_exception_to_response  # noqa
 
 from gateway.cache import warm_up  # noqa: E402
 from gateway.errors import GatewayError  # noqa: E402
+from gateway.pipeline import request_id_from  # noqa: E402
+from sentinel import logs  # noqa: E402
 from sentinel.routing import websocket_urlpatterns  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/health/")
+REQUEST_ID_HEADER = b"x-sentinel-request-id"
 
 
 class APIHandler(ASGIHandler):
@@ -88,10 +91,28 @@ static_application = ASGIStaticFilesHandler(console_application)
 
 
 async def http_application(scope, receive, send) -> None:
+    """Every HTTP request gets its id here: the client's when it is a sane token, else a new one.
+    The id goes into the logging context, replaces the request's header (so the pipeline, the
+    ledger and the provider see the same one) and is returned on every response."""
+    headers = scope["headers"]
+    sent = next((value for name, value in headers if name == REQUEST_ID_HEADER), None)
+    request_id = request_id_from(sent.decode("latin-1") if sent is not None else None)
+    logs.request_id.set(request_id)
+    encoded = request_id.encode()
+    if sent != encoded:
+        scope = {**scope, "headers": [*(h for h in headers if h[0] != REQUEST_ID_HEADER), (REQUEST_ID_HEADER, encoded)]}
+
+    async def send_with_id(message) -> None:
+        if message["type"] == "http.response.start":
+            response_headers = list(message.get("headers") or ())
+            if not any(name.lower() == REQUEST_ID_HEADER for name, _ in response_headers):
+                message = {**message, "headers": [*response_headers, (REQUEST_ID_HEADER, encoded)]}
+        await send(message)
+
     if scope["path"].startswith(API_PREFIXES):
-        await api_application(scope, receive, send)
+        await api_application(scope, receive, send_with_id)
     else:
-        await static_application(scope, receive, send)
+        await static_application(scope, receive, send_with_id)
 
 
 application = ProtocolTypeRouter(

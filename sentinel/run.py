@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sentinel.env import envint, envstr
@@ -35,6 +35,7 @@ WEB_WORKERS = envint("SENTINEL_WEB_WORKERS", os.cpu_count() or 1, "ASGI worker p
 class Child:
     name: str
     argv: list[str]
+    extra_env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
 
     def start(self, log_dir: Path, env: dict[str, str]) -> None:
@@ -42,7 +43,7 @@ class Child:
         self.process = subprocess.Popen(
             self.argv,
             cwd=BASE_DIR,
-            env=env,
+            env={**env, **self.extra_env},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -128,7 +129,8 @@ Sentinel is running.
   Console (admin)       {gateway}/admin/    login: {login}
   Mock provider         {mock}    (faults: POST {mock}/_control/primary)
   Storage               {storage}
-  Logs                  {data_dir / "logs"}
+  Metrics               {gateway}/metrics    (API schema and docs: {gateway}/api/docs/)
+  Logs                  {data_dir / "logs"}    (JSON lines)
 
 Demo key for tenant "demo" (a new one each start; the previous one is revoked):
 
@@ -198,18 +200,19 @@ def main(argv: list[str] | None = None) -> int:
             [
                 python,
                 "-m",
-                "uvicorn",
-                "sentinel.asgi:application",
+                "sentinel.web",
                 "--host",
                 args.host,
                 "--port",
                 str(args.port),
                 "--workers",
                 str(args.workers),
-                "--lifespan",
-                "off",
-                "--no-access-log",
             ],
+            # The web workers share their metrics through this folder (sentinel.web empties it first).
+            {
+                "PROMETHEUS_MULTIPROC_DIR": os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+                or str(settings.DATA_DIR / "metrics")
+            },
         ),
         Child(
             "worker",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from sentinel import logs
 from sentinel.env import ENV_VARS, envbool, envfloat, envint, envlist, envstr, read_env  # noqa: F401
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -84,6 +85,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "django_prometheus",
     "channels",
@@ -95,6 +98,7 @@ INSTALLED_APPS = [
 
 # The console's stack. The OpenAI-compatible API (/v1) is served without it: see sentinel/asgi.py.
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -103,6 +107,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_ratelimit.middleware.RatelimitMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "sentinel.urls"
@@ -124,6 +129,7 @@ TEMPLATES = [
 ]
 
 _db = dj_database_url.parse(DATABASE_URL)
+_db["ENGINE"] = "django_prometheus.db.backends.postgresql"  # Django's, plus query counts and timings
 _db["CONN_MAX_AGE"] = 0  # the pool below keeps connections; Django's own reuse must stay off
 _db.setdefault("OPTIONS", {})["pool"] = {
     "min_size": 1,
@@ -171,6 +177,27 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Sentinel API",
+    "DESCRIPTION": (
+        "The OpenAI-compatible gateway API (authenticated with a virtual key) and the management API "
+        "(authenticated with a console session)."
+    ),
+    "VERSION": "1",
+    "OAS_VERSION": "3.1.0",  # JSON Schema 2020-12, which the gateway's pydantic schemas are written in
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI and Redoc are served from this server's static files, never from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # The gateway's endpoints are plain async Django views: gateway.openapi documents them.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "gateway.openapi.add_gateway_endpoints",
+    ],
 }
 
 RATELIMIT_USE_CACHE = "default"
@@ -265,13 +292,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # --- Logging -----------------------------------------------------------------------------------
 
 LOG_LEVEL = envstr("SENTINEL_LOG_LEVEL", "INFO", "Log level of Sentinel's own loggers.")
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": "WARNING"},
-    "loggers": {
-        name: {"level": LOG_LEVEL, "propagate": True} for name in ("sentinel", "tenants", "gateway", "billing")
-    },
-}
+LOGGING = logs.config(LOG_LEVEL)  # JSON lines on stdout, each with its request id: see sentinel/logs.py
+
+# --- Metrics -----------------------------------------------------------------------------------
+
+read_env(
+    "PROMETHEUS_MULTIPROC_DIR",
+    "",
+    "Folder where web workers share metrics (prometheus_client reads it). `make run` and "
+    "`python -m sentinel.web` set and clear it; set it yourself only to choose the folder.",
+)
+METRICS_KEY_LABELS = envbool(
+    "SENTINEL_METRICS_KEY_LABELS",
+    False,
+    "Label token and cost metrics with the key's id too (one series per key: mind the cardinality).",
+)

@@ -4,6 +4,9 @@ from django.http import JsonResponse
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from django_ratelimit.decorators import ratelimit
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from gateway import views as gateway_views
 
 admin.site.site_header = "Sentinel console"
 admin.site.site_title = "Sentinel console"
@@ -24,6 +27,11 @@ urlpatterns = [
     path("", include("gateway.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("billing.urls")),
+    # One scrape adds up every web worker's samples, django-prometheus's and the gateway's.
+    path("metrics", gateway_views.metrics_export, name="metrics"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     re_path(r"^api/(?P<path>.*)$", api_not_found),
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
 ]

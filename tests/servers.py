@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -95,44 +97,45 @@ class GatewayServer:
     url: str
     process: subprocess.Popen
     env: dict = field(repr=False)
+    log_path: Path = field(repr=False)
+    metrics_dir: Path = field(repr=False)
 
     @property
     def base_url(self) -> str:
         return f"{self.url}/v1"
 
+    def log_lines(self) -> list[str]:
+        return self.log_path.read_text(errors="replace").splitlines()
+
     def stop(self) -> None:
         stop_process(self.process)
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
 
 def start_gateway(
     database: str, *, workers: int = 1, env: dict | None = None, wait_path: str = "/health/ready"
 ) -> GatewayServer:
+    """A web process as `make run` starts it (python -m sentinel.web), on the given test database,
+    with its own metrics folder; its output (JSON log lines) goes to tests/artifacts/."""
     port = free_port()
-    process_env = {**os.environ, "DATABASE_URL": database_url_for(database), **(env or {})}
-    log = open(BASE_DIR / "tests" / "artifacts" / f"gateway-{port}.log", "wb")  # noqa: SIM115
+    metrics_dir = Path(tempfile.mkdtemp(prefix=f"sentinel-test-metrics-{port}-"))
+    process_env = {
+        **os.environ,
+        "DATABASE_URL": database_url_for(database),
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        **(env or {}),
+    }
+    log_path = BASE_DIR / "tests" / "artifacts" / f"gateway-{port}.log"
+    log = open(log_path, "wb")  # noqa: SIM115
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "sentinel.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-            "--lifespan",
-            "off",
-            "--no-access-log",
-        ],
+        [sys.executable, "-m", "sentinel.web", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)],
         cwd=BASE_DIR,
         env=process_env,
         start_new_session=True,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    server = GatewayServer(f"http://127.0.0.1:{port}", process, process_env)
+    server = GatewayServer(f"http://127.0.0.1:{port}", process, process_env, log_path, metrics_dir)
     wait_until_ok(server.url + wait_path, process, timeout=90)
     return server
 
@@ -209,3 +212,29 @@ class WebhookReceiver:
 
     def close(self) -> None:
         self.server.shutdown()
+
+
+@dataclass
+class Scrape:
+    """One scrape of /metrics: sample values by name and labels."""
+
+    samples: dict[tuple[str, frozenset], float]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sample with exactly these labels (0 when absent, as for a counter never touched)."""
+        return self.samples.get((name, frozenset(labels.items())), 0.0)
+
+    def series(self, name: str) -> list[dict[str, str]]:
+        return [dict(labels) for sample, labels in self.samples if sample == name]
+
+
+def scrape_metrics(url: str) -> Scrape:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(f"{url}/metrics", timeout=10)
+    response.raise_for_status()
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return Scrape(samples)

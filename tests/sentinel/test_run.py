@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from gateway.mock_provider import answer_text
-from tests.servers import BASE_DIR, database_url_for, free_port
+from tests.servers import BASE_DIR, database_url_for, free_port, scrape_metrics
 
 READY_LINE = "Press Ctrl-C to stop everything"
 
@@ -126,6 +126,12 @@ def test_make_run_from_empty_data_then_again(tmp_path):
         assert console.url.path == "/admin/"
         assert "Sentinel console" in console.text and "Log out" in console.text
         assert (data_dir / "pg" / "PG_VERSION").exists() and (data_dir / "valkey").is_dir()
+        # The web workers share their metrics through the data folder; one scrape counts them all.
+        assert (data_dir / "metrics").is_dir()
+        served = scrape_metrics(gateway).samples.items()
+        assert sum(v for (name, labels), v in served if name == "sentinel_requests_total") == 3  # curl, SDK, smart
+        web_log = (data_dir / "logs" / "web.log").read_text().splitlines()
+        assert web_log and all(line.startswith("{") for line in web_log)
     finally:
         first.ctrl_c()
     assert first.process.returncode == 0
@@ -161,9 +167,23 @@ def external_database(live_db):
         conn.execute(f'drop database "{name}" with (force)')
 
 
-def test_make_run_with_external_servers_starts_neither_embedded_one(tmp_path, external_database):
+@pytest.fixture
+def external_redis():
+    """Another database of the test session's Valkey, standing in for an operator's Redis: the
+    session's own would get ledger records naming rows of the external database."""
+    import redis
+
+    url = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/1"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+def test_make_run_with_external_servers_starts_neither_embedded_one(tmp_path, external_database, external_redis):
     data_dir = tmp_path / "d"
-    session = RunSession(run_env(data_dir, DATABASE_URL=external_database, REDIS_URL=os.environ["REDIS_URL"]))
+    session = RunSession(run_env(data_dir, DATABASE_URL=external_database, REDIS_URL=external_redis))
     try:
         assert "Storage               DATABASE_URL / REDIS_URL" in session.output
         key = session.line(r"export OPENAI_API_KEY=(\S+)$")

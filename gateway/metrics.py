@@ -1,0 +1,231 @@
+"""The gateway's Prometheus metrics, served with django-prometheus's own at /metrics.
+
+Each web worker writes its samples to files in PROMETHEUS_MULTIPROC_DIR (prometheus_client's
+multiprocess mode, prepared by sentinel.web) and a scrape of any worker adds up all of them. The
+variable must be set before prometheus_client is first imported in a process.
+
+Labels are few and bounded: `model` is an alias an admin defined (empty when the request never got
+that far, so a client cannot mint series with made-up names), `provider` and `deployment` are admin
+rows, `status` and `code` come from Sentinel's fixed error codes (`code` is empty on success).
+`tenant` appears on tokens and cost only; a `key` label (the key's id) only when
+SENTINEL_METRICS_KEY_LABELS is on.
+
+Recording, for the rest of the gateway:
+    request_finished(record, ...)       the pipeline's finish(): latency, overhead, TTFT, counts, money
+    request_refused(status, code)       a refusal before the key was known (never reaches finish)
+    upstream_attempt(provider, code)    one call to a provider, "" for success or its error code
+    breaker_transition(deployment, state)  a breaker entered a state (breakers.breaker_transition)
+    admission_rejected(limit)           a request refused by one limit: a RateLimit policy name
+                                        (key-rpm, tenant-tpm, model-concurrency, ...), key-budget,
+                                        tenant-budget, or local (counted while Redis is unreachable)
+
+Breaker states are not recorded but read from Redis when /metrics is scraped (BreakerStates): the
+breakers live there, and a process that saw a breaker open must not keep saying so after another
+closed it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.conf import settings
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from billing.ledger import LedgerRecord
+
+# Seconds. Latency spans cache hits (milliseconds) to long generations; overhead is the gateway's
+# own cost, which should stay around a millisecond.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30)
+OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+
+KEY_LABELS = settings.METRICS_KEY_LABELS
+_money_labels = ("tenant", "model", "key") if KEY_LABELS else ("tenant", "model")
+
+REQUEST_SECONDS = Histogram(
+    "sentinel_request_duration_seconds",
+    "Time from a chat completion request's arrival to its last byte (to the answer when not streamed).",
+    ("model", "provider", "cache_tier"),
+    buckets=LATENCY_BUCKETS,
+)
+TTFT_SECONDS = Histogram(
+    "sentinel_time_to_first_token_seconds",
+    "Time from a streamed request's arrival to its first token.",
+    ("model", "provider", "cache_tier"),
+    buckets=TTFT_BUCKETS,
+)
+OVERHEAD_SECONDS = Histogram(
+    "sentinel_gateway_overhead_seconds",
+    "Time the gateway added: until the answer (or, streamed, the first token) minus the time spent "
+    "waiting on providers.",
+    ("model", "provider", "cache_tier"),
+    buckets=OVERHEAD_BUCKETS,
+)
+REQUESTS = Counter(
+    "sentinel_requests",
+    "Chat completion requests by outcome (code is empty on success).",
+    ("model", "provider", "status", "code"),
+)
+UPSTREAM_ATTEMPTS = Counter(
+    "sentinel_upstream_attempts",
+    "Calls to providers, fallbacks included, by outcome (code is empty on success).",
+    ("provider", "code"),
+)
+TOKENS = Counter(
+    "sentinel_tokens",
+    "Tokens billed, by tenant, model and type (prompt or completion).",
+    (*_money_labels, "type"),
+)
+COST = Counter("sentinel_cost_usd", "Cost billed in USD.", _money_labels)
+SAVED = Counter("sentinel_saved_cost_usd", "Provider cost the cache saved, in USD.", _money_labels)
+CACHE = Counter(
+    "sentinel_cache_requests",
+    "Answered requests (status 200) by cache tier: hit-exact, hit-semantic, miss or bypass.",
+    ("tier",),
+)
+BREAKER_TRANSITIONS = Counter(
+    "sentinel_breaker_transitions",
+    "Circuit breaker state changes per deployment, by the state entered.",
+    ("deployment", "state"),
+)
+ADMISSION_REJECTIONS = Counter(
+    "sentinel_admission_rejections",
+    "Requests refused by admission control, by the limit that refused them.",
+    ("limit",),
+)
+
+# Forced states count as what they force.
+BREAKER_VALUES = {"closed": 0, "forced_closed": 0, "half_open": 1, "open": 2, "forced_open": 2}
+
+
+class BreakerStates(Collector):
+    """sentinel_breaker_state, read from Redis at scrape time for every deployment."""
+
+    def describe(self):
+        return [self._family()]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "sentinel_breaker_state",
+            "Circuit breaker state per deployment, as shared in Redis: 0 closed, 1 half-open, 2 open.",
+            labels=("deployment",),
+        )
+
+    def collect(self):
+        import redis
+
+        from gateway.breakers import keys_for
+        from gateway.models import Deployment
+        from sentinel.redis_clients import sync_redis
+
+        family = self._family()
+        deployments = list(Deployment.objects.values_list("pk", "name"))
+        pipe = sync_redis().pipeline(transaction=False)
+        for pk, _ in deployments:
+            pipe.hmget(keys_for(pk)[0], "state", "forced")
+        try:
+            states = pipe.execute()
+        except redis.RedisError:
+            return [family]  # no word from Redis is no state, not "closed"
+        for (_, name), (state, forced) in zip(deployments, states, strict=True):
+            value = "forced_" + forced.decode() if forced else (state or b"closed").decode()
+            family.add_metric([name], BREAKER_VALUES.get(value, 0))
+        return [family]
+
+
+# Exported metric names (as a scrape shows them), for alert rules and tests to check against.
+EXPORTED = (REQUEST_SECONDS, TTFT_SECONDS, OVERHEAD_SECONDS, REQUESTS, UPSTREAM_ATTEMPTS, TOKENS, COST, SAVED)
+EXPORTED += (CACHE, BREAKER_TRANSITIONS, ADMISSION_REJECTIONS)
+
+
+BREAKER_REGISTRY = CollectorRegistry(auto_describe=False)
+BREAKER_REGISTRY.register(BreakerStates())
+
+
+def exposition() -> bytes:
+    """What /metrics serves: every worker's samples (django-prometheus's and the gateway's; one
+    process's own when not in multiprocess mode) and the breaker states."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+    else:
+        registry = REGISTRY
+    return generate_latest(registry) + generate_latest(BREAKER_REGISTRY)
+
+
+def exported_names() -> set[str]:
+    names = {"sentinel_breaker_state"}
+    for metric in EXPORTED:
+        name = metric._name
+        if metric._type == "histogram":
+            names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+        elif metric._type == "counter":
+            names |= {f"{name}_total", f"{name}_created"}
+        else:
+            names.add(name)
+    return names
+
+
+_children: dict[tuple, object] = {}
+
+
+def _child(metric, *labels):
+    """metric.labels(*labels), remembered: labels() converts and locks on every call, and a request
+    records about ten samples (label sets are bounded, so this dict is too)."""
+    key = (metric, labels)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*labels)
+    return child
+
+
+def request_finished(record: LedgerRecord, *, tenant: str, elapsed_seconds: float, upstream_seconds: float) -> None:
+    """Everything the end of one authenticated request tells: called once per request."""
+    served = record.status_code < 400 or bool(record.provider)
+    model = record.model_requested if served else ""
+    provider = record.provider
+    tier = record.cache_tier
+    status = record.status_code
+    _child(REQUESTS, model, provider, status, record.error_code).inc()
+    _child(REQUEST_SECONDS, model, provider, tier).observe(elapsed_seconds)
+    if record.ttft_ms is not None:
+        until_answer = record.ttft_ms / 1000
+        _child(TTFT_SECONDS, model, provider, tier).observe(until_answer)
+    else:
+        until_answer = elapsed_seconds
+    _child(OVERHEAD_SECONDS, model, provider, tier).observe(max(until_answer - upstream_seconds, 0.0))
+    if status == 200:
+        _child(CACHE, tier).inc()
+    money = (tenant, model, str(record.key_id)) if KEY_LABELS else (tenant, model)
+    if record.prompt_tokens:
+        _child(TOKENS, *money, "prompt").inc(record.prompt_tokens)
+    if record.completion_tokens:
+        _child(TOKENS, *money, "completion").inc(record.completion_tokens)
+    # Floats are fine here: metrics show trends; the ledger's Decimals are the money of record.
+    cost = float(record.cost_usd)
+    if cost:
+        _child(COST, *money).inc(cost)
+    saved = float(record.saved_cost_usd)
+    if saved:
+        _child(SAVED, *money).inc(saved)
+
+
+def request_refused(status: int, code: str) -> None:
+    _child(REQUESTS, "", "", status, code).inc()
+
+
+def upstream_attempt(provider: str, code: str) -> None:
+    _child(UPSTREAM_ATTEMPTS, provider, code).inc()
+
+
+def breaker_transition(deployment: str, state: str) -> None:
+    """A breaker entered `state` (closed, open, half_open, forced_open, forced_closed)."""
+    _child(BREAKER_TRANSITIONS, deployment, state).inc()
+
+
+def admission_rejected(limit: str) -> None:
+    _child(ADMISSION_REJECTIONS, limit).inc()

@@ -1,0 +1,36 @@
+"""The request log: one line per finished chat completion, on the logger `gateway.requests` at INFO,
+with the request id (sentinel.logs) and the ledger's facts: tenant, key, model, provider, outcome,
+tokens, cost and timings. Never the prompt or the answer."""
+
+from __future__ import annotations
+
+import logging
+
+from billing.ledger import LedgerRecord
+
+log = logging.getLogger("gateway.requests")
+
+
+def finished(record: LedgerRecord) -> None:
+    if not log.isEnabledFor(logging.INFO):
+        return
+    log.info(
+        "request finished",
+        extra={
+            "tenant_id": record.tenant_id,
+            "key_id": record.key_id,
+            "model": record.model_requested,
+            "provider": record.provider,
+            "deployment": record.deployment,
+            "status": record.status_code,
+            "code": record.error_code,
+            "stream": record.stream,
+            "cache": record.cache_tier,
+            "prompt_tokens": record.prompt_tokens,
+            "completion_tokens": record.completion_tokens,
+            "cost_usd": record.cost_usd,
+            "latency_ms": record.latency_ms,
+            "ttft_ms": record.ttft_ms,
+            "fallbacks": record.fallbacks,
+        },
+    )

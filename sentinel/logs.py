@@ -1,0 +1,81 @@
+"""Structured logs: one JSON object per line on stdout, each carrying the id of the request it was
+emitted in. python-json-logger formats; this module adds the request id (a context variable that
+sentinel.asgi sets where a request enters) and holds the one logging configuration that Django
+(settings.LOGGING) and uvicorn (sentinel.web) both apply.
+
+Prompts and answers are never logged: nothing in Sentinel logs a message body, and litellm, which
+logs whole requests at DEBUG, is held at WARNING whatever SENTINEL_LOG_LEVEL says.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextvars import ContextVar
+
+from pythonjsonlogger.core import RESERVED_ATTRS
+
+request_id: ContextVar[str | None] = ContextVar("sentinel_request_id", default=None)
+
+# Loggers of litellm (they log request bodies at DEBUG; see providers.adopt_litellm_loggers).
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+_OWN_LOGGERS = ("sentinel", "tenants", "gateway", "billing")
+
+
+class RequestIdFilter(logging.Filter):
+    """Stamps every record with the current request's id (None outside a request)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id.get()
+        return True
+
+
+def config(level: str) -> dict:
+    """The logging configuration (logging.config.dictConfig) for every Sentinel process."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"request_id": {"()": "sentinel.logs.RequestIdFilter"}},
+        "formatters": {
+            "json": {
+                "()": "pythonjsonlogger.orjson.OrjsonFormatter",
+                "fmt": "%(levelname)s %(name)s %(message)s %(request_id)s",
+                "timestamp": "time",  # ISO 8601, UTC
+                "rename_fields": {"levelname": "level", "name": "logger"},
+                # Attributes others add to records that say nothing: uvicorn's ANSI-coloured copy of
+                # the message, litellm's marker of records its redaction filter has seen.
+                "reserved_attrs": [*RESERVED_ATTRS, "color_message", "litellm_redacted"],
+            }
+        },
+        "handlers": {
+            "stdout": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stdout",
+                "formatter": "json",
+                "filters": ["request_id"],
+            }
+        },
+        "root": {"handlers": ["stdout"], "level": "WARNING"},
+        "loggers": {
+            **{name: {"level": level} for name in _OWN_LOGGERS},
+            # Django logs every 4xx as a warning: the request log already says it, once.
+            "django.request": {"level": "ERROR"},
+            # uvicorn and celery install handlers of their own; these replace them with ours.
+            "uvicorn": {"handlers": ["stdout"], "level": "INFO", "propagate": False},
+            "uvicorn.error": {"level": "INFO"},
+            "uvicorn.access": {"level": "INFO"},
+            "celery": {"handlers": ["stdout"], "level": "INFO", "propagate": False},
+            **{name: {"handlers": [], "level": "WARNING", "propagate": True} for name in LITELLM_LOGGERS},
+        },
+    }
+
+
+def adopt_loggers(names: tuple[str, ...]) -> None:
+    """Send loggers that a library equipped with its own handlers through Sentinel's instead
+    (needed for libraries imported after the configuration was applied, as litellm is)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+        if logger.level == logging.NOTSET or logger.level < logging.WARNING:
+            logger.setLevel(logging.WARNING)

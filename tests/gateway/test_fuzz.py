@@ -1,0 +1,118 @@
+"""Schemathesis against the served OpenAPI schema, on a real gateway process: every operation in the
+schema (so endpoints added later are fuzzed too) gets valid and invalid requests, and must never
+answer 5xx, nor anything its schema does not allow (bad chat bodies: a 4xx in OpenAI's error shape).
+Examples are bounded so the whole run stays well under a minute."""
+
+from __future__ import annotations
+
+import copy
+import secrets
+from datetime import timedelta
+
+import httpx
+import orjson
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from tests.conftest import unique
+
+EXAMPLES_PER_OPERATION = 40
+FUZZ_MODEL = unique("fuzz-model")
+FUZZ_KEY = "sk-sen-" + secrets.token_urlsafe(32)
+FUZZ_SESSION = secrets.token_hex(16)
+FUZZ_CSRF = secrets.token_hex(16)  # Django accepts any 32 alphanumerics as cookie and header
+
+
+@pytest.fixture(scope="module")
+def fuzz_target(gateway, django_db_blocker, mock_provider):
+    """The key, model and console session the fuzzed requests use."""
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
+    from django.contrib.sessions.backends.db import SessionStore
+    from django.contrib.sessions.models import Session
+    from django.utils import timezone
+
+    from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
+    from tenants.models import Tenant, VirtualKey
+    from tenants.services import key_digest
+
+    with django_db_blocker.unblock():
+        tenant = Tenant.objects.create(name=unique("fuzz"), slug=unique("fuzz"))
+        VirtualKey.objects.create(tenant=tenant, name="fuzz", prefix=FUZZ_KEY[:12], digest=key_digest(FUZZ_KEY))
+        alias = ModelAlias.objects.create(name=FUZZ_MODEL)
+        name = unique("fuzz-prov")
+        provider = Provider(name=name, kind="openai", api_base=mock_provider.api_base(name))
+        provider.set_api_key("sk-test-fuzz")
+        provider.save()
+        deployment = Deployment.objects.create(name=name, provider=provider, litellm_model="openai/gpt-4o-mini")
+        ChainEntry.objects.create(alias=alias, deployment=deployment, position=0)
+        user = get_user_model().objects.create_superuser(unique("fuzzer"), password=None)
+        data = {
+            SESSION_KEY: str(user.pk),
+            BACKEND_SESSION_KEY: "django.contrib.auth.backends.ModelBackend",
+            HASH_SESSION_KEY: user.get_session_auth_hash(),
+        }
+        expires = timezone.now() + timedelta(hours=1)
+        Session.objects.create(session_key=FUZZ_SESSION, session_data=SessionStore().encode(data), expire_date=expires)
+    assert httpx.get(f"{gateway.url}/admin/", cookies={"sessionid": FUZZ_SESSION}).status_code == 200
+
+
+def served_schema() -> dict:
+    """The schema /api/schema/ serves, built in this process (test_the_fuzzed_schema_is_the_served_one
+    holds the two together): schemathesis needs it when tests are collected, before any server runs."""
+    from drf_spectacular.generators import SchemaGenerator
+    from drf_spectacular.renderers import OpenApiJsonRenderer
+
+    return orjson.loads(OpenApiJsonRenderer().render(SchemaGenerator().get_schema(request=None, public=True)))
+
+
+def fuzzable(raw: dict) -> dict:
+    # Generated chat requests name the model the fixture serves (invalid ones still name anything).
+    raw = copy.deepcopy(raw)
+    raw["components"]["schemas"]["ChatChatRequest"]["properties"]["model"]["enum"] = [FUZZ_MODEL]
+    return raw
+
+
+fuzzed = schemathesis.openapi.from_dict(fuzzable(served_schema()))
+
+
+def test_the_fuzzed_schema_is_the_served_one(gateway):
+    served = httpx.get(f"{gateway.url}/api/schema/", params={"format": "json"})
+    assert served.status_code == 200
+    assert served.json() == served_schema()
+
+
+# The auth providers hand these to each case, so schemathesis knows them for what they are (it also
+# checks that requests without them are refused). Known before collection, because schemathesis
+# builds some cases then; the fuzz_target fixture creates the rows behind them.
+
+
+@fuzzed.auth(refresh_interval=None, retry_on=[]).apply_to(tag="gateway")
+class VirtualKeyAuth:
+    def get(self, case, context):
+        return FUZZ_KEY
+
+    def set(self, case, data, context):
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
+
+
+@fuzzed.auth(refresh_interval=None, retry_on=[]).skip_for(tag="gateway")
+class ConsoleSessionAuth:
+    def get(self, case, context):
+        return {"sessionid": FUZZ_SESSION, "csrftoken": FUZZ_CSRF}
+
+    def set(self, case, data, context):
+        case.cookies = {**(case.cookies or {}), **data}
+        case.headers = {**(case.headers or {}), "x-csrftoken": data["csrftoken"]}
+
+
+@fuzzed.parametrize()
+@settings(
+    max_examples=EXAMPLES_PER_OPERATION,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+    derandomize=True,
+)
+def test_no_server_error_and_every_answer_fits_the_schema(case, gateway, fuzz_target):
+    case.call_and_validate(base_url=gateway.url, timeout=30)

@@ -1,0 +1,105 @@
+"""Structured logs: every line a gateway process writes is one JSON object; the lines of a request
+carry its id; prompts and answers never reach the log, not even at DEBUG with litellm asked to talk."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+import httpx
+import orjson
+import pytest
+
+from gateway.mock_provider import answer_text
+from sentinel import logs
+from tests.servers import start_gateway
+
+
+def json_lines(lines: list[str]) -> list[dict]:
+    records = []
+    for line in lines:
+        record = orjson.loads(line)  # raises on anything that is not one JSON object per line
+        assert isinstance(record, dict)
+        assert {"time", "level", "logger", "message", "request_id"} <= set(record), line
+        records.append(record)
+    return records
+
+
+def test_the_request_log_line_carries_the_request_id(gateway, api_key, model):
+    alias, (provider,) = model
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        headers={"authorization": f"Bearer {api_key}"},
+        json={"model": alias, "messages": [{"role": "user", "content": "log me"}]},
+    )
+    request_id = response.headers["x-sentinel-request-id"]
+    time.sleep(0.2)
+    records = json_lines(gateway.log_lines())
+    mine = [r for r in records if r["request_id"] == request_id]
+    assert [r["message"] for r in mine] == ["request finished"]
+    line = mine[0]
+    assert (line["logger"], line["level"]) == ("gateway.requests", "INFO")
+    assert (line["model"], line["provider"], line["status"], line["code"]) == (alias, provider, 200, "")
+    assert line["completion_tokens"] == 40
+    assert line["cost_usd"] == response.headers["x-sentinel-cost-usd"]
+
+
+@pytest.fixture(scope="module")
+def chatty_gateway(test_database_name, mock_provider):
+    """A gateway asked to log everything it can: Sentinel at DEBUG, litellm at DEBUG."""
+    server = start_gateway(test_database_name, env={"SENTINEL_LOG_LEVEL": "DEBUG", "LITELLM_LOG": "DEBUG"})
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("transport", ["auto", "litellm"])
+def test_prompts_and_answers_are_never_logged(chatty_gateway, make_key, tenant, make_model, transport):
+    alias, _ = make_model(transport=transport)
+    key = make_key(tenant)
+    prompt = f"secret prompt {uuid.uuid4().hex}"
+    ids = []
+    for stream in (False, True):
+        response = httpx.post(
+            f"{chatty_gateway.base_url}/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": alias, "messages": [{"role": "user", "content": prompt}], "stream": stream},
+            timeout=30,
+        )
+        assert response.status_code == 200
+        if stream:
+            assert response.text.endswith("data: [DONE]\n\n")
+        else:
+            assert response.json()["choices"][0]["message"]["content"] == answer_text(prompt)
+        ids.append(response.headers["x-sentinel-request-id"])
+    time.sleep(0.3)
+    text = "\n".join(chatty_gateway.log_lines())
+    assert prompt not in text
+    assert answer_text(prompt) not in text
+    assert prompt.split()[-1] not in text  # not even the unique part, escaped or cut
+    records = json_lines(chatty_gateway.log_lines())
+    assert {r["request_id"] for r in records if r["message"] == "request finished"} >= set(ids)
+
+
+def test_litellm_loggers_go_through_sentinels_handlers():
+    library = logging.getLogger("sentinel-test-library")
+    library.addHandler(logging.StreamHandler())
+    library.propagate = False
+    library.setLevel(logging.DEBUG)
+    logs.adopt_loggers(("sentinel-test-library",))
+    assert library.handlers == []
+    assert library.propagate is True
+    assert library.level == logging.WARNING
+
+
+def test_records_carry_the_current_request_id():
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "m", None, None)
+    token = logs.request_id.set("req-in-context")
+    try:
+        logs.RequestIdFilter().filter(record)
+    finally:
+        logs.request_id.reset(token)
+    assert record.request_id == "req-in-context"
+    outside = logging.LogRecord("x", logging.INFO, __file__, 1, "m", None, None)
+    logs.RequestIdFilter().filter(outside)
+    assert outside.request_id is None
