@@ -100,6 +100,22 @@ class SpendRowSerializer(SpendTotalsSerializer):
     price = PriceRefSerializer(allow_null=True, help_text="The price version the requests were billed at.")
 
 
+class ApiErrorSerializer(serializers.Serializer):
+    """DRF's error body on the management API (not the gateway's OpenAI-shaped Error)."""
+
+    detail = serializers.CharField()
+
+
+# What every management endpoint may answer besides its result (DRF's error bodies).
+API_ERRORS = {
+    400: OpenApiResponse(OpenApiTypes.OBJECT, description="Invalid parameters: {field: [messages]}."),
+    401: OpenApiResponse(ApiErrorSerializer, description="Not signed in."),
+    403: OpenApiResponse(ApiErrorSerializer, description="Signed in, but the role does not allow it."),
+    404: OpenApiResponse(ApiErrorSerializer, description="No such tenant among the caller's."),
+    429: OpenApiResponse(ApiErrorSerializer, description="Too many failed sign-ins."),
+}
+
+
 class SpendReportApi(APIView):
     """Spend for a date range, grouped by any of day, tenant, key, model and price version, with
     totals. `format=csv` or `format=xlsx` (or the matching Accept header) downloads it as a file."""
@@ -161,6 +177,7 @@ class SpendReportApi(APIView):
             (200, "application/json"): OutputSerializer,
             (200, CSVRenderer.media_type): OpenApiResponse(OpenApiTypes.BINARY, description="The report as CSV."),
             (200, XLSXRenderer.media_type): OpenApiResponse(OpenApiTypes.BINARY, description="The report as XLSX."),
+            **{(status, "application/json"): response for status, response in API_ERRORS.items()},
         },
     )
     def get(self, request):
@@ -234,14 +251,17 @@ class RequestLogApi(APIView):
     @extend_schema(
         operation_id="tenant_requests",
         parameters=[InputSerializer],
-        responses=inline_serializer(
-            "RequestLogPage",
-            {
-                "next": serializers.URLField(allow_null=True),
-                "previous": serializers.URLField(allow_null=True),
-                "results": OutputSerializer(many=True),
-            },
-        ),
+        responses={
+            200: inline_serializer(
+                "RequestLogPage",
+                {
+                    "next": serializers.URLField(allow_null=True),
+                    "previous": serializers.URLField(allow_null=True),
+                    "results": OutputSerializer(many=True),
+                },
+            ),
+            **API_ERRORS,
+        },
     )
     def get(self, request, slug: str):
         (tenant,) = tenants_in_scope(request.user, MANAGE, slug)

@@ -7,5 +7,5 @@ urlpatterns = [
     path("v1/models", views.models),
     path("health/live", views.live),
     path("health/ready", views.ready),
-    re_path(r"^v1/(?P<path>.*)$", views.not_found),
+    re_path(r"^v1/(?P<path>(?s:.*))$", views.not_found),
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django_ratelimit.core import get_usage
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BasicAuthentication
 from rest_framework.exceptions import AuthenticationFailed, Throttled
 
@@ -32,3 +33,13 @@ class GuardedBasicAuthentication(BasicAuthentication):
             for key, rate in _guards(userid):
                 get_usage(request, group=GROUP, key=key, rate=rate, increment=True)
             raise
+
+
+class GuardedBasicScheme(OpenApiAuthenticationExtension):
+    """Describes GuardedBasicAuthentication in the OpenAPI schema: plain HTTP Basic to a client."""
+
+    target_class = GuardedBasicAuthentication
+    name = "basicAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "basic"}

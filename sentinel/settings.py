@@ -263,7 +263,7 @@ CHAIN_DEADLINE_SECONDS = envfloat(
 )
 CACHE_LOOKUP_TIMEOUT_MS = envint(
     "SENTINEL_CACHE_LOOKUP_TIMEOUT_MS",
-    250,
+    500,
     "Longest the semantic cache may spend (embedding, then search); slower: the request goes upstream.",
 )
 CACHE_DATABASE_URL = envstr(
@@ -271,6 +271,7 @@ CACHE_DATABASE_URL = envstr(
     "",
     "PostgreSQL (pgvector) for the semantic cache's vectors, if not the main database. Unset: DATABASE_URL.",
 )
+EMBEDDER_THREADS = envint("SENTINEL_EMBEDDER_THREADS", 1, "onnxruntime threads per web process for prompt embeddings.")
 CACHE_EF_SEARCH = envint(
     "SENTINEL_CACHE_EF_SEARCH", 100, "pgvector hnsw.ef_search for semantic lookups (recall versus speed)."
 )

@@ -32,6 +32,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
-    re_path(r"^api/(?P<path>.*)$", api_not_found),
+    re_path(r"^api/(?P<path>(?s:.*))$", api_not_found),
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
 ]

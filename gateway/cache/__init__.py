@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ _exact_local = TTLCache(ttl=60.0, maxsize=20_000)
 _pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _embed_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
 _embedder = None
+_embedder_lock = threading.Lock()
 
 
 def exact_redis_key(digest: str) -> str:
@@ -99,12 +101,19 @@ def warm_up() -> None:
 
 
 def shared_embedder():
+    """The process's one embedder (built once, under a lock: the warm-up thread and the first
+    requests may ask at the same time)."""
     global _embedder
-    if _embedder is None:
-        from gateway.cache.embedder import Embedder
+    with _embedder_lock:
+        if _embedder is None:
+            from gateway.cache.embedder import Embedder
 
-        _embedder = Embedder(cache_dir=settings.DATA_DIR / "models")
+            _embedder = Embedder(cache_dir=settings.DATA_DIR / "models", threads=settings.EMBEDDER_THREADS)
     return _embedder
+
+
+def embedder_ready() -> bool:
+    return _embedder is not None
 
 
 async def embed(text: str):
@@ -169,7 +178,8 @@ async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: fl
     found = Lookup(None)
     try:
         found.hit = await _exact(key)
-        if found.hit is None and semantic and key.semantic:
+        # Until the model has loaded (a few seconds after start) the semantic tier is skipped, not waited for.
+        if found.hit is None and semantic and key.semantic and embedder_ready():
             budget = settings.CACHE_LOOKUP_TIMEOUT_MS / 1000
             found.embedding = await asyncio.wait_for(embed(key.prompt), budget)
             found.hit = await asyncio.wait_for(

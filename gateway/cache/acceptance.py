@@ -208,6 +208,7 @@ _SYNONYM_GROUPS = """
     contain include | send email | differ difference different differentiate
     compare comparison | prevent avoid | cause reason | form formed formation | work function
     store keep | clean clear | need require necessary must | output print | load read
+    pros advantage benefit upside | cons disadvantage drawback downside
     ill sick unwell | coworker colleague teammate | boss manager supervisor
     employee staff worker | kid child | adult grownup | person individual | doctor physician
     medicine medication | symptom sign | house home household residence
@@ -283,8 +284,15 @@ _PROGRAMMING_LANGUAGES = """
     cpp haskell elixir erlang clojure lua matlab julia dart bash shell powershell sql html css
 """
 
-# Generic kinds of entity: "which city is the capital" = "what is the capital".
+# Generic kinds of entity: "which city is the capital" = "what is the capital". Some of them
+# make "what"/"which" ask the same as a question word: "what year" = "when".
 _ENTITY_TYPES = "city town country state place person year date day language company category"
+_ENTITY_QUESTION_WORDS = {
+    "when": "year date day month time",
+    "where": "city town country state place",
+    "who": "person",
+}
+_WH_CLASS = {"who": "who", "whom": "who", "when": "when", "where": "where", "why": "why"}
 
 # fmt: off
 _IRREGULAR = {
@@ -330,7 +338,8 @@ _PHRASES_TEXT = """
     highest number of = most | how frequently = how often | come to an end = end
     send back = return | give back = return | place an order = order | for a new one =
     is credited with = | was credited with = | come into = enter | go into = enter
-    most recent = last | forms of = | types of = | kinds of = | sorts of =
+    most recent = last | forms of = | types of = | kinds of = | sorts of = | best way = way
+    is there a way to = how to | is there any way to = how to
 """
 
 # fmt: off
@@ -353,8 +362,20 @@ _ROMAN = {"ii": 2, "iii": 3, "iv": 4, "vi": 6, "vii": 7, "viii": 8, "ix": 9, "xi
 _ONE_PRONOUN_BEFORE = frozenset("a the new this that which each every no any another other into".split())
 # Words that end a mention of the pasted text: "this paragraph into ...", "this text: ...".
 _REFERENCE_ENDS = frozenset("as into to in for from with about on please pls plz".split())
-# Words between two shared words that make their order meaningful ("X to Y", "X than Y").
-_DIRECTION_MARKERS = frozenset("to into from in than of over under".split())
+# Words between two shared words that make their order meaningful ("X to Y", "X than Y"), by
+# meaning ("into" = "to").
+_DIRECTION_MARKERS = {
+    "to": "to",
+    "into": "to",
+    "toward": "to",
+    "towards": "to",
+    "from": "from",
+    "in": "in",
+    "than": "than",
+    "of": "of",
+    "over": "over",
+    "under": "under",
+}
 _AUXILIARIES = frozenset(
     "is are was were am can could should would will shall may might must do does did has have had".split()
 )
@@ -383,10 +404,14 @@ def _stem(word: str) -> str:
         word = word[:-1]
     for suffix, keep in (("ing", 2), ("ed", 2), ("ly", 4)):
         stem = word[: -len(suffix)]
+        if word.endswith("eed"):
+            break  # "need", "speed", "exceed" are not past tenses
         if word.endswith(suffix) and len(stem) >= keep and re.search(r"[aeiouy]", stem):
             word = stem
             if len(word) > 3 and word[-1] == word[-2] and word[-1] not in "lsz":
                 word = word[:-1]
+            elif len(word) == 2:
+                word += "e"  # "sued" = "sue", "used" = "use", not the pronoun "us"
             break
     if len(word) > 3 and word.endswith("e"):
         word = word[:-1]
@@ -449,10 +474,14 @@ def _build_phrases() -> dict[tuple[str, ...], tuple[str, ...]]:
 _SYNONYMS = _build_synonyms()
 _ANTONYMS = _build_antonyms()
 _PHRASES = _build_phrases()
+_LONGEST_PHRASE = max(len(words) for words in _PHRASES)
 _FRAME_STEMS = _stem_set(_FRAME_WORDS)
 _ACTION_STEMS = _stem_set(_ACTION_WORDS)
 _ENUMERATING = _stem_set(_ENUMERATING_VERBS)
 _ENTITY_STEMS = _stem_set(_ENTITY_TYPES)
+_ENTITY_QUESTION = {
+    _stem(noun): question for question, nouns in _ENTITY_QUESTION_WORDS.items() for noun in nouns.split()
+}
 _TASK_OF = {_stem(w): task for task, words in _TASKS.items() for w in words.split()}
 _UNIT_LABELS = frozenset("syn:" + unit for unit in _UNITS.split())
 _QUANTITY_KEYS = {
@@ -492,7 +521,7 @@ _RAW_TOKEN_RE = re.compile(
     |(?P<flag>(?<![\w-])--?[A-Za-z][\w-]*)
     |(?P<hash>\#[A-Za-z0-9][\w-]*)
     |(?P<num>\d+(?:,\d{3})+(?:\.\d+)?|\d*\.\d+|\d+)(?P<suffix>[A-Za-z]+)?
-    |(?P<word>[A-Za-z][\w]*(?:'[A-Za-z]+)?(?:[.+#][\w+#]+)*[+#]*)
+    |(?P<word>[^\W\d_]\w*(?:'[^\W\d_]+)?(?:[.+#][\w+#]+)*[+#]*)
     |(?P<symbol>->|[<>=+\-*/^])
     |(?P<punct>[.?!,;:()])
     """,
@@ -609,7 +638,7 @@ def _apply_phrases(tokens: list[tuple[str, str]]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     i = 0
     while i < len(tokens):
-        for length in (4, 3, 2, 1):
+        for length in range(_LONGEST_PHRASE, 0, -1):
             key = tuple(stems[i : i + length])
             if len(key) == length and key in _PHRASES:
                 out += [("word", word) for word in _PHRASES[key]]
@@ -679,6 +708,7 @@ def _combine_numbers(tokens: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
+@lru_cache(maxsize=16384)
 def _make_token(kind: str, text: str) -> _Token:
     if kind in ("number", "ordinal"):
         return _Token(text, kind, frozenset({("#" if kind == "number" else "#ord") + text}), False)
@@ -729,13 +759,14 @@ _CODE_HINT_RE = re.compile(r"[;{}()\[\]<>=_`$\\|]|[a-z][A-Z]|^\s*[A-Z]+\s")
 
 
 def _normalize_payload(text: str) -> str:
-    """Pasted text compares exactly, except for whitespace, wrapping quotes and the final full
-    stop; prose (no code-like characters) also ignores case."""
+    """Pasted text compares exactly, except for runs of whitespace, wrapping quotes and the final
+    full stop; prose (no code-like characters) also ignores case."""
     text = unicodedata.normalize("NFC", text.translate(_PUNCT_MAP)).strip()
     text = text.strip("'\"` ").rstrip(".?!;,").strip("'\"` ")
     if not _CODE_HINT_RE.search(text):
         text = text.casefold()
-    return re.sub(r"\s+", "", text)
+    # Spaces around symbols never matter ("3x + 7" = "3x+7"); between words they do.
+    return re.sub(r"\s*([^\w\s])\s*", r"\1", re.sub(r"\s+", " ", text))
 
 
 @lru_cache(maxsize=4096)
@@ -753,7 +784,7 @@ def _split_payload(text: str) -> tuple[tuple[str, ...], str]:
 
 
 def _is_comparative(token: _Token) -> bool:
-    """ "shorter", "simpler" describe the wanted result, not the pasted text."""
+    """Comparatives ("shorter", "simpler") describe the wanted result, not the pasted text."""
     text = token.text
     bases = {text[:-1], text[:-2], text[:-3]} if text.endswith("er") else set()
     return any(_stem(base) in _ANTONYMS or base in _SYNONYMS for base in bases)
@@ -787,9 +818,14 @@ def _show(items: Counter[str] | set[str]) -> str:
     return "{" + ", ".join(shown) + "}"
 
 
-def _numbers(tokens: Tokens) -> list[tuple[str, str | None]]:
-    """(value key, unit label) for every number and ordinal; the unit is the next word or the
-    one after it ("100 US dollars")."""
+@dataclass(frozen=True, slots=True)
+class _Number:
+    value: str  # "#5", "#ord2"
+    unit: str | None  # unit label of the next word or the one after ("100 US dollars")
+    noun: _Token | None  # content word right after a cardinal and its unit ("3 pm Eastern")
+
+
+def _numbers(tokens: Tokens) -> list[_Number]:
     out = []
     for i, token in enumerate(tokens):
         if token.kind not in ("number", "ordinal"):
@@ -801,7 +837,11 @@ def _numbers(tokens: Tokens) -> list[tuple[str, str | None]]:
             if following.keys & _UNIT_LABELS:
                 unit = min(following.keys & _UNIT_LABELS)
                 break
-        out.append((next(iter(token.keys)), unit))
+        after = tokens[i + 1 : i + 3]
+        if after and after[0].keys & _UNIT_LABELS:
+            after = after[1:]
+        noun = after[0] if token.kind == "number" and after and after[0].content else None
+        out.append(_Number(next(iter(token.keys)), unit, noun))
     return out
 
 
@@ -810,9 +850,10 @@ def _has_article(tokens: Tokens) -> bool:
 
 
 def _check_numbers(ta: Tokens, tb: Tokens) -> str | None:
-    """Same numbers and ordinals, bound to the same units, in an order that means the same."""
+    """Same numbers and ordinals, bound to the same units and words, in an order that means the
+    same."""
     na, nb = _numbers(ta), _numbers(tb)
-    ca, cb = Counter(v for v, _ in na), Counter(v for v, _ in nb)
+    ca, cb = Counter(n.value for n in na), Counter(n.value for n in nb)
     if ca["#1"] and not cb["#1"] and _has_article(tb):
         del ca["#1"]  # "one cup" = "a cup"
     if cb["#1"] and not ca["#1"] and _has_article(ta):
@@ -820,13 +861,22 @@ def _check_numbers(ta: Tokens, tb: Tokens) -> str | None:
     ca, cb = +ca, +cb
     if ca != cb:
         return f"numbers differ: {_show(set(ca))} vs {_show(set(cb))}"
-    units_a = {v: u for v, u in na if u}
-    units_b = {v: u for v, u in nb if u}
+    units_a = {n.value: n.unit for n in na if n.unit}
+    units_b = {n.value: n.unit for n in nb if n.unit}
     for value in sorted(units_a.keys() & units_b.keys()):
         if units_a[value] != units_b[value]:
             return f"units differ: {value[1:]} {units_a[value][4:]} vs {value[1:]} {units_b[value][4:]}"
-    order_a = [v for v, _ in na if ca[v] == 1]
-    order_b = [v for v, _ in nb if cb[v] == 1]
+    # "3 pm Eastern in Pacific time" vs "3 pm Pacific in Eastern time".
+    nouns_a = {n.value: n.noun for n in na if n.noun and ca[n.value] == 1}
+    nouns_b = {n.value: n.noun for n in nb if n.noun and cb[n.value] == 1}
+    for value in sorted(nouns_a.keys() & nouns_b.keys()):
+        if not nouns_a[value].keys & nouns_b[value].keys:
+            return (
+                f"numbers refer to different things: {value[1:]} {nouns_a[value].text} vs "
+                f"{value[1:]} {nouns_b[value].text}"
+            )
+    order_a = [n.value for n in na if ca[n.value] == 1]
+    order_b = [n.value for n in nb if cb[n.value] == 1]
     for i, x in enumerate(order_a):
         for y in order_a[i + 1 :]:
             # "$1,000 at 5% for 3 years" = "3 years at 5% on $1,000", not "15% of 240" = "240%
@@ -890,7 +940,7 @@ def _tasks(tokens: Tokens) -> set[str]:
 
 
 def _check_task(ta: Tokens, tb: Tokens) -> str | None:
-    """ "Write a Dockerfile" vs "explain a Dockerfile"; one side naming no task is fine."""
+    """Different tasks: "write a Dockerfile" vs "explain a Dockerfile". One naming none is fine."""
     ka, kb = _tasks(ta), _tasks(tb)
     if ka and kb and ka != kb:
         return f"task differs: {_show(ka)} vs {_show(kb)}"
@@ -923,7 +973,7 @@ def _requested_items(tokens: Tokens) -> dict[str, str]:
 
 
 def _check_count(ta: Tokens, tb: Tokens) -> str | None:
-    """ "Give me an example" vs "give me examples": when items are requested, one is not many."""
+    """One vs several: "give me an example" is not "give me examples"."""
     ia, ib = _requested_items(ta), _requested_items(tb)
     for item in sorted(ia.keys() & ib.keys()):
         if ia[item] != ib[item]:
@@ -943,8 +993,9 @@ def _clauses(tokens: Tokens) -> list[list[str]]:
 
 def _question_classes(tokens: Tokens) -> set[str]:
     """Kinds of answer asked for, from each clause that opens with a question word or an
-    auxiliary: "when", "where", "who", "why", "how" (manner), "quantity", "yesno". "What" and
-    "which" ask for anything and add nothing."""
+    auxiliary (or ends with a question word): "when", "where", "who", "why", "how" (manner),
+    "quantity", "yesno". "What" and "which" add nothing, except "what year" = "when", "which
+    city" = "where", "which person" = "who"."""
     classes = set()
     for words in _clauses(tokens):
         clause = words
@@ -955,7 +1006,11 @@ def _question_classes(tokens: Tokens) -> set[str]:
         if not clause:
             continue
         head, following = clause[0], clause[1] if len(clause) > 1 else ""
-        if head == "how":
+        if clause[-1] in _WH_CLASS:  # "the Mona Lisa was painted by who?"
+            classes.add(_WH_CLASS[clause[-1]])
+        if head in ("what", "which") and _stem(following) in _ENTITY_QUESTION:
+            classes.add(_ENTITY_QUESTION[_stem(following)])  # "what year" asks "when"
+        elif head == "how":
             if following in _QUANTITY_WORDS:
                 classes.add("when" if following == "often" else "quantity")
             else:
@@ -1080,26 +1135,31 @@ def _unmatched(ta: Tokens, tb: Tokens) -> list[_Token]:
     no typo of a word of `tb`, not an acronym of `tb`'s words (or spelled out there), and not a
     compound written apart in one prompt and together in the other."""
     keys_b = _match_keys(tb)
+    matched = [not t.content or not t.keys.isdisjoint(keys_b) for t in ta]
+    if all(matched):
+        return []
+    # The rarer equivalences cost more, so they only run when a word is still unmatched.
     compounds_b = {k for x, y in pairwise(tb) for k in _compound_keys(x, y)}
-    matched = [bool(t.keys & (keys_b | compounds_b)) for t in ta]
+    for i, token in enumerate(ta):
+        matched[i] = matched[i] or not token.keys.isdisjoint(compounds_b)
     for i, (x, y) in enumerate(pairwise(ta)):
-        if _compound_keys(x, y) & keys_b:
+        if not (matched[i] and matched[i + 1]) and _compound_keys(x, y) & keys_b:
             matched[i] = matched[i + 1] = True
     for i in _acronym_expansions(ta, tb):
         matched[i] = True
     for i, token in enumerate(ta):
-        if _acronym_expansions(tb, (token,)):
+        if not matched[i] and _acronym_expansions(tb, (token,)):
             matched[i] = True
     words_b = [t for t in tb if t.kind == "word"]
     return [
         token
         for token, ok in zip(ta, matched, strict=True)
-        if token.content and not ok and not any(_is_typo(token, other) for other in words_b)
+        if not ok and not any(_is_typo(token, other) for other in words_b)
     ]
 
 
 def _is_entity_type(tokens: Tokens, token: _Token) -> bool:
-    """ "Which city is Australia's capital?": a generic kind of entity right after which/what
+    """In "Which city is Australia's capital?" a generic kind of entity right after which/what
     restates the kind of answer, so the other phrasing may leave it out ("What is the capital
     ..."). Not "what color is ...": that names what is asked."""
     return _stem(token.text) in _ENTITY_STEMS and any(
@@ -1119,9 +1179,9 @@ def _check_content(ta: Tokens, tb: Tokens) -> str | None:
 
 
 def _check_order(ta: Tokens, tb: Tokens) -> str | None:
-    """ "5 km to miles" vs "5 miles to km", "from Spanish to English" vs the reverse: two shared
-    words close together, in swapped order, with the same direction words and as many words
-    between them."""
+    """Swapped roles: "5 km to miles" vs "5 miles to km", "from Spanish to English" vs the
+    reverse. Two shared words close together, in swapped order, with as many words between them,
+    among them the same direction words or the same verb."""
     ta = tuple(t for t in ta if t.kind != "punct")
     tb = tuple(t for t in tb if t.kind != "punct")
     first_in_b: dict[str, int] = {}
@@ -1135,12 +1195,16 @@ def _check_order(ta: Tokens, tb: Tokens) -> str | None:
         if shared and (token.content or token.kind == "number"):
             anchors.append((i, first_in_b[shared[0]], token.text))
     for n, (ia, ib, x) in enumerate(anchors):
-        for ja, jb, y in anchors[n + 1 :]:
+        for ja, jb, y in anchors[n + 1 : n + 7]:  # anchors are in order: at most 6 words apart
             if not 0 < ja - ia == ib - jb <= 6:
                 continue
-            markers_a = {t.text for t in ta[ia + 1 : ja]} & _DIRECTION_MARKERS
-            markers_b = {t.text for t in tb[jb + 1 : ib]} & _DIRECTION_MARKERS
-            if markers_a and markers_a == markers_b:
+            between_a, between_b = ta[ia + 1 : ja], tb[jb + 1 : ib]
+            markers_a = {_DIRECTION_MARKERS[t.text] for t in between_a if t.text in _DIRECTION_MARKERS}
+            markers_b = {_DIRECTION_MARKERS[t.text] for t in between_b if t.text in _DIRECTION_MARKERS}
+            # "can a landlord sue a tenant" vs "can a tenant sue a landlord": the same words
+            # between them, one of them a verb or other content word, swap the roles.
+            same_middle = [t.text for t in between_a] == [t.text for t in between_b]
+            if (markers_a and markers_a == markers_b) or (same_middle and any(t.content for t in between_a)):
                 return f"order swapped: {x!r} and {y!r}"
     return None
 
@@ -1164,7 +1228,7 @@ def _prepositions(tokens: Tokens) -> dict[str, str]:
 
 
 def _check_prepositions(ta: Tokens, tb: Tokens) -> str | None:
-    """ "Translate into German" vs "translate from German"."""
+    """Direction of a single word: "translate into German" vs "translate from German"."""
     pa, pb = _prepositions(ta), _prepositions(tb)
     for key in sorted(pa.keys() & pb.keys()):
         if pa[key] != pb[key]:

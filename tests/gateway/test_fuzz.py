@@ -16,12 +16,26 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from tests.conftest import unique
+from tests.servers import start_gateway
 
 EXAMPLES_PER_OPERATION = 40
 FUZZ_MODEL = unique("fuzz-model")
 FUZZ_KEY = "sk-sen-" + secrets.token_urlsafe(32)
 FUZZ_SESSION = secrets.token_hex(16)
 FUZZ_CSRF = secrets.token_hex(16)  # Django accepts any 32 alphanumerics as cookie and header
+
+
+@pytest.fixture(scope="module")
+def gateway(test_database_name, mock_provider, embedding_model):
+    """This module's own gateway. The fuzzer sends bad credentials by the hundred, which the
+    brute-force guard rightly answers with 429 after a few (tests/sentinel/test_authentication.py);
+    here it must let the fuzzer see the 401 each one deserves."""
+    server = start_gateway(
+        test_database_name,
+        env={"SENTINEL_LOGIN_RATE_PER_IP": "100000/m", "SENTINEL_LOGIN_RATE_PER_USER": "100000/m"},
+    )
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -45,9 +45,10 @@ def chain(make_model, live_db):
 
 
 def post(gateway, key: str, model: str, prompt: str = "hi", **body) -> httpx.Response:
+    """These tests are about providers: the cache stays out of the way."""
     return httpx.post(
         f"{gateway.base_url}/chat/completions",
-        headers={"authorization": f"Bearer {key}"},
+        headers={"authorization": f"Bearer {key}", "x-sentinel-cache-control": "no-cache, no-store"},
         json={"model": model, "messages": [{"role": "user", "content": prompt}], **body},
         timeout=30,
     )

@@ -54,11 +54,12 @@ def ask(prompt: str) -> list[dict]:
     return [{"role": "user", "content": prompt}]
 
 
-def post(url: str, key: str, alias: str, **headers: str) -> httpx.Response:
+def post(url: str, key: str, alias: str, prompt: str = "hi", **headers: str) -> httpx.Response:
+    """Unless a test says otherwise, the cache stays out of the way (tests of it pass their own)."""
     return httpx.post(
         f"{url}/v1/chat/completions",
-        headers={"authorization": f"Bearer {key}", **headers},
-        json={"model": alias, "messages": ask("hi")},
+        headers={"authorization": f"Bearer {key}", "x-sentinel-cache-control": "no-cache, no-store", **headers},
+        json={"model": alias, "messages": ask(prompt)},
         timeout=30,
     )
 
@@ -177,3 +178,27 @@ def test_a_breaker_opened_through_one_gateway_is_open_on_all(fleet, tenant, make
     while opened() < 1 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert opened() == 1  # counted once, by the gateway that opened it
+
+
+def test_an_answer_cached_through_one_gateway_is_served_by_the_others(
+    fleet, tenant, make_key, model, mock_provider, live_db
+):
+    from gateway.models import CacheEntry
+
+    alias, (provider,) = model
+    key = make_key(tenant)
+    stored = "How do I rotate my API key?"
+    first = post(fleet.gateways[0].url, key, alias, stored, **{"x-sentinel-cache-control": ""})
+    assert first.headers["x-sentinel-cache"] == "miss"
+    deadline = time.monotonic() + 10
+    while not CacheEntry.objects.filter(tenant=tenant).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    exact = post(fleet.gateways[1].url, key, alias, stored, **{"x-sentinel-cache-control": ""})
+    paraphrase = post(
+        fleet.gateways[2].url, key, alias, "how can i rotate my api key", **{"x-sentinel-cache-control": ""}
+    )
+    assert exact.headers["x-sentinel-cache"] == "hit-exact"
+    assert paraphrase.headers["x-sentinel-cache"] == "hit-semantic"
+    assert exact.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+    assert paraphrase.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+    assert mock_provider.stats(provider)["calls"] == 1
