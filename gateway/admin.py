@@ -6,10 +6,12 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
 from gateway.breakers import breaker_force, breaker_snapshot
+from gateway.cache.services import cache_invalidate
 from gateway.localstate import announce_change
 from gateway.models import (
     BreakerPolicy,
     BreakerTransition,
+    CacheEntry,
     ChainEntry,
     ControlAction,
     Deployment,
@@ -239,3 +241,37 @@ class ModelAliasAdmin(AnnouncesChanges):
     list_display = ["name", "description"]
     search_fields = ["name"]
     inlines = [ChainEntryInline]
+
+
+@admin.register(CacheEntry)
+class CacheEntryAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "tenant", "model", "short_prompt", "hits", "last_hit_at", "expires_at"]
+    list_filter = ["model"]
+    list_select_related = ["tenant"]
+    search_fields = ["prompt"]
+    readonly_fields = [f.name for f in CacheEntry._meta.fields if f.name != "embedding"]
+    exclude = ["embedding"]
+    actions = ["invalidate"]
+
+    @admin.display(description="prompt")
+    def short_prompt(self, obj):
+        return obj.prompt[:80]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # deleting must also clear Redis and every process
+        return actions
+
+    @admin.action(description="Invalidate selected entries")
+    def invalidate(self, request, queryset):
+        removed = cache_invalidate(entries=queryset)
+        self.message_user(request, f"Invalidated {removed} cache entries.", messages.SUCCESS)
+
+    def delete_model(self, request, obj):
+        cache_invalidate(entries=CacheEntry.objects.filter(pk=obj.pk))

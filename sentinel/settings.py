@@ -218,6 +218,7 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
+    "prune-cache": {"task": "gateway.tasks.prune_cache", "schedule": 300.0, "options": {"expires": 240}},
     "drain-ledger": {
         "task": "billing.tasks.drain_ledger",
         "schedule": envfloat(

@@ -30,7 +30,14 @@ class TenantAdmin(admin.ModelAdmin):
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline]
-    actions = ["suspend", "reactivate"]
+    actions = ["suspend", "reactivate", "clear_cache"]
+
+    @admin.action(description="Clear the cache of selected tenants")
+    def clear_cache(self, request, queryset):
+        from gateway.cache.services import cache_invalidate_tenant
+
+        removed = sum(cache_invalidate_tenant(tenant=tenant) for tenant in queryset)
+        self.message_user(request, f"Invalidated {removed} cache entries.", messages.SUCCESS)
 
     @admin.action(description="Suspend selected tenants")
     def suspend(self, request, queryset):

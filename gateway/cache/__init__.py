@@ -154,6 +154,13 @@ async def pool():
     return existing
 
 
+async def close_pool() -> None:
+    """Close this event loop's pool (for commands that run one loop and exit)."""
+    existing = _pools.pop(asyncio.get_running_loop(), None)
+    if existing is not None:
+        await existing.close()
+
+
 # --- lookup ------------------------------------------------------------------------------------
 
 

@@ -308,3 +308,25 @@ def test_fails_open_when_the_vector_store_is_unreachable(
         assert mock_provider.stats(provider)["calls"] == 2
     finally:
         gateway.stop()
+
+
+def test_invalidation_from_the_admin_reaches_every_tier(served, tenant, tenancy, live_db):
+    from django.test import Client
+
+    model, _, client = served
+    for prompt in ("Explain photosynthesis briefly", "What year did the Berlin Wall fall?"):
+        ask(client, model, prompt)
+    wait_stored(tenant, 2)
+    assert (
+        ask(client, model, "Explain photosynthesis briefly").headers["x-sentinel-cache"] == "hit-exact"
+    )  # now in the process's LRU too
+    admin = Client()
+    admin.force_login(tenancy.superuser)
+    entry = CacheEntry.objects.get(tenant=tenant, prompt="Explain photosynthesis briefly")
+    response = admin.post("/admin/gateway/cacheentry/", {"action": "invalidate", "_selected_action": [entry.pk]})
+    assert response.status_code == 302
+    assert ask(client, model, "Explain photosynthesis briefly").headers["x-sentinel-cache"] == "miss"
+    assert ask(client, model, "What year did the Berlin Wall fall?").headers["x-sentinel-cache"] == "hit-exact"
+    admin.post("/admin/tenants/tenant/", {"action": "clear_cache", "_selected_action": [tenant.pk]})
+    assert CacheEntry.objects.filter(tenant=tenant).count() == 0
+    assert ask(client, model, "What year did the Berlin Wall fall?").headers["x-sentinel-cache"] == "miss"
