@@ -75,3 +75,36 @@ def test_redis_outage_follows_each_tenants_policy(
             restarted.stop()
     finally:
         gateway.stop()
+
+
+def test_breakers_fall_back_to_each_process_when_redis_is_down(
+    test_database_name, own_redis, make_tenant, make_key, make_model, mock_provider, live_db
+):
+    """Provider calls are never blocked by the breaker store: with Redis gone the process keeps its
+    own breakers, with the same rules (here: 4 failed calls open it)."""
+    from gateway.models import BreakerPolicy, Deployment
+    from tests.conftest import unique
+
+    server, port = own_redis
+    gateway = start_gateway(test_database_name, env={"REDIS_URL": f"redis://127.0.0.1:{port}/0"})
+    try:
+        model, (primary, secondary) = make_model(chain_length=2)
+        policy = BreakerPolicy.objects.create(name=unique("p"), minimum_calls=4, open_seconds=60)
+        Deployment.objects.filter(name__in=(primary, secondary)).update(breaker_policy=policy)
+        key = make_key(make_tenant())
+        url = f"{gateway.base_url}/chat/completions"
+
+        def ask(i: int) -> httpx.Response:
+            body = {"model": model, "messages": [{"role": "user", "content": f"local breaker {i}"}]}
+            headers = {"authorization": f"Bearer {key}", "x-sentinel-cache-control": "no-cache, no-store"}
+            return httpx.post(url, headers=headers, json=body, timeout=30)
+
+        assert ask(0).status_code == 200  # key and route cached while Redis is up
+        server.stop()
+        mock_provider.control(primary, error_rate=1.0)
+        served = [ask(i).headers.get("x-sentinel-provider") for i in range(1, 6)]
+        assert served == [secondary] * 5
+        # two requests (a call and its retry each) opened the local breaker; later ones skip the primary
+        assert mock_provider.stats(primary)["errors"] == 4
+    finally:
+        gateway.stop()
