@@ -20,9 +20,9 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-## Every benchmark scenario (bench/README.md); one alone: make bench SCENARIO=overhead
+## Every benchmark scenario (bench/README.md); one alone: make bench SCENARIO=overhead [ARGS="--quick"]
 bench: $(STAMP)
-	$(PY) -m bench $(SCENARIO)
+	$(PY) -m bench $(SCENARIO) $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,360 @@
+"""Scenario 1, overhead: what the gateway adds to a request, against the mock directly and against the
+LiteLLM proxy, on the same machine, mock and load generator, in one run.
+
+Loads (BENCHMARKS.md): zero-latency mock, one request at a time (added p50/p99, streamed first token)
+and 32 at a time (throughput), streamed and not; and the realistic mock streamed at 32 (throughput and
+first-token p50 against direct). Sentinel runs with authentication, the ledger (worker and beat
+draining it) and every check of its request path on, one web worker per core; every prompt is unique,
+so nothing is served from a cache.
+
+    python -m bench overhead [--quick] [--no-peer] [--workers N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench import loadgen, report
+from bench.stack import MODEL_ALIAS, Stack, add_stack_arguments, running_stack
+
+SCENARIO = "overhead"
+TARGETS = ("direct", "sentinel", "litellm")
+LABELS = {"direct": "direct to mock", "sentinel": "Sentinel", "litellm": "LiteLLM proxy"}
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    title: str
+    profile: str  # mock profile
+    stream: bool
+    concurrency: int
+    total: int | None  # requests per target (None: bounded by duration only)
+    duration: float | None  # seconds per target
+    warmup: int  # requests before measuring, per target
+
+
+def loads(quick: bool) -> list[Load]:
+    if quick:
+        return [
+            Load("c1-nonstream", "c=1 non-stream", "zero", False, 1, 30, 10, 5),
+            Load("c1-stream", "c=1 stream", "zero", True, 1, 30, 10, 5),
+            Load("c32-nonstream", "c=32 non-stream", "zero", False, 32, 2000, 1.0, 32),
+            Load("c32-stream", "c=32 stream", "zero", True, 32, 2000, 1.0, 32),
+            Load("realistic-c32-stream", "realistic, c=32 stream", "realistic", True, 32, 64, 5, 0),
+        ]
+    return [
+        Load("c1-nonstream", "c=1 non-stream", "zero", False, 1, 2000, 20, 100),
+        Load("c1-stream", "c=1 stream", "zero", True, 1, 1000, 20, 50),
+        Load("c32-nonstream", "c=32 non-stream", "zero", False, 32, None, 10, 500),
+        Load("c32-stream", "c=32 stream", "zero", True, 32, None, 10, 200),
+        Load("realistic-c32-stream", "realistic, c=32 stream", "realistic", True, 32, None, 20, 64),
+    ]
+
+
+def target_request(stack: Stack, target: str) -> tuple[str, dict[str, str], str]:
+    """URL, headers and model name for one target."""
+    if target == "direct":
+        return stack.direct_url, {}, "gpt-4o-mini"
+    if target == "sentinel":
+        return stack.sentinel_url, stack.sentinel_headers, MODEL_ALIAS
+    return stack.litellm_url, {}, "mock"
+
+
+def measure(stack: Stack, load: Load, target: str, run_id: str) -> loadgen.Result:
+    url, headers, model = target_request(stack, target)
+
+    def body_for(phase: str):
+        def body(i: int) -> dict:
+            prompt = f"bench {run_id} {target} {load.name} {phase} {i}: tell me something"
+            return {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": load.stream}
+
+        return body
+
+    # The peer is slow enough that a fixed count would take minutes: time bounds every run.
+    if load.warmup:
+        loadgen.run(
+            loadgen.run_load(
+                url,
+                body_for("warm"),
+                concurrency=load.concurrency,
+                total=load.warmup,
+                duration=load.duration,
+                headers=headers,
+            )
+        )
+    return loadgen.run(
+        loadgen.run_load(
+            url,
+            body_for("run"),
+            concurrency=load.concurrency,
+            total=load.total,
+            duration=load.duration,
+            headers=headers,
+        )
+    )
+
+
+def probe_sentinel(stack: Stack) -> dict:
+    """One request through Sentinel before measuring: the answer is the mock's and the path is the
+    cache-miss path (what the headers say is recorded with the results)."""
+    from gateway.mock_provider import answer_text
+
+    prompt = f"bench probe {uuid.uuid4().hex}"
+    response = httpx.post(
+        stack.sentinel_url,
+        json={"model": MODEL_ALIAS, "messages": [{"role": "user", "content": prompt}]},
+        headers=stack.sentinel_headers,
+        timeout=30,
+    )
+    if response.status_code != 200:
+        raise RuntimeError(f"Sentinel's probe request failed: {response.status_code} {response.text[:300]}")
+    content = response.json()["choices"][0]["message"]["content"]
+    if content != answer_text(prompt):
+        raise RuntimeError(f"Sentinel's probe got a wrong answer: {content[:80]!r}")
+    return {k: v for k, v in response.headers.items() if k.startswith("x-sentinel-") and k != "x-sentinel-request-id"}
+
+
+def derive(rows: dict[tuple[str, str], dict], have_peer: bool) -> tuple[list[dict], list[dict]]:
+    """Added latency vs direct (c=1) and the issue's targets, from the measured rows."""
+
+    def get(load: str, target: str, field: str):
+        return (rows.get((load, target)) or {}).get(field)
+
+    def minus(a, b):
+        return None if a is None or b is None else round(a - b, 3)
+
+    def ratio(a, b):
+        return None if not a or not b else round(a / b, 2)
+
+    added = []
+    for target in TARGETS[1:]:
+        if (("c1-nonstream", target)) not in rows:
+            continue
+        added.append(
+            {
+                "target": target,
+                "nonstream_p50_ms": minus(
+                    get("c1-nonstream", target, "p50_ms"), get("c1-nonstream", "direct", "p50_ms")
+                ),
+                "nonstream_p99_ms": minus(
+                    get("c1-nonstream", target, "p99_ms"), get("c1-nonstream", "direct", "p99_ms")
+                ),
+                "stream_ttft_p50_ms": minus(
+                    get("c1-stream", target, "ttft_p50_ms"), get("c1-stream", "direct", "ttft_p50_ms")
+                ),
+                "stream_ttft_p99_ms": minus(
+                    get("c1-stream", target, "ttft_p99_ms"), get("c1-stream", "direct", "ttft_p99_ms")
+                ),
+            }
+        )
+    sentinel_added = next((a for a in added if a["target"] == "sentinel"), {})
+
+    def check(name: str, measured, goal: str, met) -> dict:
+        return {"check": name, "measured": measured, "target": goal, "met": None if measured is None else met}
+
+    s_c32 = get("c32-nonstream", "sentinel", "rps")
+    l_c32 = get("c32-nonstream", "litellm", "rps")
+    s_real = get("realistic-c32-stream", "sentinel", "rps")
+    d_real = get("realistic-c32-stream", "direct", "rps")
+    l_real = get("realistic-c32-stream", "litellm", "rps")
+    ttft_delta = minus(
+        get("realistic-c32-stream", "sentinel", "ttft_p50_ms"), get("realistic-c32-stream", "direct", "ttft_p50_ms")
+    )
+    a_p50 = sentinel_added.get("nonstream_p50_ms")
+    a_ttft = sentinel_added.get("stream_ttft_p50_ms")
+    r1, r2, r3 = ratio(s_c32, l_c32), ratio(s_real, d_real), ratio(s_real, l_real)
+    checks = [
+        check("zero, non-stream, c=32: Sentinel / LiteLLM throughput", r1, "≥ 10×", r1 is not None and r1 >= 10),
+        check("realistic, stream, c=32: Sentinel / direct throughput", r2, "≥ 0.90", r2 is not None and r2 >= 0.9),
+        check("realistic, stream, c=32: Sentinel / LiteLLM throughput", r3, "≥ 5×", r3 is not None and r3 >= 5),
+        check(
+            "realistic, stream, c=32: first-token p50 added vs direct (ms)",
+            ttft_delta,
+            "≤ 10 ms",
+            ttft_delta is not None and ttft_delta <= 10,
+        ),
+        check("c=1 non-stream: added p50 (ms)", a_p50, "≤ 3 ms", a_p50 is not None and a_p50 <= 3),
+        check("c=1 stream: first token added p50 (ms)", a_ttft, "≤ 3 ms", a_ttft is not None and a_ttft <= 3),
+    ]
+    if not have_peer:
+        checks = [c for c in checks if "LiteLLM" not in c["check"]]
+    return added, checks
+
+
+def plot(path: Path, rows: dict, samples: dict, all_loads: list[Load], targets: list[str]) -> None:
+    plt = report.pyplot()
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    colors = {"direct": "#7f7f7f", "sentinel": "#1f77b4", "litellm": "#d62728"}
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
+
+    c32 = [ld for ld in all_loads if ld.concurrency == 32]
+    ax = axes[0]
+    width = 0.8 / len(targets)
+    for t_i, target in enumerate(targets):
+        values = [(rows.get((ld.name, target)) or {}).get("rps") or 0 for ld in c32]
+        xs = [i + (t_i - (len(targets) - 1) / 2) * width for i in range(len(c32))]
+        bars = ax.bar(xs, values, width, label=LABELS[target], color=colors[target])
+        ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=8)
+    ax.set_xticks(range(len(c32)), [ld.title for ld in c32])
+    ax.set_yscale("log")
+    ax.set_ylabel("requests / s (log)")
+    ax.set_title("Throughput at 32 concurrent requests")
+    ax.legend()
+
+    ax = axes[1]
+    c1 = [("c1-nonstream", "p50_ms", "non-stream\np50"), ("c1-nonstream", "p99_ms", "non-stream\np99")]
+    c1 += [("c1-stream", "ttft_p50_ms", "stream\n1st token p50"), ("c1-stream", "ttft_p99_ms", "stream\n1st token p99")]
+    for t_i, target in enumerate(targets):
+        values = [(rows.get((load, target)) or {}).get(field) or 0 for load, field, _ in c1]
+        xs = [i + (t_i - (len(targets) - 1) / 2) * width for i in range(len(c1))]
+        bars = ax.bar(xs, values, width, label=LABELS[target], color=colors[target])
+        ax.bar_label(bars, labels=[f"{v:.1f}" for v in values], fontsize=8)
+    ax.set_xticks(range(len(c1)), [label for _, _, label in c1])
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (log)")
+    ax.set_title("One request at a time (zero-latency mock)")
+
+    ax = axes[2]
+    for target in targets:
+        ttfts = sorted(samples.get(("realistic-c32-stream", target)) or [])
+        if ttfts:
+            ys = [(i + 1) / len(ttfts) for i in range(len(ttfts))]
+            ax.plot([t * 1000 for t in ttfts], ys, label=LABELS[target], color=colors[target])
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("first token, ms (log)")
+    ax.set_ylabel("share of requests")
+    ax.set_title("Realistic mock, stream, c=32: first token")
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench overhead", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small counts: a smoke test, not a measurement")
+    parser.add_argument(
+        "--peer",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="measure the LiteLLM proxy too (default: yes, except with --quick)",
+    )
+    parser.add_argument("--no-plot", action="store_true")
+    add_stack_arguments(parser)
+    args = parser.parse_args(argv)
+    with_peer = (not args.quick) if args.peer is None else args.peer
+
+    from bench import peer
+
+    result = report.envelope(SCENARIO, quick=args.quick)
+    all_loads = loads(args.quick)
+    rows: dict[tuple[str, str], dict] = {}
+    samples: dict[tuple[str, str], list[float]] = {}
+    run_id = uuid.uuid4().hex[:8]
+    with running_stack(
+        out_dir=args.out, data_dir=args.data_dir, workers=args.workers, ledger_worker=not args.quick, peer=with_peer
+    ) as stack:
+        targets = [t for t in TARGETS if t != "litellm" or stack.peer_url]
+        result["config"] = {
+            "sentinel_web_workers": args.workers,
+            "ledger_worker": not args.quick,
+            "loads": [ld.__dict__ for ld in all_loads],
+            "mock_tokens": 40,
+        }
+        result["sentinel_probe_headers"] = probe_sentinel(stack)
+        if stack.peer_url:
+            result["peer"] = {"version": peer.version(), "conditions": peer.CONDITIONS}
+            result["versions"]["litellm_peer"] = peer.version()
+        else:
+            result["peer"] = {"missing": stack.peer_missing or "not asked for (--no-peer or --quick)"}
+        profile = None
+        for load in all_loads:
+            if load.profile != profile:
+                stack.mock_profile(load.profile)
+                profile = load.profile
+            for target in targets:
+                print(f"  {load.title:<24} {LABELS[target]:<15}", end="", flush=True)
+                measured = measure(stack, load, target, run_id)
+                summary = measured.summary()
+                rows[(load.name, target)] = summary
+                samples[(load.name, target)] = measured.ttfts
+                print(
+                    f"{summary['rps']:>9,.1f} rps  p50 {report.fmt(summary['p50_ms'], 2):>8} ms"
+                    f"  1st token p50 {report.fmt(summary['ttft_p50_ms'], 2):>8} ms"
+                    f"  errors {summary['errors']}",
+                    flush=True,
+                )
+    added, checks = derive(rows, bool(stack.peer_url))
+    result["rows"] = [{"load": load, "target": target, **summary} for (load, target), summary in rows.items()]
+    result["added_vs_direct"] = added
+    result["targets"] = checks
+
+    print()
+    print(
+        report.table(
+            ["load", "target", "requests", "errors", "rps", "p50 ms", "p99 ms", "1st token p50", "1st token p99"],
+            [
+                [
+                    next(ld.title for ld in all_loads if ld.name == r["load"]),
+                    LABELS[r["target"]],
+                    r["requests"],
+                    r["errors"],
+                    r["rps"],
+                    r["p50_ms"],
+                    r["p99_ms"],
+                    r["ttft_p50_ms"],
+                    r["ttft_p99_ms"],
+                ]
+                for r in result["rows"]
+            ],
+            title="Overhead (zero-latency mock unless noted; one run)",
+        )
+    )
+    print()
+    print(
+        report.table(
+            ["target", "non-stream p50 +ms", "non-stream p99 +ms", "1st token p50 +ms", "1st token p99 +ms"],
+            [
+                [
+                    LABELS[a["target"]],
+                    a["nonstream_p50_ms"],
+                    a["nonstream_p99_ms"],
+                    a["stream_ttft_p50_ms"],
+                    a["stream_ttft_p99_ms"],
+                ]
+                for a in added
+            ],
+            title="Added to one request at a time, vs direct",
+        )
+    )
+    print()
+    print(
+        report.table(
+            ["check", "measured", "target", "met"],
+            [[c["check"], c["measured"], c["target"], c["met"]] for c in checks],
+            title="Targets (issue #9)",
+        )
+    )
+    if not stack.peer_url:
+        print(f"\nNo LiteLLM proxy in this run: {result['peer']['missing']}")
+    else:
+        print(f"\nPeer: {peer.CONDITIONS}.")
+    path = report.write_json(args.out, SCENARIO, result)
+    print(f"Results: {path}")
+    if not args.no_plot:
+        png = args.out / f"{SCENARIO}.png"
+        plot(png, rows, samples, all_loads, targets)
+        print(f"Plot: {png}")
+    failed = sum(r["errors"] for r in result["rows"])
+    return 1 if failed and args.quick else 0

@@ -1,0 +1,315 @@
+"""The processes a scenario measures: storage, the mock provider, Sentinel (web, worker, beat) and,
+when asked, the LiteLLM proxy; started on free loopback ports and always stopped by their PIDs.
+
+Storage is what `make run` uses: DATABASE_URL / REDIS_URL when set, else the embedded PostgreSQL and
+Valkey, here under their own folder (.data/bench) so a `make run` elsewhere is never touched. The
+bench's tenant, key and model are created (or refreshed) in that database on every start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from sentinel.run import Child, stop_all
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_DATA_DIR = BASE_DIR / ".data" / "bench"
+RESULTS_DIR = BASE_DIR / "bench" / "results"
+PROVIDER = "bench"  # the mock's virtual provider every target reaches (/p/bench/v1)
+MODEL_ALIAS = "bench-mock"
+LITELLM_MODEL = "openai/gpt-4o-mini"  # priced in the bundled price map, so the cost path runs too
+TENANT_SLUG = "bench"
+KEY_NAME = "bench (issued by python -m bench)"
+
+PROFILES = {
+    "zero": {"ttft_ms": 0.0, "tpt_ms": 0.0, "tokens": 40},
+    "realistic": {"ttft_ms": 120.0, "tpt_ms": 8.0, "tokens": 40},
+}
+
+
+def add_stack_arguments(parser) -> None:
+    """The options every scenario that starts a stack shares."""
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="Sentinel web workers (one per core)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where results go (default bench/results)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="embedded storage folder when DATABASE_URL / REDIS_URL are unset (default .data/bench)",
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ready(url: str, children: list[Child], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dead = [c.name for c in children if c.process is not None and c.process.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{', '.join(dead)} stopped during start-up (see the logs)")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout:.0f}s")
+
+
+def setup_django(data_dir: Path) -> dict[str, bool]:
+    """Settings, storage (embedded unless the URLs are set) and migrations, in this process; the
+    embedded servers live as long as it does and are shared by every scenario of one run.
+
+    Returns which storage servers are the embedded ones."""
+    global _storage
+    if _storage is not None:
+        return _storage
+    embedded = {"postgres": not os.environ.get("DATABASE_URL"), "valkey": not os.environ.get("REDIS_URL")}
+    os.environ["SENTINEL_DATA_DIR"] = str(data_dir)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "sentinel.settings"
+    os.environ.setdefault("SENTINEL_LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    _storage = embedded
+    return embedded
+
+
+_storage: dict[str, bool] | None = None
+
+
+def prepare_bench_tenant(mock_url: str) -> str:
+    """The bench tenant, its model pointing at the mock's `bench` provider, and a fresh key (the
+    previous bench keys are revoked: only digests are stored, so they could not be reused)."""
+    from django.db import transaction
+
+    from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
+    from tenants.models import Tenant, VirtualKey
+    from tenants.services import key_create, key_revoke
+
+    with transaction.atomic():
+        provider, _ = Provider.objects.update_or_create(
+            name="bench-mock",
+            defaults={"kind": "openai", "api_base": f"{mock_url}/p/{PROVIDER}/v1", "transport": "auto"},
+        )
+        provider.set_api_key("sk-mock-bench")
+        provider.save()
+        deployment, _ = Deployment.objects.update_or_create(
+            name="bench-mock", defaults={"provider": provider, "litellm_model": LITELLM_MODEL, "enabled": True}
+        )
+        alias, _ = ModelAlias.objects.get_or_create(
+            name=MODEL_ALIAS, defaults={"description": "The benchmarks' model (python -m bench)"}
+        )
+        ChainEntry.objects.get_or_create(alias=alias, deployment=deployment, defaults={"position": 0})
+        tenant, _ = Tenant.objects.get_or_create(slug=TENANT_SLUG, defaults={"name": "Benchmarks"})
+        for old in VirtualKey.objects.filter(tenant=tenant, name=KEY_NAME, status="active"):
+            key_revoke(key=old)
+        _, secret = key_create(tenant=tenant, name=KEY_NAME)
+    return secret
+
+
+@dataclass
+class Stack:
+    log_dir: Path
+    data_dir: Path
+    workers: int
+    mock_url: str = ""
+    gateway_url: str = ""
+    peer_url: str = ""
+    peer_missing: str = ""  # why the peer is not part of this run, when it is not
+    key: str = ""
+    embedded: dict[str, bool] = field(default_factory=dict)
+    children: list[Child] = field(default_factory=list)
+
+    # --- targets ------------------------------------------------------------------------------
+
+    @property
+    def direct_url(self) -> str:
+        return f"{self.mock_url}/p/{PROVIDER}/v1/chat/completions"
+
+    @property
+    def sentinel_url(self) -> str:
+        return f"{self.gateway_url}/v1/chat/completions"
+
+    @property
+    def litellm_url(self) -> str:
+        return f"{self.peer_url}/v1/chat/completions"
+
+    @property
+    def sentinel_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.key}"}
+
+    def mock_profile(self, name: str) -> None:
+        """Switch the mock's `bench` provider to a standard profile (BENCHMARKS.md)."""
+        response = httpx.post(
+            f"{self.mock_url}/_control/{PROVIDER}", json={**PROFILES[name], "reset_counters": True}, timeout=5
+        )
+        response.raise_for_status()
+
+    def mock_stats(self) -> dict:
+        return httpx.get(f"{self.mock_url}/_control/{PROVIDER}", timeout=5).json()
+
+    # --- processes ----------------------------------------------------------------------------
+
+    def child(self, name: str) -> Child | None:
+        return next((c for c in self.children if c.name == name), None)
+
+    def web_workers(self) -> list[psutil.Process]:
+        """The uvicorn processes that serve requests (the root itself when it runs one worker)."""
+        web = self.child("web")
+        root = psutil.Process(web.process.pid)
+        workers = [p for p in root.children() if "multiprocessing" in " ".join(p.cmdline())]
+        return workers or [root]
+
+    def processes(self) -> dict[int, tuple[str, psutil.Process]]:
+        """Every process of the run by pid, with a readable name: each child's tree (descendants
+        named `<child>:<pid>`), and the embedded storage servers when this run uses them."""
+        found: dict[int, tuple[str, psutil.Process]] = {}
+
+        def add(name: str, root: psutil.Process, children: list[psutil.Process]) -> None:
+            found[root.pid] = (name, root)
+            for p in children:
+                found[p.pid] = (f"{name}:{p.pid}", p)
+
+        for c in self.children:
+            if c.process is None or c.process.poll() is not None:
+                continue
+            root = psutil.Process(c.process.pid)
+            add(c.name, root, root.children(recursive=True))
+        for name, pid in self.storage_pids().items():
+            server = psutil.Process(pid)
+            # Postgres's children are its backends (one per pooled connection) and helpers.
+            add(name, server, server.children() if name == "postgres" else [])
+        return found
+
+    def storage_pids(self) -> dict[str, int]:
+        """The embedded Valkey and PostgreSQL (postmaster) this run uses, if it uses them."""
+        import json
+
+        pids = {}
+        pid_file = self.data_dir / "pg" / "postmaster.pid"
+        if self.embedded.get("postgres") and pid_file.exists():
+            pids["postgres"] = int(pid_file.read_text().split("\n", 1)[0])
+        state = self.data_dir / "valkey" / "server.json"
+        if self.embedded.get("valkey") and state.exists():
+            pids["valkey"] = int(json.loads(state.read_text())["pid"])
+        return {name: pid for name, pid in pids.items() if psutil.pid_exists(pid)}
+
+
+def _python_child(name: str, *args: str) -> Child:
+    return Child(name, [sys.executable, *args])
+
+
+@contextmanager
+def running_stack(
+    *,
+    out_dir: Path,
+    workers: int,
+    ledger_worker: bool = True,
+    peer: bool = False,
+    mock_profile: str = "zero",
+    data_dir: Path = DEFAULT_DATA_DIR,
+):
+    """Start everything, yield the Stack, and stop every process started here, whatever happens."""
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    embedded = setup_django(data_dir)
+    stack = Stack(log_dir=log_dir, data_dir=data_dir, workers=workers, embedded=embedded)
+    mock_port, web_port = free_port(), free_port()
+    stack.mock_url = f"http://127.0.0.1:{mock_port}"
+    stack.gateway_url = f"http://127.0.0.1:{web_port}"
+    stack.key = prepare_bench_tenant(stack.mock_url)
+    env = dict(os.environ)
+
+    stack.children.append(
+        _python_child("mock", "-m", "gateway.mock_provider", "--port", str(mock_port), "--profile", mock_profile)
+    )
+    stack.children.append(
+        _python_child(
+            "web",
+            "-m",
+            "uvicorn",
+            "sentinel.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(web_port),
+            "--workers",
+            str(workers),
+            "--lifespan",
+            "off",
+            "--no-access-log",
+        )
+    )
+    if ledger_worker:
+        stack.children.append(
+            _python_child(
+                "worker", "-m", "celery", "-A", "sentinel", "worker", "--loglevel", "WARNING", "--concurrency", "1"
+            )
+        )
+        stack.children.append(
+            _python_child(
+                "beat",
+                "-m",
+                "celery",
+                "-A",
+                "sentinel",
+                "beat",
+                "--loglevel",
+                "WARNING",
+                "--pidfile",
+                str(data_dir / "beat-bench.pid"),
+            )
+        )
+    previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for c in stack.children:
+            (log_dir / f"{c.name}.log").unlink(missing_ok=True)
+            c.start(log_dir, env)
+        if peer:
+            from bench import peer as peer_module
+
+            try:
+                peer_child, stack.peer_url = peer_module.start(stack.mock_url, log_dir)
+                stack.children.append(peer_child)
+            except peer_module.PeerUnavailable as exc:
+                stack.peer_missing = str(exc)
+        wait_ready(f"{stack.mock_url}/health", stack.children, 30)
+        stack.mock_profile(mock_profile)
+        wait_ready(f"{stack.gateway_url}/health/ready", stack.children, 120)
+        if stack.peer_url:
+            try:
+                wait_ready(f"{stack.peer_url}/health/liveliness", stack.children, 120)
+            except (RuntimeError, TimeoutError) as exc:
+                stack.peer_missing = f"the LiteLLM proxy did not start ({exc}; see {log_dir / 'litellm.log'})"
+                stack.peer_url = ""
+                stop_all([stack.child("litellm")])
+        yield stack
+    finally:
+        stop_all(stack.children)
+        signal.signal(signal.SIGTERM, previous_term)
+        from django.db import connections
+
+        connections.close_all()
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGTERM ends a run like Ctrl-C does: every `finally` runs and every process is stopped."""
+    raise KeyboardInterrupt

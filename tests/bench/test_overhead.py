@@ -1,0 +1,81 @@
+"""`python -m bench overhead --quick` runs end to end in CI: real storage, mock, gateway processes and
+load, and it writes the results a reader and the README rely on. Nothing is timed here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import psutil
+
+from tests.servers import BASE_DIR, database_url_for
+
+LOADS = ["c1-nonstream", "c1-stream", "c32-nonstream", "c32-stream", "realistic-c32-stream"]
+
+
+def processes_with_data_dir(data_dir) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("SENTINEL_DATA_DIR") == str(data_dir):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, test_database_name):
+    out, data_dir = tmp_path / "results", tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    # The session's migrated test database; a Valkey of its own, so its queued ledger records stay out
+    # of the test session's Redis.
+    env["DATABASE_URL"] = database_url_for(test_database_name)
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "overhead", "--quick", "--out", str(out), "--data-dir", str(data_dir)],
+        cwd=BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Overhead (zero-latency mock unless noted; one run)" in run.stdout
+    assert "No LiteLLM proxy in this run: not asked for" in run.stdout
+
+    result = json.loads((out / "overhead.json").read_text())
+    assert (result["scenario"], result["quick"]) == ("overhead", True)
+    assert result["machine"]["cores"] == os.cpu_count()
+    assert result["machine"]["cpu_model"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", result["date"])
+    assert re.fullmatch(r"[0-9a-f]{40}", result["git"]["commit"])
+    assert result["versions"]["django"] and result["versions"]["litellm"]
+    assert result["peer"] == {"missing": "not asked for (--no-peer or --quick)"}
+    assert result["sentinel_probe_headers"]["x-sentinel-cache"] in ("miss", "bypass")
+
+    rows = {(r["load"], r["target"]): r for r in result["rows"]}
+    assert set(rows) == {(load, target) for load in LOADS for target in ("direct", "sentinel")}
+    for (load, _), row in rows.items():
+        assert row["errors"] == 0 and row["statuses"] == {"200": row["requests"]}
+        assert row["ok"] == row["requests"] > 0 and row["rps"] > 0
+        assert 0 < row["p50_ms"] <= row["p99_ms"]
+        if "stream" in load and "nonstream" not in load:
+            assert 0 < row["ttft_p50_ms"] <= row["p50_ms"] + 1
+        else:
+            assert row["ttft_p50_ms"] is None
+    assert rows[("c1-nonstream", "sentinel")]["requests"] == 30
+    assert rows[("realistic-c32-stream", "direct")]["ttft_p50_ms"] >= 120  # the realistic mock's first token
+
+    (added,) = result["added_vs_direct"]
+    assert added["target"] == "sentinel"
+    assert added["nonstream_p50_ms"] == round(
+        rows[("c1-nonstream", "sentinel")]["p50_ms"] - rows[("c1-nonstream", "direct")]["p50_ms"], 3
+    )
+    checks = {c["check"]: c for c in result["targets"]}
+    assert len(checks) == 4 and not any("LiteLLM" in name for name in checks)
+    assert all(isinstance(c["met"], bool) for c in checks.values())
+
+    assert (out / "overhead.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert processes_with_data_dir(data_dir) == []
