@@ -203,9 +203,14 @@ async def run_load(
     keep_headers: tuple[str, ...] = (),
     validate: Callable[[int, bytes, bool], bool] | None = None,
     timeout: float = 60.0,
+    ramp: float = 0.0,
 ) -> Result:
     """POST body_for(i) with `concurrency` requests in flight, until `total` requests were sent or
     `duration` seconds passed (whichever comes first; at least one of them is required).
+
+    `ramp` staggers the workers' first requests over that many seconds: against a slow upstream,
+    workers that all start at once stay in lockstep and hit the server in bursts of `concurrency`,
+    which independent clients do not.
 
     `validate(i, answer, stream)` gets the body (non-stream) or the whole SSE body (stream) of each
     200 answer; False counts the request as a wrong answer.
@@ -222,14 +227,16 @@ async def run_load(
         started = time.perf_counter()
         stop_at = started + duration if duration is not None else float("inf")
 
-        async def worker() -> None:
+        async def worker(n: int) -> None:
             nonlocal next_index
+            if ramp:
+                await asyncio.sleep(ramp * n / concurrency)
             while next_index < limit and time.perf_counter() < stop_at:
                 i = next_index
                 next_index += 1
                 await client.one(i, body_for(i))
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(n) for n in range(concurrency)))
         result.wall = time.perf_counter() - started
     return result
 

@@ -24,6 +24,8 @@ from bench.stack import MODEL_ALIAS, Stack, add_stack_arguments, running_stack
 
 SCENARIO = "overhead"
 TARGETS = ("direct", "sentinel", "litellm")
+# The process (tree) whose CPU time a request through each target costs, beyond the load generator.
+SERVER = {"direct": "mock", "sentinel": "web", "litellm": "litellm"}
 LABELS = {"direct": "direct to mock", "sentinel": "Sentinel", "litellm": "LiteLLM proxy"}
 
 
@@ -37,6 +39,7 @@ class Load:
     total: int | None  # requests per target (None: bounded by duration only)
     duration: float | None  # seconds per target
     warmup: int  # requests before measuring, per target
+    ramp: float = 0.0  # seconds over which the workers' first requests are staggered
 
 
 def loads(quick: bool) -> list[Load]:
@@ -46,14 +49,15 @@ def loads(quick: bool) -> list[Load]:
             Load("c1-stream", "c=1 stream", "zero", True, 1, 30, 10, 5),
             Load("c32-nonstream", "c=32 non-stream", "zero", False, 32, 2000, 1.0, 32),
             Load("c32-stream", "c=32 stream", "zero", True, 32, 2000, 1.0, 32),
-            Load("realistic-c32-stream", "realistic, c=32 stream", "realistic", True, 32, 64, 5, 0),
+            Load("realistic-c32-stream", "realistic, c=32 stream", "realistic", True, 32, 64, 5, 0, 0.45),
         ]
     return [
         Load("c1-nonstream", "c=1 non-stream", "zero", False, 1, 2000, 20, 100),
         Load("c1-stream", "c=1 stream", "zero", True, 1, 1000, 20, 50),
         Load("c32-nonstream", "c=32 non-stream", "zero", False, 32, None, 10, 500),
         Load("c32-stream", "c=32 stream", "zero", True, 32, None, 10, 200),
-        Load("realistic-c32-stream", "realistic, c=32 stream", "realistic", True, 32, None, 20, 64),
+        # Staggered over one answer's time (450 ms), so the 32 clients are not in lockstep.
+        Load("realistic-c32-stream", "realistic, c=32 stream", "realistic", True, 32, None, 20, 64, 0.45),
     ]
 
 
@@ -66,7 +70,9 @@ def target_request(stack: Stack, target: str) -> tuple[str, dict[str, str], str]
     return stack.litellm_url, {}, "mock"
 
 
-def measure(stack: Stack, load: Load, target: str, run_id: str) -> loadgen.Result:
+def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen.Result, float | None]:
+    """The load's result, and the CPU milliseconds per successful request the target's own server
+    process spent (the mock's for direct; Sentinel's web workers; the LiteLLM proxy)."""
     url, headers, model = target_request(stack, target)
 
     def body_for(phase: str):
@@ -88,7 +94,8 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> loadgen.Resul
                 headers=headers,
             )
         )
-    return loadgen.run(
+    cpu_before = stack.cpu_seconds(SERVER[target])
+    result = loadgen.run(
         loadgen.run_load(
             url,
             body_for("run"),
@@ -96,8 +103,11 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> loadgen.Resul
             total=load.total,
             duration=load.duration,
             headers=headers,
+            ramp=load.ramp,
         )
     )
+    cpu = stack.cpu_seconds(SERVER[target]) - cpu_before
+    return result, (round(cpu * 1000 / result.ok, 3) if result.ok else None)
 
 
 def probe_sentinel(stack: Stack) -> dict:
@@ -285,14 +295,14 @@ def main(argv: list[str] | None = None) -> int:
                 profile = load.profile
             for target in targets:
                 print(f"  {load.title:<24} {LABELS[target]:<15}", end="", flush=True)
-                measured = measure(stack, load, target, run_id)
-                summary = measured.summary()
+                measured, cpu_ms = measure(stack, load, target, run_id)
+                summary = {**measured.summary(), "server_cpu_ms_per_request": cpu_ms}
                 rows[(load.name, target)] = summary
                 samples[(load.name, target)] = measured.ttfts
                 print(
                     f"{summary['rps']:>9,.1f} rps  p50 {report.fmt(summary['p50_ms'], 2):>8} ms"
                     f"  1st token p50 {report.fmt(summary['ttft_p50_ms'], 2):>8} ms"
-                    f"  errors {summary['errors']}",
+                    f"  cpu/request {report.fmt(cpu_ms, 2):>6} ms  errors {summary['errors']}",
                     flush=True,
                 )
     added, checks = derive(rows, bool(stack.peer_url))
@@ -303,7 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         report.table(
-            ["load", "target", "requests", "errors", "rps", "p50 ms", "p99 ms", "1st token p50", "1st token p99"],
+            [
+                "load",
+                "target",
+                "requests",
+                "errors",
+                "rps",
+                "p50 ms",
+                "p99 ms",
+                "1st token p50",
+                "1st token p99",
+                "server CPU ms/req",
+            ],
             [
                 [
                     next(ld.title for ld in all_loads if ld.name == r["load"]),
@@ -315,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                     r["p99_ms"],
                     r["ttft_p50_ms"],
                     r["ttft_p99_ms"],
+                    r["server_cpu_ms_per_request"],
                 ]
                 for r in result["rows"]
             ],

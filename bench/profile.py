@@ -133,7 +133,17 @@ def record(stack: Stack, mode: str, stream: bool, seconds: float, rate: int, out
             stack.sentinel_url, body_for, concurrency=32, duration=3, headers=stack.sentinel_headers, total=None
         )
     )
-    command = [py_spy(), "record", "--gil", "--rate", str(rate), "--duration", str(int(seconds)), "--nolineno"]
+    command = [
+        py_spy(),
+        "record",
+        "--gil",
+        "--nonblocking",
+        "--rate",
+        str(rate),
+        "--duration",
+        str(int(seconds)),
+        "--nolineno",
+    ]
     recorders = [
         subprocess.Popen([*command, "-f", "flamegraph", "-o", str(svg), "-p", str(workers[0].pid)], **_quiet()),
         subprocess.Popen(
@@ -171,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 seconds per mode: a smoke test")
     parser.add_argument("--seconds", type=float, default=20.0, help="sampling time per mode")
-    parser.add_argument("--rate", type=int, default=200, help="samples per second")
+    parser.add_argument("--rate", type=int, default=100, help="samples per second")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     seconds = 3.0 if args.quick else args.seconds

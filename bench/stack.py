@@ -175,8 +175,24 @@ class Stack:
         """The uvicorn processes that serve requests (the root itself when it runs one worker)."""
         web = self.child("web")
         root = psutil.Process(web.process.pid)
-        workers = [p for p in root.children() if "multiprocessing" in " ".join(p.cmdline())]
+        workers = [p for p in root.children() if "spawn_main" in " ".join(p.cmdline())]
         return workers or [root]
+
+    def cpu_seconds(self, name: str) -> float:
+        """CPU time (user + system) a child's whole process tree has used so far. Per request, it
+        tells a process's own cost even when other work on the machine slows every clock down."""
+        c = self.child(name)
+        if c is None or c.process is None or c.process.poll() is not None:
+            return 0.0
+        root = psutil.Process(c.process.pid)
+        total = 0.0
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                times = p.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                continue
+        return total
 
     def processes(self) -> dict[int, tuple[str, psutil.Process]]:
         """Every process of the run by pid, with a readable name: each child's tree (descendants
