@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from bench import loadgen, report
-from bench.stack import MODEL_ALIAS, Stack, add_stack_arguments, running_stack
+from bench.stack import MODEL_ALIAS, SENTINEL_CONDITIONS, Stack, add_stack_arguments, running_stack
 
 SCENARIO = "overhead"
 TARGETS = ("direct", "sentinel", "litellm")
@@ -264,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     with_peer = (not args.quick) if args.peer is None else args.peer
+    conditions = SENTINEL_CONDITIONS
+    if args.quick:  # no Celery in a smoke test: records queue in Redis
+        conditions = conditions.replace("drained by a Celery worker", "not drained in a --quick run")
 
     from bench import peer
 
@@ -279,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         result["config"] = {
             "sentinel_web_workers": args.workers,
             "ledger_worker": not args.quick,
+            "sentinel_conditions": conditions,
             "loads": [ld.__dict__ for ld in all_loads],
             "mock_tokens": 40,
         }
@@ -372,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nNo LiteLLM proxy in this run: {result['peer']['missing']}")
     else:
         print(f"\nPeer: {peer.CONDITIONS}.")
+    print(f"Sentinel: {conditions}.")
     path = report.write_json(args.out, SCENARIO, result)
     print(f"Results: {path}")
     if not args.no_plot:

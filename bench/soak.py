@@ -21,7 +21,7 @@ import orjson
 import psutil
 
 from bench import loadgen, report
-from bench.stack import MODEL_ALIAS, Stack, add_stack_arguments, running_stack
+from bench.stack import MODEL_ALIAS, SENTINEL_CONDITIONS, Stack, add_stack_arguments, running_stack
 from gateway.mock_provider import answer_text
 
 SCENARIO = "soak"
@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "mock_profile": args.profile,
         "sentinel_web_workers": args.workers,
         "ledger_worker": True,
+        "sentinel_conditions": SENTINEL_CONDITIONS,
     }
     with running_stack(
         out_dir=args.out, data_dir=args.data_dir, workers=args.workers, ledger_worker=True, mock_profile=args.profile

@@ -95,13 +95,24 @@ def setup_django(data_dir: Path) -> dict[str, bool]:
 _storage: dict[str, bool] | None = None
 
 
+# Every check of the request path is on, with limits far above what a run can reach: each request
+# goes through admission (rate logs, concurrency, budget reservation and settlement) for real.
+GENEROUS_LIMITS = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000, "max_concurrent": 100_000}
+GENEROUS_BUDGET_USD = 1_000_000
+SENTINEL_CONDITIONS = (
+    "authentication (virtual key), admission (requests/min, tokens/min and concurrency limits on key, tenant and "
+    "model; hard budgets on tenant (monthly) and key (daily), reserved and settled), ledger (Redis stream, drained "
+    "by a Celery worker) on; every prompt unique (cache-miss path)"
+)
+
+
 def prepare_bench_tenant(mock_url: str) -> str:
-    """The bench tenant, its model pointing at the mock's `bench` provider, and a fresh key (the
-    previous bench keys are revoked: only digests are stored, so they could not be reused)."""
+    """The bench tenant with limits and budgets, its model pointing at the mock's `bench` provider, and
+    a fresh key (earlier bench keys are revoked: only digests are stored, so they cannot be reused)."""
     from django.db import transaction
 
     from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
-    from tenants.models import Tenant, VirtualKey
+    from tenants.models import Budget, Tenant, VirtualKey
     from tenants.services import key_create, key_revoke
 
     with transaction.atomic():
@@ -114,14 +125,20 @@ def prepare_bench_tenant(mock_url: str) -> str:
         deployment, _ = Deployment.objects.update_or_create(
             name="bench-mock", defaults={"provider": provider, "litellm_model": LITELLM_MODEL, "enabled": True}
         )
-        alias, _ = ModelAlias.objects.get_or_create(
-            name=MODEL_ALIAS, defaults={"description": "The benchmarks' model (python -m bench)"}
+        alias, _ = ModelAlias.objects.update_or_create(
+            name=MODEL_ALIAS, defaults={"description": "The benchmarks' model (python -m bench)", **GENEROUS_LIMITS}
         )
         ChainEntry.objects.get_or_create(alias=alias, deployment=deployment, defaults={"position": 0})
-        tenant, _ = Tenant.objects.get_or_create(slug=TENANT_SLUG, defaults={"name": "Benchmarks"})
+        tenant, _ = Tenant.objects.update_or_create(
+            slug=TENANT_SLUG, defaults={"name": "Benchmarks", "status": "active", **GENEROUS_LIMITS}
+        )
+        Budget.objects.update_or_create(
+            tenant=tenant, key=None, period=Budget.Period.MONTHLY, defaults={"limit_usd": GENEROUS_BUDGET_USD}
+        )
         for old in VirtualKey.objects.filter(tenant=tenant, name=KEY_NAME, status="active"):
             key_revoke(key=old)
-        _, secret = key_create(tenant=tenant, name=KEY_NAME)
+        key, secret = key_create(tenant=tenant, name=KEY_NAME, **GENEROUS_LIMITS)
+        Budget.objects.create(tenant=tenant, key=key, period=Budget.Period.DAILY, limit_usd=GENEROUS_BUDGET_USD)
     return secret
 
 

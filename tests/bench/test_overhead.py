@@ -8,11 +8,15 @@ import os
 import re
 import subprocess
 import sys
+import urllib.parse
 
 import psutil
+import pytest
+import redis
 
 from tests.servers import BASE_DIR, database_url_for
 
+BENCH_REDIS_DB = 7
 LOADS = ["c1-nonstream", "c1-stream", "c32-nonstream", "c32-stream", "realistic-c32-stream"]
 
 
@@ -27,12 +31,19 @@ def processes_with_data_dir(data_dir) -> list[psutil.Process]:
     return found
 
 
-def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, test_database_name):
+@pytest.fixture
+def bench_redis_url():
+    """The session's Valkey, another database number: the run's queued ledger records, rate logs and
+    breaker state stay out of the other tests' way, and are dropped afterwards."""
+    url = urllib.parse.urlsplit(os.environ["REDIS_URL"])._replace(path=f"/{BENCH_REDIS_DB}").geturl()
+    yield url
+    redis.Redis.from_url(url).flushdb()
+
+
+def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, test_database_name, bench_redis_url):
     out, data_dir = tmp_path / "results", tmp_path / "data"
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-    # The session's migrated test database; a Valkey of its own, so its queued ledger records stay out
-    # of the test session's Redis.
-    env["DATABASE_URL"] = database_url_for(test_database_name)
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(DATABASE_URL=database_url_for(test_database_name), REDIS_URL=bench_redis_url)
     run = subprocess.run(
         [sys.executable, "-m", "bench", "overhead", "--quick", "--out", str(out), "--data-dir", str(data_dir)],
         cwd=BASE_DIR,
