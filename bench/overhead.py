@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from bench import loadgen, report
-from bench.stack import MODEL_ALIAS, SENTINEL_CONDITIONS, Stack, add_stack_arguments, running_stack
+from bench.stack import MODEL_ALIAS, SENTINEL_CONDITIONS, Stack, add_stack_arguments, running_stack, web_server
 
 SCENARIO = "overhead"
 TARGETS = ("direct", "sentinel", "litellm")
@@ -70,9 +70,10 @@ def target_request(stack: Stack, target: str) -> tuple[str, dict[str, str], str]
     return stack.litellm_url, {}, "mock"
 
 
-def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen.Result, float | None]:
-    """The load's result, and the CPU milliseconds per successful request the target's own server
-    process spent (the mock's for direct; Sentinel's web workers; the LiteLLM proxy)."""
+def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen.Result, dict]:
+    """The load's result, the CPU milliseconds per successful request the target's own server
+    process spent (the mock's for direct; Sentinel's web workers; the LiteLLM proxy) and, for
+    Sentinel, each web worker's share of that CPU (how evenly the connections were spread)."""
     url, headers, model = target_request(stack, target)
 
     def body_for(phase: str):
@@ -94,6 +95,8 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
                 headers=headers,
             )
         )
+    workers = stack.web_workers() if target == "sentinel" else []
+    workers_before = stack.cpu_of(workers)
     cpu_before = stack.cpu_seconds(SERVER[target])
     result = loadgen.run(
         loadgen.run_load(
@@ -107,7 +110,11 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
         )
     )
     cpu = stack.cpu_seconds(SERVER[target]) - cpu_before
-    return result, (round(cpu * 1000 / result.ok, 3) if result.ok else None)
+    extra = {"server_cpu_ms_per_request": round(cpu * 1000 / result.ok, 3) if result.ok else None}
+    if workers:
+        spent = [after - before for after, before in zip(stack.cpu_of(workers), workers_before, strict=True)]
+        extra["web_worker_cpu_share"] = [round(s / sum(spent), 2) if sum(spent) else None for s in spent]
+    return result, extra
 
 
 def probe_sentinel(stack: Stack) -> dict:
@@ -128,6 +135,34 @@ def probe_sentinel(stack: Stack) -> dict:
     if content != answer_text(prompt):
         raise RuntimeError(f"Sentinel's probe got a wrong answer: {content[:80]!r}")
     return {k: v for k, v in response.headers.items() if k.startswith("x-sentinel-") and k != "x-sentinel-request-id"}
+
+
+def warm_every_worker(stack: Stack, run_id: str, rounds: int = 10) -> list[float]:
+    """Load Sentinel until every web worker has done real work: a worker's first requests pay for
+    lazy imports and caches, and which worker a measured connection lands on is up to the kernel.
+    Returns the CPU seconds each worker spent warming."""
+    workers = stack.web_workers()
+    before = stack.cpu_of(workers)
+    spent = [0.0] * len(workers)
+
+    def body(i: int) -> dict:
+        prompt = f"bench {run_id} warm-all {i}"
+        return {"model": MODEL_ALIAS, "messages": [{"role": "user", "content": prompt}], "stream": i % 2 == 1}
+
+    for n in range(rounds):
+        loadgen.run(
+            loadgen.run_load(
+                stack.sentinel_url,
+                lambda i, n=n: body(n * 256 + i),
+                concurrency=32,
+                total=256,
+                headers=stack.sentinel_headers,
+            )
+        )
+        spent = [after - b for after, b in zip(stack.cpu_of(workers), before, strict=True)]
+        if min(spent) >= 0.5:
+            break
+    return [round(s, 2) for s in spent]
 
 
 def derive(rows: dict[tuple[str, str], dict], have_peer: bool) -> tuple[list[dict], list[dict]]:
@@ -276,17 +311,24 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[tuple[str, str], list[float]] = {}
     run_id = uuid.uuid4().hex[:8]
     with running_stack(
-        out_dir=args.out, data_dir=args.data_dir, workers=args.workers, ledger_worker=not args.quick, peer=with_peer
+        out_dir=args.out,
+        data_dir=args.data_dir,
+        workers=args.workers,
+        reuse_port=args.reuse_port,
+        ledger_worker=not args.quick,
+        peer=with_peer,
     ) as stack:
         targets = [t for t in TARGETS if t != "litellm" or stack.peer_url]
         result["config"] = {
             "sentinel_web_workers": args.workers,
+            "sentinel_web_server": web_server(args),
             "ledger_worker": not args.quick,
             "sentinel_conditions": conditions,
             "loads": [ld.__dict__ for ld in all_loads],
             "mock_tokens": 40,
         }
         result["sentinel_probe_headers"] = probe_sentinel(stack)
+        result["warm_up_cpu_s_per_worker"] = warm_every_worker(stack, run_id)
         if stack.peer_url:
             result["peer"] = {"version": peer.version(), "conditions": peer.CONDITIONS}
             result["versions"]["litellm_peer"] = peer.version()
@@ -299,14 +341,20 @@ def main(argv: list[str] | None = None) -> int:
                 profile = load.profile
             for target in targets:
                 print(f"  {load.title:<24} {LABELS[target]:<15}", end="", flush=True)
-                measured, cpu_ms = measure(stack, load, target, run_id)
-                summary = {**measured.summary(), "server_cpu_ms_per_request": cpu_ms}
+                measured, extra = measure(stack, load, target, run_id)
+                summary = {**measured.summary(), **extra}
+                cpu_ms = extra["server_cpu_ms_per_request"]
                 rows[(load.name, target)] = summary
                 samples[(load.name, target)] = measured.ttfts
                 print(
                     f"{summary['rps']:>9,.1f} rps  p50 {report.fmt(summary['p50_ms'], 2):>8} ms"
                     f"  1st token p50 {report.fmt(summary['ttft_p50_ms'], 2):>8} ms"
-                    f"  cpu/request {report.fmt(cpu_ms, 2):>6} ms  errors {summary['errors']}",
+                    f"  cpu/request {report.fmt(cpu_ms, 2):>6} ms  errors {summary['errors']}"
+                    + (
+                        f"  workers' CPU split {extra['web_worker_cpu_share']}"
+                        if "web_worker_cpu_share" in extra
+                        else ""
+                    ),
                     flush=True,
                 )
     added, checks = derive(rows, bool(stack.peer_url))

@@ -1,8 +1,10 @@
 """Where a web worker's time goes under load: py-spy samples the uvicorn workers while 32 requests at a
 time run against the zero-latency mock, streamed and not.
 
-One worker is recorded as a flame graph (bench/results/profile-<mode>.svg), the other as raw
-collapsed stacks, from which the cost centres are counted: time by package of the innermost frame
+Sentinel runs one uvicorn process per worker on SO_REUSEPORT sockets here, so the connections spread
+evenly. The first worker is also recorded as a flame graph (bench/results/profile-<mode>.svg); every
+worker is recorded as raw collapsed stacks (profile-<mode>.txt, all workers together), from which the
+cost centres are counted: time by package of the innermost frame
 (self) and the share of samples that pass through each notable function (inclusive). py-spy samples
 only the thread holding the GIL (--gil), so percentages are shares of the worker's Python CPU time.
 
@@ -21,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench import loadgen, report
-from bench.stack import BASE_DIR, MODEL_ALIAS, Stack, add_stack_arguments, running_stack
+from bench.stack import BASE_DIR, MODEL_ALIAS, Stack, add_stack_arguments, running_stack, web_server
 
 SCENARIO = "profile"
 MODES = {"nonstream": False, "stream": True}
@@ -133,22 +135,15 @@ def record(stack: Stack, mode: str, stream: bool, seconds: float, rate: int, out
             stack.sentinel_url, body_for, concurrency=32, duration=3, headers=stack.sentinel_headers, total=None
         )
     )
-    command = [
-        py_spy(),
-        "record",
-        "--gil",
-        "--nonblocking",
-        "--rate",
-        str(rate),
-        "--duration",
-        str(int(seconds)),
-        "--nolineno",
-    ]
+    command = [py_spy(), "record", "--gil", "--nonblocking", "--rate", str(rate), "--duration", str(int(seconds))]
+    command.append("--nolineno")
+    raws = [out / f"profile-{mode}-{n}.txt" for n in range(len(workers))]
     recorders = [
-        subprocess.Popen([*command, "-f", "flamegraph", "-o", str(svg), "-p", str(workers[0].pid)], **_quiet()),
-        subprocess.Popen(
-            [*command, "--full-filenames", "-f", "raw", "-o", str(raw), "-p", str(workers[-1].pid)], **_quiet()
-        ),
+        subprocess.Popen([*command, "-f", "flamegraph", "-o", str(svg), "-p", str(workers[0].pid)], **_quiet())
+    ]
+    recorders += [
+        subprocess.Popen([*command, "--full-filenames", "-f", "raw", "-o", str(path), "-p", str(w.pid)], **_quiet())
+        for path, w in zip(raws, workers, strict=True)
     ]
     try:
         measured = loadgen.run(
@@ -167,9 +162,12 @@ def record(stack: Stack, mode: str, stream: bool, seconds: float, rate: int, out
             if recorder.poll() is None:
                 recorder.kill()
                 recorder.wait()
-    if not raw.exists():
-        raise RuntimeError(f"py-spy wrote no profile (exit {[r.returncode for r in recorders]})")
-    found = cost_centres(parse_raw(raw.read_text()), possible=int(rate * seconds))
+    raw.write_text("".join(path.read_text() for path in raws if path.exists()))
+    for path in raws:
+        path.unlink(missing_ok=True)
+    if not raw.read_text().strip():
+        raise RuntimeError(f"py-spy recorded nothing (exit {[r.returncode for r in recorders]})")
+    found = cost_centres(parse_raw(raw.read_text()), possible=int(rate * seconds) * len(workers))
     return {"mode": mode, "svg": str(svg), "raw": str(raw), "load": measured.summary(), **found}
 
 
@@ -184,12 +182,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=100, help="samples per second")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
+    # Connections spread evenly over the workers (uvicorn --workers may hand all 32 to one of them),
+    # so each recorded worker carries its share of the load.
+    args.reuse_port = True
     seconds = 3.0 if args.quick else args.seconds
     py_spy()
     result = report.envelope(SCENARIO, quick=args.quick)
-    result["config"] = {"seconds": seconds, "rate": args.rate, "workers": args.workers, "concurrency": 32}
+    result["config"] = {
+        "seconds": seconds,
+        "rate": args.rate,
+        "workers": args.workers,
+        "web_server": web_server(args),
+        "concurrency": 32,
+    }
     modes = []
-    with running_stack(out_dir=args.out, data_dir=args.data_dir, workers=args.workers, ledger_worker=True) as stack:
+    with running_stack(
+        out_dir=args.out, data_dir=args.data_dir, workers=args.workers, reuse_port=args.reuse_port, ledger_worker=True
+    ) as stack:
         for mode, stream in MODES.items():
             print(f"  {mode}: sampling {seconds:.0f} s at c=32", flush=True)
             modes.append(record(stack, mode, stream, seconds, args.rate, args.out))

@@ -21,7 +21,7 @@ import orjson
 import psutil
 
 from bench import loadgen, report
-from bench.stack import MODEL_ALIAS, SENTINEL_CONDITIONS, Stack, add_stack_arguments, running_stack
+from bench.stack import MODEL_ALIAS, SENTINEL_CONDITIONS, Stack, add_stack_arguments, running_stack, web_server
 from gateway.mock_provider import answer_text
 
 SCENARIO = "soak"
@@ -114,7 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20 seconds at a low rate: a smoke test")
     parser.add_argument("--duration", type=float, help="seconds of soak after the warm-up (default 600)")
-    parser.add_argument("--warmup", type=float, help="seconds at the same rate before the baseline (default 30)")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        help="seconds at the same rate before the baseline (default 75: longer than one rate-limit window, "
+        "over which Valkey's sliding logs fill up before they stay level)",
+    )
     parser.add_argument("--rate", type=float, help="requests per second (default 100)")
     parser.add_argument("--stream-share", type=float, default=0.5, help="share of streamed requests")
     parser.add_argument("--profile", choices=("zero", "realistic"), default="realistic", help="mock profile")
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     duration = args.duration or (20.0 if args.quick else 600.0)
-    warmup = args.warmup if args.warmup is not None else (3.0 if args.quick else 30.0)
+    warmup = args.warmup if args.warmup is not None else (3.0 if args.quick else 75.0)
     rate = args.rate or (20.0 if args.quick else 100.0)
     sample_every = min(args.sample_every, max(duration / 10, 1.0))
     run_id = uuid.uuid4().hex[:8]
@@ -155,11 +160,17 @@ def main(argv: list[str] | None = None) -> int:
         "stream_share": args.stream_share,
         "mock_profile": args.profile,
         "sentinel_web_workers": args.workers,
+        "sentinel_web_server": web_server(args),
         "ledger_worker": True,
         "sentinel_conditions": SENTINEL_CONDITIONS,
     }
     with running_stack(
-        out_dir=args.out, data_dir=args.data_dir, workers=args.workers, ledger_worker=True, mock_profile=args.profile
+        out_dir=args.out,
+        data_dir=args.data_dir,
+        workers=args.workers,
+        reuse_port=args.reuse_port,
+        ledger_worker=True,
+        mock_profile=args.profile,
     ) as stack:
         sampler = Sampler(stack)
         print(f"  warm-up: {warmup:.0f} s at {rate:g}/s", flush=True)

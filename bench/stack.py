@@ -42,11 +42,24 @@ def add_stack_arguments(parser) -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="Sentinel web workers (one per core)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where results go (default bench/results)")
     parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="serve Sentinel from one uvicorn process per worker on SO_REUSEPORT sockets instead of "
+        "uvicorn --workers (bench/reuseport_web.py)",
+    )
+    parser.add_argument(
         "--data-dir",
         type=Path,
         default=DEFAULT_DATA_DIR,
         help="embedded storage folder when DATABASE_URL / REDIS_URL are unset (default .data/bench)",
     )
+
+
+def web_server(args) -> str:
+    """How Sentinel's web workers were run, for the results."""
+    if args.reuse_port:
+        return f"{args.workers} uvicorn processes, one SO_REUSEPORT socket each (bench/reuseport_web.py)"
+    return f"uvicorn --workers {args.workers}, one shared socket (as make run)"
 
 
 def free_port() -> int:
@@ -189,27 +202,38 @@ class Stack:
         return next((c for c in self.children if c.name == name), None)
 
     def web_workers(self) -> list[psutil.Process]:
-        """The uvicorn processes that serve requests (the root itself when it runs one worker)."""
-        web = self.child("web")
-        root = psutil.Process(web.process.pid)
-        workers = [p for p in root.children() if "spawn_main" in " ".join(p.cmdline())]
-        return workers or [root]
+        """The uvicorn processes that serve requests (a root itself when it runs one worker)."""
+        workers = []
+        for c in self.children:
+            if c.name.startswith("web") and c.process is not None:
+                root = psutil.Process(c.process.pid)
+                spawned = [p for p in root.children() if "spawn_main" in " ".join(p.cmdline())]
+                workers.extend(spawned or [root])
+        return workers
 
-    def cpu_seconds(self, name: str) -> float:
-        """CPU time (user + system) a child's whole process tree has used so far. Per request, it
-        tells a process's own cost even when other work on the machine slows every clock down."""
-        c = self.child(name)
-        if c is None or c.process is None or c.process.poll() is not None:
-            return 0.0
-        root = psutil.Process(c.process.pid)
-        total = 0.0
-        for p in [root, *root.children(recursive=True)]:
+    @staticmethod
+    def cpu_of(processes: list[psutil.Process]) -> list[float]:
+        """CPU time (user + system) each process has used so far."""
+        found = []
+        for p in processes:
             try:
                 times = p.cpu_times()
-                total += times.user + times.system
+                found.append(times.user + times.system)
             except psutil.Error:
-                continue
-        return total
+                found.append(0.0)
+        return found
+
+    def cpu_seconds(self, name: str) -> float:
+        """CPU time (user + system) the process trees of the children called `name` (or `name-<n>`)
+        have used so far. Per request, it tells a process's own cost even when other work on the
+        machine slows every clock down."""
+        trees = []
+        for c in self.children:
+            mine = c.name == name or c.name.startswith(name + "-")
+            if mine and c.process is not None and c.process.poll() is None:
+                root = psutil.Process(c.process.pid)
+                trees.extend([root, *root.children(recursive=True)])
+        return sum(self.cpu_of(trees))
 
     def processes(self) -> dict[int, tuple[str, psutil.Process]]:
         """Every process of the run by pid, with a readable name: each child's tree (descendants
@@ -259,6 +283,7 @@ def running_stack(
     peer: bool = False,
     mock_profile: str = "zero",
     data_dir: Path = DEFAULT_DATA_DIR,
+    reuse_port: bool = False,
 ):
     """Start everything, yield the Stack, and stop every process started here, whatever happens."""
     log_dir = out_dir / "logs"
@@ -274,23 +299,27 @@ def running_stack(
     stack.children.append(
         _python_child("mock", "-m", "gateway.mock_provider", "--port", str(mock_port), "--profile", mock_profile)
     )
-    stack.children.append(
-        _python_child(
-            "web",
-            "-m",
-            "uvicorn",
-            "sentinel.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(web_port),
-            "--workers",
-            str(workers),
-            "--lifespan",
-            "off",
-            "--no-access-log",
+    if reuse_port:  # one process per worker, each on its own SO_REUSEPORT socket (bench/reuseport_web.py)
+        for n in range(1, workers + 1):
+            stack.children.append(_python_child(f"web-{n}", "-m", "bench.reuseport_web", "--port", str(web_port)))
+    else:  # as `make run` serves: uvicorn's own workers sharing one socket
+        stack.children.append(
+            _python_child(
+                "web",
+                "-m",
+                "uvicorn",
+                "sentinel.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(web_port),
+                "--workers",
+                str(workers),
+                "--lifespan",
+                "off",
+                "--no-access-log",
+            )
         )
-    )
     if ledger_worker:
         stack.children.append(
             _python_child(
