@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import time
 import uuid
 from pathlib import Path
 
 import orjson
 import psutil
+import redis
 
 from bench import loadgen, report
 from bench.stack import MODEL_ALIAS, SENTINEL_CONDITIONS, Stack, add_stack_arguments, running_stack, web_server
@@ -30,6 +33,9 @@ MB = 2**20
 
 
 POSTGRES = "postgres (server: PSS of all its processes)"
+# Not a process: Valkey's own count of its data, next to its RSS (which also holds allocator slack
+# and AOF buffers), to tell data that keeps growing from memory the allocator keeps.
+VALKEY_DATA = "valkey data (INFO used_memory, not a process)"
 
 
 class Sampler:
@@ -43,6 +49,7 @@ class Sampler:
         self.commands: dict[str, str] = {}
         self.series: list[tuple[float, dict[str, int]]] = []
         self.started = time.monotonic()
+        self.redis = redis.Redis.from_url(os.environ["REDIS_URL"])
 
     def sample(self) -> dict[str, int]:
         memory: dict[str, int] = {}
@@ -60,6 +67,8 @@ class Sampler:
         if postgres:
             memory[POSTGRES] = postgres
             self.commands.setdefault(POSTGRES, "embedded PostgreSQL: postmaster, helpers and backends")
+        with contextlib.suppress(redis.RedisError):
+            memory[VALKEY_DATA] = self.redis.info("memory")["used_memory"]
         self.series.append((round(time.monotonic() - self.started, 1), memory))
         return memory
 
@@ -86,7 +95,7 @@ def processes_table(sampler: Sampler, start: dict[str, int], end: dict[str, int]
                 "note": "started during the soak"
                 if before is None
                 else ("ended during the soak" if after is None else ""),
-                "met": None if growth is None else growth < GROWTH_LIMIT,
+                "met": None if growth is None or name == VALKEY_DATA else growth < GROWTH_LIMIT,
             }
         )
     return rows
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = measured.summary()
     rows = processes_table(sampler, start, end)
-    measured_rows = [r for r in rows if r["growth"] is not None]
+    measured_rows = [r for r in rows if r["met"] is not None]
     worst = max(measured_rows, key=lambda r: r["growth"], default=None)
     result["load"] = summary
     result["processes"] = rows
