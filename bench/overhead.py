@@ -237,7 +237,8 @@ def plot(path: Path, rows: dict, samples: dict, all_loads: list[Load], targets: 
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     colors = {"direct": "#7f7f7f", "sentinel": "#1f77b4", "litellm": "#d62728"}
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
+    fig, grid = plt.subplots(2, 2, figsize=(15, 10))
+    axes = grid.flatten()
 
     c32 = [ld for ld in all_loads if ld.concurrency == 32]
     ax = axes[0]
@@ -273,6 +274,8 @@ def plot(path: Path, rows: dict, samples: dict, all_loads: list[Load], targets: 
             ys = [(i + 1) / len(ttfts) for i in range(len(ttfts))]
             ax.plot([t * 1000 for t in ttfts], ys, label=LABELS[target], color=colors[target])
     ax.set_xscale("log")
+    low, high = ax.get_xlim()
+    ax.set_xticks([t for t in (50, 100, 200, 500, 1000, 2000, 5000, 10000) if low <= t <= high])
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("first token, ms (log)")
@@ -280,6 +283,17 @@ def plot(path: Path, rows: dict, samples: dict, all_loads: list[Load], targets: 
     ax.set_title("Realistic mock, stream, c=32: first token")
     ax.grid(alpha=0.3)
     ax.legend()
+
+    ax = axes[3]
+    for t_i, target in enumerate(targets):
+        values = [(rows.get((ld.name, target)) or {}).get("server_cpu_ms_per_request") or 0 for ld in c32]
+        xs = [i + (t_i - (len(targets) - 1) / 2) * width for i in range(len(c32))]
+        bars = ax.bar(xs, values, width, label=LABELS[target], color=colors[target])
+        ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=8)
+    ax.set_xticks(range(len(c32)), [ld.title for ld in c32])
+    ax.set_yscale("log")
+    ax.set_ylabel("CPU ms per request (log)")
+    ax.set_title("Server CPU per request at c=32 (mock / Sentinel web workers / proxy)")
 
     fig.tight_layout()
     fig.savefig(path, dpi=110)
