@@ -65,11 +65,18 @@ def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, te
     assert result["versions"]["django"] and result["versions"]["litellm"]
     assert result["peer"] == {"missing": "not asked for (--no-peer or --quick)"}
     assert result["sentinel_probe_headers"]["x-sentinel-cache"] in ("miss", "bypass")
+    assert result["config"]["sentinel_web_server"].startswith("uvicorn --workers")
+    assert "admission" in result["config"]["sentinel_conditions"]
+    assert min(result["warm_up_cpu_s_per_worker"]) > 0
 
     rows = {(r["load"], r["target"]): r for r in result["rows"]}
     assert set(rows) == {(load, target) for load in LOADS for target in ("direct", "sentinel")}
-    for (load, _), row in rows.items():
+    for (load, target), row in rows.items():
         assert row["errors"] == 0 and row["statuses"] == {"200": row["requests"]}
+        assert row["server_cpu_ms_per_request"] > 0
+        if target == "sentinel":
+            assert len(row["web_worker_cpu_share"]) == result["config"]["sentinel_web_workers"]
+            assert abs(sum(row["web_worker_cpu_share"]) - 1) <= 0.02
         assert row["ok"] == row["requests"] > 0 and row["rps"] > 0
         assert 0 < row["p50_ms"] <= row["p99_ms"]
         if "stream" in load and "nonstream" not in load:
