@@ -51,13 +51,16 @@ class Sampler:
         self.stack = stack
         self.commands: dict[str, str] = {}
         self.series: list[tuple[float, dict[str, int]]] = []
+        self.postgres_processes: list[int] = []  # at each sample: pools grow and shrink backends
         self.started = time.monotonic()
         self.redis = redis.Redis.from_url(os.environ["REDIS_URL"])
 
     def sample(self) -> dict[str, int]:
         memory: dict[str, int] = {}
         postgres = postgres_shared = 0
-        for name, process in self.stack.processes().values():
+        processes = self.stack.processes().values()
+        self.postgres_processes.append(sum(1 for name, _ in processes if name.startswith("postgres")))
+        for name, process in processes:
             try:
                 if name.startswith("postgres"):
                     full = process.memory_full_info()
@@ -110,6 +113,7 @@ def processes_table(sampler: Sampler, start: dict[str, int], end: dict[str, int]
 def plot(path: Path, sampler: Sampler, baseline_at: float) -> None:
     plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(11, 5.5))
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)
     for name in sorted({n for _, memory in sampler.series for n in memory}):
         points = [(t, memory[name] / MB) for t, memory in sampler.series if name in memory]
         ax.plot([t for t, _ in points], [mb for _, mb in points], label=name, linewidth=1.2)
@@ -201,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         start = sampler.sample()
+        start_index = len(sampler.series) - 1
         baseline_at = sampler.series[-1][0]
         print(f"  soak: {duration:.0f} s at {rate:g}/s, RSS sampled every {sample_every:.0f} s", flush=True)
 
@@ -226,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = measured.summary()
     rows = processes_table(sampler, start, end)
+    for row in rows:
+        if row["process"] == POSTGRES:  # more backends is more memory: say how many there were
+            first, last = sampler.postgres_processes[start_index], sampler.postgres_processes[-1]
+            row["note"] = f"{first} → {last} processes (postmaster, helpers, backends)"
     measured_rows = [r for r in rows if r["met"] is not None]
     worst = max(measured_rows, key=lambda r: r["growth"], default=None)
     result["load"] = summary
