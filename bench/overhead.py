@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from bench import loadgen, report
-from bench.stack import MODEL_ALIAS, SENTINEL_CONDITIONS, Stack, add_stack_arguments, running_stack, web_server
+from bench.stack import MODEL_ALIAS, Stack, add_stack_arguments, running_stack, web_server
 
 SCENARIO = "overhead"
 TARGETS = ("direct", "sentinel", "litellm")
@@ -313,9 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     with_peer = (not args.quick) if args.peer is None else args.peer
-    conditions = SENTINEL_CONDITIONS
-    if args.quick:  # no Celery in a smoke test: records queue in Redis
-        conditions = conditions.replace("drained by a Celery worker", "not drained in a --quick run")
 
     from bench import peer
 
@@ -329,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=args.data_dir,
         workers=args.workers,
         reuse_port=args.reuse_port,
+        cache=args.cache,
         ledger_worker=not args.quick,
         peer=with_peer,
     ) as stack:
@@ -337,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             "sentinel_web_workers": args.workers,
             "sentinel_web_server": web_server(args),
             "ledger_worker": not args.quick,
-            "sentinel_conditions": conditions,
+            "sentinel_conditions": stack.conditions,
             "loads": [ld.__dict__ for ld in all_loads],
             "mock_tokens": 40,
         }
@@ -438,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nNo LiteLLM proxy in this run: {result['peer']['missing']}")
     else:
         print(f"\nPeer: {peer.CONDITIONS}.")
-    print(f"Sentinel: {conditions}.")
+    print(f"Sentinel: {result['config']['sentinel_conditions']}.")
     path = report.write_json(args.out, SCENARIO, result)
     print(f"Results: {path}")
     if not args.no_plot:

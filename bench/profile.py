@@ -197,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     modes = []
     with running_stack(
-        out_dir=args.out, data_dir=args.data_dir, workers=args.workers, reuse_port=args.reuse_port, ledger_worker=True
+        out_dir=args.out,
+        data_dir=args.data_dir,
+        workers=args.workers,
+        reuse_port=args.reuse_port,
+        cache=args.cache,
+        ledger_worker=True,
     ) as stack:
         for mode, stream in MODES.items():
             print(f"  {mode}: sampling {seconds:.0f} s at c=32", flush=True)

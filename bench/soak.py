@@ -24,7 +24,7 @@ import psutil
 import redis
 
 from bench import loadgen, report
-from bench.stack import MODEL_ALIAS, SENTINEL_CONDITIONS, Stack, add_stack_arguments, running_stack, web_server
+from bench.stack import MODEL_ALIAS, Stack, add_stack_arguments, running_stack, web_server
 from gateway.mock_provider import answer_text
 
 SCENARIO = "soak"
@@ -181,16 +181,17 @@ def main(argv: list[str] | None = None) -> int:
         "sentinel_web_workers": args.workers,
         "sentinel_web_server": web_server(args),
         "ledger_worker": True,
-        "sentinel_conditions": SENTINEL_CONDITIONS,
     }
     with running_stack(
         out_dir=args.out,
         data_dir=args.data_dir,
         workers=args.workers,
         reuse_port=args.reuse_port,
+        cache=args.cache,
         ledger_worker=True,
         mock_profile=args.profile,
     ) as stack:
+        result["config"]["sentinel_conditions"] = stack.conditions
         sampler = Sampler(stack)
         print(f"  warm-up: {warmup:.0f} s at {rate:g}/s", flush=True)
         loadgen.run(

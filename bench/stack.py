@@ -42,6 +42,13 @@ def add_stack_arguments(parser) -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="Sentinel web workers (one per core)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where results go (default bench/results)")
     parser.add_argument(
+        "--cache",
+        choices=sorted(CACHE_MODES),
+        default="bypass",
+        help="bypass: the cache is skipped per request (default; the gateway's own cost); "
+        "miss: unique prompts through the cache's lookup and store",
+    )
+    parser.add_argument(
         "--reuse-port",
         action="store_true",
         help="serve Sentinel from one uvicorn process per worker on SO_REUSEPORT sockets instead of "
@@ -83,6 +90,18 @@ def wait_ready(url: str, children: list[Child], timeout: float) -> None:
     raise TimeoutError(f"{url} not ready after {timeout:.0f}s")
 
 
+def wait_quiet(processes: list[psutil.Process], timeout: float = 60.0) -> None:
+    """Wait until freshly started processes stop working on their own (each web worker loads the
+    cache's embedding model in the background at start), so that work is not measured."""
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        p.cpu_percent()  # the first call only starts the measurement
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if all(p.cpu_percent() < 10 for p in processes if p.is_running()):
+            return
+
+
 def setup_django(data_dir: Path) -> dict[str, bool]:
     """Settings, storage (embedded unless the URLs are set) and migrations, in this process; the
     embedded servers live as long as it does and are shared by every scenario of one run.
@@ -101,6 +120,9 @@ def setup_django(data_dir: Path) -> dict[str, bool]:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    from gateway.cache import shared_embedder
+
+    shared_embedder()  # as `make run` does: the embedding model is exported once, before web workers load it
     _storage = embedded
     return embedded
 
@@ -115,8 +137,15 @@ GENEROUS_BUDGET_USD = 1_000_000
 SENTINEL_CONDITIONS = (
     "authentication (virtual key), admission (requests/min, tokens/min and concurrency limits on key, tenant and "
     "model; hard budgets on tenant (monthly) and key (daily), reserved and settled), ledger (Redis stream, drained "
-    "by a Celery worker) on; every prompt unique (cache-miss path)"
+    "by a Celery worker) on; every prompt unique"
 )
+# How requests meet the cache. Measuring the gateway's own cost, the cache is bypassed per request
+# (the relay-mix scenario measures the cache); "miss" sends unique prompts through the lookup
+# (exact tier, embedding, vector search) and the store after the response.
+CACHE_MODES = {
+    "bypass": ({"x-sentinel-cache-control": "no-cache, no-store"}, "cache bypassed per request (no-cache, no-store)"),
+    "miss": ({}, "cache on: every request a miss (exact and semantic lookup, then stored)"),
+}
 
 
 def prepare_bench_tenant(mock_url: str) -> str:
@@ -165,6 +194,7 @@ class Stack:
     peer_url: str = ""
     peer_missing: str = ""  # why the peer is not part of this run, when it is not
     key: str = ""
+    cache: str = "bypass"  # a CACHE_MODES name
     embedded: dict[str, bool] = field(default_factory=dict)
     children: list[Child] = field(default_factory=list)
 
@@ -184,7 +214,13 @@ class Stack:
 
     @property
     def sentinel_headers(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self.key}"}
+        return {"authorization": f"Bearer {self.key}", **CACHE_MODES[self.cache][0]}
+
+    @property
+    def conditions(self) -> str:
+        """What Sentinel had on in this run, for the results."""
+        ledger = "drained by a Celery worker" if self.child("worker") else "not drained in this run"
+        return SENTINEL_CONDITIONS.replace("drained by a Celery worker", ledger) + "; " + CACHE_MODES[self.cache][1]
 
     def mock_profile(self, name: str) -> None:
         """Switch the mock's `bench` provider to a standard profile (BENCHMARKS.md)."""
@@ -284,12 +320,13 @@ def running_stack(
     mock_profile: str = "zero",
     data_dir: Path = DEFAULT_DATA_DIR,
     reuse_port: bool = False,
+    cache: str = "bypass",
 ):
     """Start everything, yield the Stack, and stop every process started here, whatever happens."""
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     embedded = setup_django(data_dir)
-    stack = Stack(log_dir=log_dir, data_dir=data_dir, workers=workers, embedded=embedded)
+    stack = Stack(log_dir=log_dir, data_dir=data_dir, workers=workers, embedded=embedded, cache=cache)
     mock_port, web_port = free_port(), free_port()
     stack.mock_url = f"http://127.0.0.1:{mock_port}"
     stack.gateway_url = f"http://127.0.0.1:{web_port}"
@@ -356,6 +393,7 @@ def running_stack(
         wait_ready(f"{stack.mock_url}/health", stack.children, 30)
         stack.mock_profile(mock_profile)
         wait_ready(f"{stack.gateway_url}/health/ready", stack.children, 120)
+        wait_quiet(stack.web_workers())
         if stack.peer_url:
             try:
                 wait_ready(f"{stack.peer_url}/health/liveliness", stack.children, 120)

@@ -20,11 +20,12 @@ BENCH_REDIS_DB = 7
 LOADS = ["c1-nonstream", "c1-stream", "c32-nonstream", "c32-stream", "realistic-c32-stream"]
 
 
-def processes_with_data_dir(data_dir) -> list[psutil.Process]:
+def processes_with_redis(url: str) -> list[psutil.Process]:
+    """Processes started with this REDIS_URL: only the bench run's own have it."""
     found = []
     for process in psutil.process_iter():
         try:
-            if process.environ().get("SENTINEL_DATA_DIR") == str(data_dir):
+            if process.environ().get("REDIS_URL") == url:
                 found.append(process)
         except psutil.Error:
             continue
@@ -41,7 +42,10 @@ def bench_redis_url():
 
 
 def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, test_database_name, bench_redis_url):
-    out, data_dir = tmp_path / "results", tmp_path / "data"
+    from django.conf import settings
+
+    # The session's data folder: its embedding model is exported already (once per folder, slow).
+    out, data_dir = tmp_path / "results", settings.DATA_DIR
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update(DATABASE_URL=database_url_for(test_database_name), REDIS_URL=bench_redis_url)
     run = subprocess.run(
@@ -64,17 +68,19 @@ def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, te
     assert re.fullmatch(r"[0-9a-f]{40}", result["git"]["commit"])
     assert result["versions"]["django"] and result["versions"]["litellm"]
     assert result["peer"] == {"missing": "not asked for (--no-peer or --quick)"}
-    assert result["sentinel_probe_headers"]["x-sentinel-cache"] in ("miss", "bypass")
     assert result["config"]["sentinel_web_server"].startswith("uvicorn --workers")
     assert "admission" in result["config"]["sentinel_conditions"]
+    assert "cache bypassed per request" in result["config"]["sentinel_conditions"]
+    assert result["sentinel_probe_headers"]["x-sentinel-cache"] == "bypass"
     assert min(result["warm_up_cpu_s_per_worker"]) > 0
 
     rows = {(r["load"], r["target"]): r for r in result["rows"]}
     assert set(rows) == {(load, target) for load in LOADS for target in ("direct", "sentinel")}
     for (load, target), row in rows.items():
         assert row["errors"] == 0 and row["statuses"] == {"200": row["requests"]}
-        assert row["server_cpu_ms_per_request"] > 0
+        assert row["server_cpu_ms_per_request"] >= 0  # the mock's share of 30 requests may round to no tick
         if target == "sentinel":
+            assert row["server_cpu_ms_per_request"] > 0
             assert len(row["web_worker_cpu_share"]) == result["config"]["sentinel_web_workers"]
             assert abs(sum(row["web_worker_cpu_share"]) - 1) <= 0.02
         assert row["ok"] == row["requests"] > 0 and row["rps"] > 0
@@ -96,4 +102,4 @@ def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, te
     assert all(isinstance(c["met"], bool) for c in checks.values())
 
     assert (out / "overhead.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert processes_with_data_dir(data_dir) == []
+    assert processes_with_redis(bench_redis_url) == []
