@@ -325,7 +325,6 @@ def main(argv: list[str] | None = None) -> int:
         out_dir=args.out,
         data_dir=args.data_dir,
         workers=args.workers,
-        reuse_port=args.reuse_port,
         cache=args.cache,
         ledger_worker=not args.quick,
         peer=with_peer,

@@ -182,9 +182,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=100, help="samples per second")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
-    # Connections spread evenly over the workers (uvicorn --workers may hand all 32 to one of them),
-    # so each recorded worker carries its share of the load.
-    args.reuse_port = True
     seconds = 3.0 if args.quick else args.seconds
     py_spy()
     result = report.envelope(SCENARIO, quick=args.quick)
@@ -200,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
         out_dir=args.out,
         data_dir=args.data_dir,
         workers=args.workers,
-        reuse_port=args.reuse_port,
         cache=args.cache,
         ledger_worker=True,
     ) as stack:

@@ -49,12 +49,6 @@ def add_stack_arguments(parser) -> None:
         "miss: unique prompts through the cache's lookup and store",
     )
     parser.add_argument(
-        "--reuse-port",
-        action="store_true",
-        help="serve Sentinel from one uvicorn process per worker on SO_REUSEPORT sockets instead of "
-        "uvicorn --workers (bench/reuseport_web.py)",
-    )
-    parser.add_argument(
         "--data-dir",
         type=Path,
         default=DEFAULT_DATA_DIR,
@@ -64,9 +58,7 @@ def add_stack_arguments(parser) -> None:
 
 def web_server(args) -> str:
     """How Sentinel's web workers were run, for the results."""
-    if args.reuse_port:
-        return f"{args.workers} uvicorn processes, one SO_REUSEPORT socket each (bench/reuseport_web.py)"
-    return f"uvicorn --workers {args.workers}, one shared socket (as make run)"
+    return f"python -m sentinel.web: {args.workers} uvicorn processes, one SO_REUSEPORT socket each (as make run)"
 
 
 def free_port() -> int:
@@ -243,8 +235,7 @@ class Stack:
         for c in self.children:
             if c.name.startswith("web") and c.process is not None:
                 root = psutil.Process(c.process.pid)
-                spawned = [p for p in root.children() if "spawn_main" in " ".join(p.cmdline())]
-                workers.extend(spawned or [root])
+                workers.extend(root.children() or [root])  # sentinel.web forks its workers
         return workers
 
     @staticmethod
@@ -319,7 +310,6 @@ def running_stack(
     peer: bool = False,
     mock_profile: str = "zero",
     data_dir: Path = DEFAULT_DATA_DIR,
-    reuse_port: bool = False,
     cache: str = "bypass",
 ):
     """Start everything, yield the Stack, and stop every process started here, whatever happens."""
@@ -336,27 +326,12 @@ def running_stack(
     stack.children.append(
         _python_child("mock", "-m", "gateway.mock_provider", "--port", str(mock_port), "--profile", mock_profile)
     )
-    if reuse_port:  # one process per worker, each on its own SO_REUSEPORT socket (bench/reuseport_web.py)
-        for n in range(1, workers + 1):
-            stack.children.append(_python_child(f"web-{n}", "-m", "bench.reuseport_web", "--port", str(web_port)))
-    else:  # as `make run` serves: uvicorn's own workers sharing one socket
-        stack.children.append(
-            _python_child(
-                "web",
-                "-m",
-                "uvicorn",
-                "sentinel.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(web_port),
-                "--workers",
-                str(workers),
-                "--lifespan",
-                "off",
-                "--no-access-log",
-            )
+    # As `make run` serves: one uvicorn process per worker, each on its own SO_REUSEPORT socket.
+    stack.children.append(
+        _python_child(
+            "web", "-m", "sentinel.web", "--host", "127.0.0.1", "--port", str(web_port), "--workers", str(workers)
         )
+    )
     if ledger_worker:
         stack.children.append(
             _python_child(

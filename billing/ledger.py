@@ -68,11 +68,19 @@ class LedgerRecord:
 async def hand_off(record: LedgerRecord) -> None:
     """Queue one record durably; returns once Redis has it. While Redis is unreachable the record
     goes straight to Postgres instead (slower, equally durable, idempotent on the same id)."""
-    encoded = record.encode()
+    await hand_off_encoded(record.encode())
+
+
+async def hand_off_encoded(encoded: bytes) -> None:
     try:
         await async_redis().xadd(STREAM, {"r": encoded})
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
-        await sync_to_async(_insert_directly)(encoded)
+        await write_directly(encoded)
+
+
+async def write_directly(encoded: bytes) -> None:
+    """The fallback when Redis is unreachable: the record straight into Postgres (idempotent on id)."""
+    await sync_to_async(_insert_directly)(encoded)
 
 
 def _insert_directly(encoded: bytes) -> None:

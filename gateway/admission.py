@@ -22,6 +22,7 @@ import redis.exceptions
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from billing import ledger
 from billing.money import quantize_cost
 from gateway import breakers, metrics, scripts
 from gateway.auth import KeyInfo, block_markers
@@ -307,15 +308,19 @@ async def settled_spend(hold: BudgetHold) -> Decimal:
 # --- settle ------------------------------------------------------------------------------------
 
 
-async def settle(ticket: Ticket, *, attempts: list[Attempt], tokens_used: int, cost: Decimal) -> None:
-    """Turn the ticket's holds into what happened (zero tokens and cost: release everything), and
-    record the request's provider attempts in their circuit breakers. Only the first call counts."""
+async def settle(
+    ticket: Ticket, *, attempts: list[Attempt], tokens_used: int, cost: Decimal, ledger_record: bytes
+) -> None:
+    """Turn the ticket's holds into what happened (zero tokens and cost: release everything), record
+    the request's provider attempts in their circuit breakers, and queue its ledger record, in one
+    atomic step. Only the first call counts. Without Redis, the record goes straight to Postgres."""
     if ticket.settled:
         return
     ticket.settled = True
     if ticket.local:
         _local.settle(ticket, tokens_used)
         breakers.record_locally(attempts)
+        await ledger.hand_off_encoded(ledger_record)
         return
     tpm = [limit for limit in ticket.limits if limit.kind == "tpm"]
     concurrency = [limit for limit in ticket.limits if limit.kind == "concurrency"]
@@ -326,7 +331,7 @@ async def settle(ticket: Ticket, *, attempts: list[Attempt], tokens_used: int, c
     spent_units = to_units(cost)
     try:
         totals, transitions, details = await scripts.settle(
-            keys=keys + breaker_keys,
+            keys=[*keys, *breaker_keys, ledger.STREAM],
             args=[
                 ticket.request_id,
                 ticket.tokens,
@@ -337,6 +342,7 @@ async def settle(ticket: Ticket, *, attempts: list[Attempt], tokens_used: int, c
                 ticket.cost_units,
                 spent_units,
                 *breaker_args,
+                ledger_record,
             ],
         )
     except _REDIS_ERRORS as exc:
@@ -344,6 +350,7 @@ async def settle(ticket: Ticket, *, attempts: list[Attempt], tokens_used: int, c
         _mark_redis_down()
         log.warning("admission: could not settle %s (%s)", ticket.request_id, exc)
         breakers.record_locally(attempts)
+        await ledger.write_directly(ledger_record)
         return
     breakers.after_record(attempts, transitions, details)
     for hold, total in zip(ticket.budgets, totals, strict=True):

@@ -33,7 +33,7 @@ from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.replay import answer_from_response, completion_body, storable, stream_chunks
 from gateway.errors import GatewayError
 from gateway.failures import UpstreamError
-from gateway.routing import ModelRoute, Target, order_for_request, route_for
+from gateway.routing import ModelRoute, Target, available_models, order_for_request, route_for
 from gateway.schemas import ChatRequest, parse_chat_request
 from gateway.transport import Event
 
@@ -148,6 +148,22 @@ async def chat_completions(headers, raw_body: bytes) -> Reply:
         if call.key is not None:
             spawn(finish(call, ledger_record(call, 499, error_code="client_disconnected")))
         raise
+
+
+async def list_models(headers) -> Reply:
+    """GET /v1/models: the models the key may use."""
+    request_id = request_id_from(headers.get("x-sentinel-request-id"))
+    try:
+        key = await authenticate(headers.get("authorization"), headers.get("x-api-key"))
+        await ensure_not_blocked(key)
+    except GatewayError as error:
+        return Reply(error.status, {"x-sentinel-request-id": request_id, **error.headers}, error.body())
+    names = [name for name in await available_models() if key.may_use(name)]
+    body = {
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sentinel"} for name in sorted(names)],
+    }
+    return Reply(200, {"x-sentinel-request-id": request_id}, orjson.dumps(body))
 
 
 async def admit(call: Call, route: ModelRoute) -> Ticket:
@@ -443,14 +459,12 @@ async def finish(call: Call, record: LedgerRecord) -> None:
         await hand_off(record)
     else:
         hit = record.cache_tier.startswith("hit")  # a cache hit consumed no provider tokens
-        await asyncio.gather(
-            hand_off(record),
-            admission.settle(
-                call.ticket,
-                attempts=call.attempts,
-                tokens_used=0 if hit else record.prompt_tokens + record.completion_tokens,
-                cost=Decimal(record.cost_usd),
-            ),
+        await admission.settle(
+            call.ticket,
+            attempts=call.attempts,
+            tokens_used=0 if hit else record.prompt_tokens + record.completion_tokens,
+            cost=Decimal(record.cost_usd),
+            ledger_record=record.encode(),
         )
     metrics.request_finished(
         record,

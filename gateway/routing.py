@@ -198,5 +198,17 @@ def order_for_request(chain: tuple[Target, ...], rng: random.Random = random) ->
     return ordered
 
 
-def model_names() -> list[str]:
+_names = TTLCache(ttl=30.0, maxsize=1)
+
+
+def _model_names() -> list[str]:
     return list(ModelAlias.objects.filter(chain__deployment__enabled=True).distinct().values_list("name", flat=True))
+
+
+async def available_models() -> list[str]:
+    """Every model name with an enabled deployment (cached like the routes)."""
+    names = _names.get("all")
+    if names is None:
+        names = await sync_to_async(_model_names)()
+        _names.set("all", names)
+    return names

@@ -10,9 +10,13 @@
 -- ARGV: request id, tokens estimated, tokens used, number of tpm limits, number of concurrency
 --       limits, number of budgets, cost reserved, cost spent, number of attempts,
 --       per attempt: outcome (ok | fail | slow), probe (1|0), 7 policy numbers
+-- The last KEYS entry is the ledger stream and the last ARGV entry the request's ledger record: it is
+-- queued first, in the same step (one round trip at the end of a request, and the record is durable
+-- before anything else changes).
 -- Returns {each budget's spent total after this request (-1 where the period's counter is gone),
 --          each attempt's breaker transition ('' | 'closed>open' | ...), and its detail}.
 
+redis.call('XADD', KEYS[#KEYS], '*', 'r', ARGV[#ARGV])
 local rid, estimated, actual = ARGV[1], ARGV[2], ARGV[3]
 local ntpm, nconc, nbudgets = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local reserved, spent_now = ARGV[7], ARGV[8]

@@ -3,8 +3,6 @@ from django.urls import path, re_path
 from gateway import views
 
 urlpatterns = [
-    path("v1/chat/completions", views.chat_completions),
-    path("v1/models", views.models),
     path("health/live", views.live),
     path("health/ready", views.ready),
     re_path(r"^v1/(?P<path>(?s:.*))$", views.not_found),

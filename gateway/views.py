@@ -1,4 +1,5 @@
-"""HTTP endpoints of the OpenAI-compatible API and the health probes (async views)."""
+"""Django views of the API side: the health probes, metrics, and JSON 404s under /v1. The hot
+endpoints (chat completions, models) are served without Django: gateway.http."""
 
 from __future__ import annotations
 
@@ -6,26 +7,13 @@ import asyncio
 
 from asgiref.sync import sync_to_async
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway import metrics, pipeline
-from gateway.auth import authenticate, ensure_not_blocked
+from gateway import metrics
 from gateway.errors import GatewayError
-from gateway.pipeline import Reply
-from gateway.routing import model_names
 from sentinel.redis_clients import async_redis
-
-
-def to_response(reply: Reply) -> HttpResponse:
-    if reply.stream is not None:
-        response = StreamingHttpResponse(reply.stream, status=reply.status)
-    else:
-        response = HttpResponse(reply.body, status=reply.status, content_type="application/json")
-    for name, value in reply.headers.items():
-        response[name] = value
-    return response
 
 
 def error_response(error: GatewayError) -> HttpResponse:
@@ -33,33 +21,6 @@ def error_response(error: GatewayError) -> HttpResponse:
     for name, value in error.headers.items():
         response[name] = value
     return response
-
-
-async def chat_completions(request: HttpRequest) -> HttpResponse:
-    if request.method != "POST":
-        return error_response(
-            GatewayError(405, "method_not_allowed", "Use POST for /v1/chat/completions.", headers={"allow": "POST"})
-        )
-    return to_response(await pipeline.chat_completions(request.headers, request.body))
-
-
-async def models(request: HttpRequest) -> HttpResponse:
-    if request.method != "GET":
-        return error_response(
-            GatewayError(405, "method_not_allowed", "Use GET for /v1/models.", headers={"allow": "GET"})
-        )
-    try:
-        key = await authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
-        await ensure_not_blocked(key)
-    except GatewayError as error:
-        return error_response(error)
-    names = [name for name in await sync_to_async(model_names)() if key.may_use(name)]
-    return JsonResponse(
-        {
-            "object": "list",
-            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "sentinel"} for name in sorted(names)],
-        }
-    )
 
 
 async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
