@@ -31,10 +31,10 @@ async def complete(target: Target, body: dict, *, timeout: float, request_id: st
     if target.fast is not None:
         return await transport.complete(target.fast, body, timeout=timeout, request_id=request_id)
     try:
-        response = await asyncio.wait_for(
-            litellm.acompletion(**_arguments(target, body, stream=False, request_id=request_id), timeout=timeout),
-            timeout,
-        )
+        async with asyncio.timeout(timeout):
+            response = await litellm.acompletion(
+                **_arguments(target, body, stream=False, request_id=request_id), timeout=timeout
+            )
     except Exception as exc:  # every provider failure is classified, none escapes raw
         raise classify(exc) from exc
     return _clean(response.model_dump(exclude_none=True))
@@ -52,12 +52,12 @@ async def open_stream(
             target.fast, body, first_token_timeout=first_token_timeout, timeout=timeout, request_id=request_id
         )
     try:
-        response = await asyncio.wait_for(
-            litellm.acompletion(**_arguments(target, body, stream=True, request_id=request_id), timeout=timeout),
-            first_token_timeout,
-        )
-        iterator = response.__aiter__()
-        first = await asyncio.wait_for(iterator.__anext__(), first_token_timeout)
+        async with asyncio.timeout(first_token_timeout):
+            response = await litellm.acompletion(
+                **_arguments(target, body, stream=True, request_id=request_id), timeout=timeout
+            )
+            iterator = response.__aiter__()
+            first = await iterator.__anext__()
     except StopAsyncIteration:
         raise UpstreamError(502, "provider_empty_stream", "The provider sent an empty stream.", True, False) from None
     except Exception as exc:

@@ -203,32 +203,28 @@ async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[Event]:
 async def open_stream(
     route: FastRoute, body: dict, *, first_token_timeout: float, timeout: float, request_id: str
 ) -> tuple[Event, AsyncIterator[Event]]:
-    """Start a stream and wait for its first chunk (failing here is failing before the first token)."""
+    """Start a stream and wait for its first chunk (failing here is failing before the first token).
+    `first_token_timeout` bounds the whole wait, connecting included (asyncio.timeout, unlike
+    wait_for, costs no extra task)."""
+    response = None
     try:
-        response = await asyncio.wait_for(
-            http_session().post(
+        async with asyncio.timeout(first_token_timeout):
+            response = await http_session().post(
                 route.stream_url,
                 data=_request_body(route, body, stream=True),
                 headers=_headers(route, request_id),
                 timeout=aiohttp.ClientTimeout(total=timeout),
-            ),
-            first_token_timeout,
-        )
-    except _NETWORK_ERRORS as exc:
-        raise _network_failure(exc) from exc
-    if response.status != 200:
-        try:
-            raise await _http_failure(response)
-        finally:
-            response.release()
-    events = _events(response)
-    try:
-        first = await asyncio.wait_for(events.__anext__(), first_token_timeout)
+            )
+            if response.status != 200:
+                raise await _http_failure(response)
+            events = _events(response)
+            first = await events.__anext__()
     except StopAsyncIteration:
         response.close()
         raise UpstreamError(502, "provider_empty_stream", "The provider sent an empty stream.", True, False) from None
     except _NETWORK_ERRORS as exc:
-        response.close()
+        if response is not None:
+            response.close()
         raise _network_failure(exc) from exc
     except UpstreamError:
         response.close()

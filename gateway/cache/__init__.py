@@ -187,11 +187,9 @@ async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: fl
         found.hit = await _exact(key)
         # Until the model has loaded (a few seconds after start) the semantic tier is skipped, not waited for.
         if found.hit is None and semantic and key.semantic and embedder_ready():
-            budget = settings.CACHE_LOOKUP_TIMEOUT_MS / 1000
-            found.embedding = await asyncio.wait_for(embed(key.prompt), budget)
-            found.hit = await asyncio.wait_for(
-                _semantic(key, tenant_id, found.embedding, threshold or acceptance.DEFAULT_THRESHOLD), budget
-            )
+            async with asyncio.timeout(settings.CACHE_LOOKUP_TIMEOUT_MS / 1000):
+                found.embedding = await embed(key.prompt)
+                found.hit = await _semantic(key, tenant_id, found.embedding, threshold or acceptance.DEFAULT_THRESHOLD)
     except Exception as exc:  # noqa: BLE001 - the cache must never fail a request
         log.warning("cache lookup failed open: %s: %s", type(exc).__name__, exc)
         record_failure()
