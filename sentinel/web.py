@@ -10,8 +10,8 @@ Why not `uvicorn --workers N`: it shares one listening socket, and the worker th
 a whole burst of new connections, so with a few keep-alive clients (an app's connection pool, a load
 balancer) one worker can serve everything while the others idle (measured: one worker took all of a
 32-connection load, halving throughput). With a socket per worker the kernel spreads connections
-evenly. This supervisor forks the workers, forwards SIGINT/SIGTERM to them, and exits (stopping the
-others) if one dies, so whatever runs it (make run, a container) sees the failure.
+evenly. This supervisor forks the workers, forwards SIGINT/SIGTERM to them, and replaces a worker that
+dies; a crash loop (workers dying again and again) stops it, so whatever runs it sees the failure.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from sentinel import logs
@@ -89,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.host, args.port, level)
         return 0
 
-    children: list[int] = []
-    for _ in range(args.workers):
+    def spawn() -> int:
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -99,9 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                 serve(args.host, args.port, level)
             finally:
                 os._exit(0)
-        children.append(pid)
+        return pid
 
+    children = {spawn() for _ in range(args.workers)}
     stopping = False
+    restarts: list[float] = []
 
     def stop(signum, frame) -> None:
         nonlocal stopping
@@ -118,11 +120,20 @@ def main(argv: list[str] | None = None) -> int:
             pid, code = os.wait()
         except ChildProcessError:
             break
-        children.remove(pid)
-        if not stopping:
-            print(f"web worker {pid} exited ({code}); stopping the others", file=sys.stderr, flush=True)
+        children.discard(pid)
+        if stopping:
+            continue
+        # A worker died (killed, crashed): the others keep serving while a new one starts. A worker
+        # that keeps dying at once is a broken deployment: stop, so whatever runs this sees it.
+        now = time.monotonic()
+        restarts = [t for t in restarts if now - t < 60] + [now]
+        if len(restarts) > 5 * args.workers:
+            print(f"web workers keep dying (last: {pid}, status {code}); stopping", file=sys.stderr, flush=True)
             status = 1
             stop(None, None)
+            continue
+        print(f"web worker {pid} exited (status {code}); starting another", file=sys.stderr, flush=True)
+        children.add(spawn())
     return status
 
 

@@ -1,0 +1,48 @@
+"""The web process (python -m sentinel.web): workers on SO_REUSEPORT sockets, a killed worker
+replaced while the others keep serving, and nothing left behind when it stops."""
+
+import os
+import signal
+import time
+
+import httpx
+import psutil
+
+from tests.servers import start_gateway
+
+
+def workers_of(gateway) -> list[psutil.Process]:
+    return psutil.Process(gateway.process.pid).children()
+
+
+def test_a_killed_worker_is_replaced_while_the_other_serves(test_database_name, api_key, model):
+    gateway = start_gateway(test_database_name, workers=2)
+    try:
+        deadline = time.monotonic() + 30
+        while len(workers_of(gateway)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        first, second = workers_of(gateway)
+        os.kill(first.pid, signal.SIGKILL)
+        # Connections the kernel had already queued on the dead worker's socket are reset (clients
+        # retry those); once it is gone, the other worker's socket takes every new connection.
+        first.wait(10)
+        body = {"model": model[0], "messages": [{"role": "user", "content": "still there?"}]}
+        headers = {"authorization": f"Bearer {api_key}"}
+        assert (
+            httpx.post(f"{gateway.base_url}/chat/completions", json=body, headers=headers, timeout=30).status_code
+            == 200
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            alive = [p for p in workers_of(gateway) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            if len(alive) == 2 and first.pid not in {p.pid for p in alive}:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the killed worker was not replaced")
+        assert gateway.process.poll() is None
+    finally:
+        everyone = [psutil.Process(gateway.process.pid), *workers_of(gateway)]
+        gateway.stop()
+    time.sleep(0.5)
+    assert not [p for p in everyone if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
