@@ -14,8 +14,9 @@ from billing.exports import cell_text, report_columns, report_csv, report_filena
 from billing.models import LedgerEntry, Price, SpendReport
 from billing.selectors import DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
+from console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
 from tenants.models import Tenant
-from tenants.selectors import EXPORT_SPEND, SEE_SPEND, tenants_for
+from tenants.selectors import EXPORT_SPEND, MANAGE, SEE_SPEND, tenants_for
 
 EXPORTS = {
     "csv": (report_csv, "text/csv"),
@@ -50,7 +51,7 @@ class PriceForm(forms.ModelForm):
 
 
 @admin.register(Price)
-class PriceAdmin(admin.ModelAdmin):
+class PriceAdmin(OperatorOnlyAdmin):
     form = PriceForm
     list_display = ["model", "input_per_token", "output_per_token", "effective_from", "source"]
     search_fields = ["model"]
@@ -80,7 +81,10 @@ class PriceAdmin(admin.ModelAdmin):
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(admin.ModelAdmin):
+class LedgerEntryAdmin(TenantScopedAdmin):
+    """The request log: a tenant's admins see their tenant's requests; nobody edits them."""
+
+    view_roles = MANAGE
     list_display = [
         "created_at",
         "request_id",
@@ -94,7 +98,7 @@ class LedgerEntryAdmin(admin.ModelAdmin):
         "cache_tier",
         "latency_ms",
     ]
-    list_filter = ["status_code", "cache_tier", "provider"]
+    list_filter = ["status_code", "cache_tier", "provider", TenantFilter]
     list_select_related = ["tenant"]
     search_fields = ["request_id"]
     date_hierarchy = "created_at"

@@ -28,6 +28,7 @@ from django.db import DatabaseError, connection, transaction
 
 from billing.models import LedgerEntry, RollupDue
 from sentinel.redis_clients import async_redis, sync_redis
+from tenants.services import key_mark_used
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,7 @@ _TABLE = LedgerEntry._meta.db_table
 _COLUMN_LIST = ", ".join(COLUMNS)
 _CREATED_AT = COLUMNS.index("created_at")
 _TENANT = COLUMNS.index("tenant_id")
+_KEY = COLUMNS.index("key_id")
 
 
 def _insert(rows: list[tuple]) -> None:
@@ -191,6 +193,13 @@ def _insert(rows: list[tuple]) -> None:
             "ON CONFLICT (id) DO NOTHING"
         )
         RollupDue.objects.bulk_create([RollupDue(tenant_id=tenant_id, day=day) for tenant_id, day in due])
+    # Keys' last-used times come from here, once per batch, never from a write per request.
+    last_used: dict[int, datetime] = {}
+    for row in rows:
+        key_id = row[_KEY]
+        if key_id is not None and (key_id not in last_used or last_used[key_id] < row[_CREATED_AT]):
+            last_used[key_id] = row[_CREATED_AT]
+    key_mark_used(last_used=last_used)
 
 
 def _is_refusal(exc: DatabaseError) -> bool:

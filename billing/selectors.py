@@ -226,6 +226,17 @@ def _labelled(group_by: list[str], groups: dict[tuple, dict]) -> list[SpendRow]:
     return sorted(rows, key=order)
 
 
+def key_usage(*, keys: Sequence[VirtualKey], start: date, end: date) -> dict[int, dict]:
+    """{key id: METRICS} of the given keys over whole UTC days from `start` to `end` (both included),
+    figured as spend reports are; keys without requests are left out."""
+    if not keys:
+        return {}
+    tenants = list(Tenant.objects.filter(pk__in={key.tenant_id for key in keys}))
+    report = spend_report(tenants=tenants, start=start, end=end, group_by=["key"])
+    wanted = {key.pk for key in keys}
+    return {row.key.pk: row.metrics for row in report.rows if row.key is not None and row.key.pk in wanted}
+
+
 # --- the request log ---------------------------------------------------------------------------
 
 

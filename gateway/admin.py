@@ -1,10 +1,12 @@
-"""Providers, deployments and model aliases in the Django admin."""
+"""Providers, deployments, model aliases, breakers and kill switches in the console: the operators'
+(superusers') alone. Cache entries are their tenants' to see."""
 
 from django import forms
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
+from console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
 from gateway.breakers import breaker_force, breaker_snapshot
 from gateway.cache.services import cache_invalidate
 from gateway.localstate import announce_change
@@ -20,9 +22,10 @@ from gateway.models import (
     Provider,
 )
 from gateway.services import kill_switch_set
+from tenants.selectors import MANAGE
 
 
-class AnnouncesChanges(admin.ModelAdmin):
+class AnnouncesChanges(OperatorOnlyAdmin):
     """Gateway processes cache routing configuration: tell them when the admin changes it."""
 
     def save_related(self, request, form, formsets, change):
@@ -175,7 +178,7 @@ class BreakerPolicyAdmin(AnnouncesChanges):
 
 
 @admin.register(BreakerTransition)
-class BreakerTransitionAdmin(admin.ModelAdmin):
+class BreakerTransitionAdmin(OperatorOnlyAdmin):
     list_display = ["created_at", "deployment", "from_state", "to_state", "reason", "actor"]
     list_filter = ["to_state", "deployment"]
     list_select_related = ["deployment", "actor"]
@@ -197,7 +200,7 @@ class KillSwitchForm(forms.ModelForm):
 
 
 @admin.register(KillSwitch)
-class KillSwitchAdmin(admin.ModelAdmin):
+class KillSwitchAdmin(OperatorOnlyAdmin):
     form = KillSwitchForm
     list_display = ["__str__", "active", "reason", "updated_by", "updated_at"]
     list_select_related = ["tenant", "fallback", "updated_by"]
@@ -215,7 +218,7 @@ class KillSwitchAdmin(admin.ModelAdmin):
 
 
 @admin.register(ControlAction)
-class ControlActionAdmin(admin.ModelAdmin):
+class ControlActionAdmin(OperatorOnlyAdmin):
     list_display = ["created_at", "action", "subject", "reason", "actor"]
     list_filter = ["action"]
     list_select_related = ["actor"]
@@ -244,14 +247,22 @@ class ModelAliasAdmin(AnnouncesChanges):
 
 
 @admin.register(CacheEntry)
-class CacheEntryAdmin(admin.ModelAdmin):
+class CacheEntryAdmin(TenantScopedAdmin):
+    """A tenant's cached answers, for its admins to inspect and invalidate. Invalidating (or deleting
+    one) goes through gateway.cache.services, which also clears the exact tier in Redis and in every
+    process; a plain row delete would not."""
+
+    view_roles = MANAGE
     list_display = ["created_at", "tenant", "model", "short_prompt", "hits", "last_hit_at", "expires_at"]
-    list_filter = ["model"]
+    list_filter = [TenantFilter, "model"]
     list_select_related = ["tenant"]
-    search_fields = ["prompt"]
-    readonly_fields = [f.name for f in CacheEntry._meta.fields if f.name != "embedding"]
-    exclude = ["embedding"]
+    search_fields = ["prompt", "model"]
+    fields = ["tenant", "model", "prompt", "answer", "cost_usd", "hits", "created_at", "last_hit_at", "expires_at"]
+    readonly_fields = fields
     actions = ["invalidate"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("embedding")
 
     @admin.display(description="prompt")
     def short_prompt(self, obj):
@@ -268,7 +279,7 @@ class CacheEntryAdmin(admin.ModelAdmin):
         actions.pop("delete_selected", None)  # deleting must also clear Redis and every process
         return actions
 
-    @admin.action(description="Invalidate selected entries")
+    @admin.action(description="Invalidate selected entries", permissions=["delete"])
     def invalidate(self, request, queryset):
         removed = cache_invalidate(entries=queryset)
         self.message_user(request, f"Invalidated {removed} cache entries.", messages.SUCCESS)

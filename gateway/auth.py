@@ -18,7 +18,7 @@ from django.db.models import Q
 from redis import exceptions as redis_errors
 
 from gateway.errors import GatewayError
-from gateway.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker
+from gateway.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker, current_generation
 from sentinel.redis_clients import async_redis
 from tenants.models import Budget, Tenant, VirtualKey
 from tenants.services import key_digest
@@ -65,7 +65,9 @@ class KeyInfo:
 
 
 def _redis_cache_key(digest: str) -> str:
-    return f"sentinel:keyinfo:{digest}"
+    """Copies are kept per configuration generation: a change anywhere (a key's expiry, limits,
+    budgets) retires every copy, as it does the in-process caches."""
+    return f"sentinel:keyinfo:{current_generation().decode()}:{digest}"
 
 
 def effective_allowlist(tenant_models: list[str], key_models: list[str]) -> tuple[str, ...] | None:
@@ -81,7 +83,13 @@ def _load_from_db(digest: str) -> KeyInfo | None:
     key = VirtualKey.objects.select_related("tenant__tier", "tier").filter(digest=digest).first()
     if key is None:
         return None
-    budgets = Budget.objects.filter(tenant_id=key.tenant_id).filter(Q(key__isnull=True) | Q(key_id=key.pk))
+    # A rotated key is bound by its budgets, which moved to its successor(s), until it expires.
+    key_ids = [key.pk]
+    successor = key.successor_id
+    while successor is not None and successor not in key_ids:
+        key_ids.append(successor)
+        successor = VirtualKey.objects.filter(pk=successor).values_list("successor_id", flat=True).first()
+    budgets = Budget.objects.filter(tenant_id=key.tenant_id).filter(Q(key__isnull=True) | Q(key_id__in=key_ids))
     return KeyInfo(
         key_id=key.pk,
         digest=digest,

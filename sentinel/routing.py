@@ -1,3 +1,7 @@
 """Websocket routes (Channels). The console's live views subscribe here."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from console.consumers import ConsoleConsumer
+
+websocket_urlpatterns: list = [path("ws/console/", ConsoleConsumer.as_asgi())]

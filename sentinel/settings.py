@@ -78,7 +78,7 @@ CSRF_TRUSTED_ORIGINS = envlist(
 # --- Django ------------------------------------------------------------------------------------
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "console.apps.ConsoleAdminConfig",  # Django's admin, on the console's own site (dashboard, circuits)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -93,6 +93,7 @@ INSTALLED_APPS = [
     "tenants",
     "gateway",
     "billing",
+    "console",
     "sentinel",
 ]
 
@@ -233,6 +234,13 @@ CELERY_BEAT_SCHEDULE = {
         ),
         "options": {"expires": 300},
     },
+    "publish-live-console": {
+        "task": "console.tasks.publish_live",
+        "schedule": envfloat(
+            "SENTINEL_LIVE_SECONDS", 2.0, "How often the console's live dashboards get each active tenant's figures."
+        ),
+        "options": {"expires": 10},
+    },
 }
 # A record a worker read but did not acknowledge within this time (the worker died, or its batch is
 # stuck) is taken over by another worker. Inserting it twice is harmless (idempotent on its id).
@@ -251,6 +259,11 @@ KEY_CACHE_SECONDS = envfloat(
     30.0,
     "How long a process keeps a virtual key's settings in memory. Revocation does not wait for "
     "it: every request checks the key's status in Redis.",
+)
+KEY_ROTATION_GRACE_SECONDS = envint(
+    "SENTINEL_KEY_ROTATION_GRACE_SECONDS",
+    86_400,
+    "How long a rotated key keeps working beside its successor, so apps can switch.",
 )
 RATE_WINDOW_SECONDS = envint(
     "SENTINEL_RATE_WINDOW_SECONDS",

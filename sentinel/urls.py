@@ -8,9 +8,6 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from gateway import views as gateway_views
 
-admin.site.site_header = "Sentinel console"
-admin.site.site_title = "Sentinel console"
-admin.site.index_title = "Tenants, keys, models and spend"
 # Brute force on the console's login: limited per address and per account name, across processes
 # (django-ratelimit counts in the shared Redis cache).
 admin.site.login = ratelimit(key="ip", rate=settings.LOGIN_RATE_PER_IP, method="POST")(

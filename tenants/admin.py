@@ -1,8 +1,32 @@
-"""Tenants, members and keys in the Django admin."""
+"""Tenants, members, keys, budgets and webhooks in the console. Each admin is scoped to the tenants
+where the user holds a role (console.scoping); tiers are the operators'."""
+
+from __future__ import annotations
+
+from datetime import timedelta
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
 
+from billing.money import ZERO
+from billing.selectors import key_usage
+from console.scoping import (
+    OperatorOnlyAdmin,
+    TenantFilter,
+    TenantScopedAdmin,
+    TenantScopedInline,
+    may,
+    tenant_ids_with,
+)
 from gateway.localstate import announce_change
 from tenants.models import (
     Budget,
@@ -14,21 +38,67 @@ from tenants.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
-from tenants.services import key_create, key_revoke, tenant_set_status
+from tenants.selectors import MANAGE, SEE_SPEND
+from tenants.services import (
+    KeyNotRotatable,
+    key_create,
+    key_revoke,
+    key_rotate,
+    membership_delete,
+    membership_save,
+    tenant_set_status,
+)
+
+# --- members -------------------------------------------------------------------------------------
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipForm(forms.ModelForm):
+    """Members are named by their exact username: listing accounts to pick from would show tenant
+    admins every account of the installation. Operators create accounts; tenant admins add them."""
+
+    username = forms.CharField(max_length=150, help_text="The exact username of an existing account.")
+
+    class Meta:
+        model = Membership
+        fields = ["tenant", "role"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["username"].initial = self.instance.user.get_username()
+            self.fields["username"].disabled = True
+
+    def clean_username(self):
+        if self.instance.pk:
+            return self.instance.user
+        user = get_user_model().objects.filter(username=self.cleaned_data["username"], is_active=True).first()
+        if user is None:
+            raise ValidationError("No active account has this username.")
+        return user
+
+    def clean(self):
+        data = super().clean()
+        user, tenant = data.get("username"), data.get("tenant") or getattr(self.instance, "tenant", None)
+        if user is not None and tenant is not None and not self.instance.pk:
+            if Membership.objects.filter(user=user, tenant=tenant).exists():
+                raise ValidationError({"username": "This account is a member of the tenant already."})
+            self.instance.user = user
+        return data
+
+
+class MembershipInline(TenantScopedInline, admin.TabularInline):
     model = Membership
+    form = MembershipForm
+    fields = ["username", "role"]
     extra = 0
-    autocomplete_fields = ["user"]
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(TenantScopedAdmin):
+    tenant_lookup = "pk"
     list_display = ["name", "slug", "status", "created_at"]
     list_filter = ["status"]
     search_fields = ["name", "slug"]
-    prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline]
     actions = ["suspend", "reactivate", "clear_cache"]
 
@@ -38,6 +108,22 @@ class TenantAdmin(admin.ModelAdmin):
 
         removed = sum(cache_invalidate_tenant(tenant=tenant) for tenant in queryset)
         self.message_user(request, f"Invalidated {removed} cache entries.", messages.SUCCESS)
+
+    def get_prepopulated_fields(self, request, obj=None):
+        return {"slug": ["name"]} if request.user.is_superuser else {}
+
+    def get_readonly_fields(self, request, obj=None):
+        if request.user.is_superuser:
+            return ["created_at"]
+        # Suspension, plan (tier) and identity are the operators' to set.
+        return ["slug", "status", "tier", "created_at"]
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        if not request.user.is_superuser:
+            actions.pop("suspend", None)
+            actions.pop("reactivate", None)
+        return actions
 
     @admin.action(description="Suspend selected tenants")
     def suspend(self, request, queryset):
@@ -55,52 +141,275 @@ class TenantAdmin(admin.ModelAdmin):
             tenant_set_status(tenant=obj, status=obj.status)
         announce_change()
 
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not Membership:
+            return super().save_formset(request, form, formset, change)
+        memberships = formset.save(commit=False)
+        for membership in formset.deleted_objects:
+            membership_delete(membership=membership)
+        for membership in memberships:
+            membership_save(tenant=form.instance, user=membership.user, role=membership.role)
+        return None
+
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
-    list_display = ["user", "tenant", "role"]
-    list_filter = ["role"]
+class MembershipAdmin(TenantScopedAdmin):
+    form = MembershipForm
+    list_display = ["user", "tenant", "role", "created_at"]
+    list_filter = ["role", TenantFilter]
     list_select_related = ["user", "tenant"]
-    autocomplete_fields = ["user", "tenant"]
+    search_fields = ["user__username", "tenant__name", "tenant__slug"]
+    autocomplete_fields = ["tenant"]
+
+    def get_fields(self, request, obj=None):
+        return ["tenant", "username", "role"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant"] if obj else []
+
+    def save_model(self, request, obj, form, change):
+        saved = membership_save(tenant=obj.tenant, user=obj.user, role=obj.role)
+        obj.pk = saved.pk
+
+    def delete_model(self, request, obj):
+        membership_delete(membership=obj)
+
+    def delete_queryset(self, request, queryset):
+        for membership in queryset:
+            membership_delete(membership=membership)
+
+
+# --- keys ----------------------------------------------------------------------------------------
 
 
 @admin.register(VirtualKey)
-class VirtualKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "tenant", "status", "expires_at", "last_used_at", "created_at"]
-    list_filter = ["status", "tenant"]
+class VirtualKeyAdmin(TenantScopedAdmin):
+    list_filter = ["status", TenantFilter]
     list_select_related = ["tenant"]
     search_fields = ["name", "prefix"]
-    readonly_fields = ["prefix", "status", "created_at", "created_by", "revoked_at", "last_used_at"]
     autocomplete_fields = ["tenant"]
     actions = ["revoke"]
+    add_fields = [
+        "tenant",
+        "name",
+        "expires_at",
+        "allowed_models",
+        "tier",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "max_concurrent",
+    ]
+    details = ["prefix", "state", "created_at", "created_by", "last_used_at", "revoked_at", "successor"]
+
+    def get_list_display(self, request):
+        columns = ["name", "prefix", "tenant", "state", "expires_at", "last_used_at", "requests_this_month"]
+        if request.user.is_superuser or tenant_ids_with(request, SEE_SPEND):
+            columns.append("cost_this_month")
+        return [*columns, "created_at"]
+
+    def get_fields(self, request, obj=None):
+        return self.add_fields if obj is None else [*self.details, *self.add_fields]
 
     def get_readonly_fields(self, request, obj=None):
-        fields = list(super().get_readonly_fields(request, obj))
-        return fields + ["tenant"] if obj else fields
+        return ["tenant", *self.details] if obj else []
+
+    def get_changeform_initial_data(self, request):
+        initial = super().get_changeform_initial_data(request)
+        managed = tenant_ids_with(request, MANAGE)
+        if "tenant" not in initial and len(managed) == 1 and not request.user.is_superuser:
+            initial["tenant"] = next(iter(managed))
+        return initial
+
+    @admin.display(description="state")
+    def state(self, obj):
+        if obj.state == "rotated":
+            return f"rotated (works until {obj.expires_at:%Y-%m-%d %H:%M} UTC)"
+        return obj.state
+
+    # Usage of the keys on a changelist page, summed once for all of them (billing.selectors).
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        keys = list(changelist.result_list)
+        today = timezone.now().date()
+        usage = key_usage(keys=keys, start=today.replace(day=1), end=today)
+        for key in keys:
+            key.month_usage = usage.get(key.pk)
+            key.spend_visible = may(request, key.tenant_id, SEE_SPEND)
+        return changelist
+
+    @admin.display(description="requests this month")
+    def requests_this_month(self, obj):
+        usage = getattr(obj, "month_usage", None)
+        return usage["requests"] if usage else 0
+
+    @admin.display(description="cost this month (USD)")
+    def cost_this_month(self, obj):
+        if not getattr(obj, "spend_visible", False):
+            return "—"
+        usage = getattr(obj, "month_usage", None)
+        return format(usage["cost_usd"], "f") if usage else "0"
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        key = self.get_object(request, unquote(object_id))
+        extra_context = dict(extra_context or {})
+        if key is not None:
+            extra_context["usage"] = self._usage_table(request, key)
+            extra_context["may_manage"] = self.has_change_permission(request, key)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def _usage_table(self, request, key: VirtualKey) -> dict:
+        today = timezone.now().date()
+        periods = {
+            "today": today,
+            "this month": today.replace(day=1),
+            "last 30 days": today - timedelta(days=29),
+        }
+        rows = []
+        for label, start in periods.items():
+            metrics = key_usage(keys=[key], start=start, end=today).get(key.pk)
+            rows.append(
+                {
+                    "period": label,
+                    "requests": metrics["requests"] if metrics else 0,
+                    "answered": metrics["successful_requests"] if metrics else 0,
+                    "tokens": metrics["prompt_tokens"] + metrics["completion_tokens"] if metrics else 0,
+                    "cost_usd": metrics["cost_usd"] if metrics else ZERO,
+                }
+            )
+        return {"rows": rows, "show_cost": may(request, key.tenant_id, SEE_SPEND)}
 
     def save_model(self, request, obj, form, change):
         if change:
             super().save_model(request, obj, form, change)
             announce_change()
             return
+        data = form.cleaned_data
         key, secret = key_create(
-            tenant=obj.tenant,
-            name=obj.name,
+            tenant=data["tenant"],
+            name=data["name"],
             created_by=request.user,
-            expires_at=obj.expires_at,
-            allowed_models=obj.allowed_models,
+            expires_at=data.get("expires_at"),
+            allowed_models=data.get("allowed_models"),
+            tier=data.get("tier"),
+            requests_per_minute=data.get("requests_per_minute"),
+            tokens_per_minute=data.get("tokens_per_minute"),
+            max_concurrent=data.get("max_concurrent"),
         )
-        obj.pk = key.pk
-        messages.warning(request, f"New key {key.name}: {secret} — copy it now, it will not be shown again.")
+        obj.pk, obj.prefix = key.pk, key.prefix
+        # Kept on this request only, for the page that answers it: never stored, logged or redirected.
+        request.new_key_secret = secret
 
-    @admin.action(description="Revoke selected keys")
+    def response_add(self, request, obj, post_url_continue=None):
+        secret = getattr(request, "new_key_secret", None)
+        if secret is None:
+            return super().response_add(request, obj, post_url_continue)
+        return self.secret_response(request, VirtualKey.objects.get(pk=obj.pk), secret)
+
+    def secret_response(self, request, key: VirtualKey, secret: str, rotated: VirtualKey | None = None):
+        """The one page that ever shows a key's secret (answering the POST that made it)."""
+        response = TemplateResponse(
+            request,
+            "admin/tenants/virtualkey/secret.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "Copy the new key now",
+                "opts": self.opts,
+                "key": key,
+                "secret": secret,
+                "rotated": rotated,
+                "change_url": reverse("admin:tenants_virtualkey_change", args=[key.pk]),
+            },
+        )
+        add_never_cache_headers(response)
+        return response
+
+    def get_urls(self):
+        urls = [
+            path(
+                "<path:object_id>/rotate/",
+                self.admin_site.admin_view(self.rotate_view),
+                name="tenants_virtualkey_rotate",
+            ),
+            path(
+                "<path:object_id>/revoke/",
+                self.admin_site.admin_view(self.revoke_view),
+                name="tenants_virtualkey_revoke",
+            ),
+        ]
+        return urls + super().get_urls()
+
+    def _managed_key(self, request, object_id) -> VirtualKey:
+        key = self.get_object(request, unquote(object_id))
+        if key is None:
+            raise Http404("No virtual key with this id among yours.")
+        if not self.has_change_permission(request, key):
+            raise PermissionDenied
+        return key
+
+    def _confirm(self, request, key: VirtualKey, action: str, explanation: str):
+        return TemplateResponse(
+            request,
+            "admin/tenants/virtualkey/confirm.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"{action.capitalize()} key {key}",
+                "opts": self.opts,
+                "key": key,
+                "action": action,
+                "explanation": explanation,
+                "change_url": reverse("admin:tenants_virtualkey_change", args=[key.pk]),
+            },
+        )
+
+    def rotate_view(self, request, object_id):
+        key = self._managed_key(request, object_id)
+        if request.method != "POST":
+            return self._confirm(
+                request,
+                key,
+                "rotate",
+                f"A new key with the same settings replaces this one; its budgets move to the new key. "
+                f"This key keeps working for {duration_text(settings.KEY_ROTATION_GRACE_SECONDS)} so your apps "
+                "can switch, then it expires.",
+            )
+        try:
+            new_key, secret = key_rotate(key=key, created_by=request.user)
+        except KeyNotRotatable as error:
+            self.message_user(request, str(error), messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:tenants_virtualkey_change", args=[key.pk]))
+        key.refresh_from_db()
+        self.log_change(request, key, f"Rotated; replaced by key {new_key.pk}.")
+        self.log_addition(request, new_key, f"Created by rotating key {key.pk}.")
+        return self.secret_response(request, new_key, secret, rotated=key)
+
+    def revoke_view(self, request, object_id):
+        key = self._managed_key(request, object_id)
+        if request.method != "POST":
+            return self._confirm(
+                request, key, "revoke", "Every gateway process refuses the key within a second. This cannot be undone."
+            )
+        key_revoke(key=key)
+        self.log_change(request, key, "Revoked.")
+        self.message_user(request, f"Key {key} is revoked.", messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:tenants_virtualkey_change", args=[key.pk]))
+
+    @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke(self, request, queryset):
         for key in queryset:
             key_revoke(key=key)
+            self.log_change(request, key, "Revoked.")
+
+
+def duration_text(seconds: int) -> str:
+    for unit, size in (("day", 86_400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} seconds"
 
 
 @admin.register(RateLimitTier)
-class RateLimitTierAdmin(admin.ModelAdmin):
+class RateLimitTierAdmin(OperatorOnlyAdmin):
     list_display = ["name", "requests_per_minute", "tokens_per_minute", "max_concurrent"]
     search_fields = ["name"]
 
@@ -109,11 +418,29 @@ class RateLimitTierAdmin(admin.ModelAdmin):
         announce_change()
 
 
+# --- budgets -------------------------------------------------------------------------------------
+
+
+class BudgetForm(forms.ModelForm):
+    class Meta:
+        model = Budget
+        fields = ["tenant", "key", "period", "limit_usd", "alert_at_percent", "hard"]
+
+    def clean(self):
+        data = super().clean()
+        tenant, key = data.get("tenant"), data.get("key")
+        if tenant is not None and key is not None and key.tenant_id != tenant.pk:
+            raise ValidationError({"key": "This key belongs to another tenant."})
+        return data
+
+
 @admin.register(Budget)
-class BudgetAdmin(admin.ModelAdmin):
+class BudgetAdmin(TenantScopedAdmin):
+    form = BudgetForm
     list_display = ["tenant", "key", "period", "limit_usd", "alert_at_percent", "hard"]
-    list_filter = ["period", "hard"]
+    list_filter = ["period", "hard", TenantFilter]
     list_select_related = ["tenant", "key"]
+    search_fields = ["tenant__name", "key__name", "key__prefix"]
     autocomplete_fields = ["tenant", "key"]
 
     def save_model(self, request, obj, form, change):
@@ -124,15 +451,29 @@ class BudgetAdmin(admin.ModelAdmin):
         super().delete_model(request, obj)
         announce_change()
 
+    def delete_queryset(self, request, queryset):
+        super().delete_queryset(request, queryset)
+        announce_change()
+
 
 @admin.register(BudgetAlert)
-class BudgetAlertAdmin(admin.ModelAdmin):
+class BudgetAlertAdmin(TenantScopedAdmin):
+    tenant_lookup = "budget__tenant_id"
+    view_roles = SEE_SPEND
     list_display = ["budget", "period_start", "spent_usd", "created_at"]
+    list_filter = [TenantFilter]
     list_select_related = ["budget__tenant", "budget__key"]
+    search_fields = ["budget__tenant__name", "budget__key__name"]
     readonly_fields = ["budget", "period_start", "spent_usd", "created_at"]
 
     def has_add_permission(self, request):
         return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+# --- webhooks ------------------------------------------------------------------------------------
 
 
 class WebhookEndpointForm(forms.ModelForm):
@@ -148,12 +489,20 @@ class WebhookEndpointForm(forms.ModelForm):
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(admin.ModelAdmin):
+class WebhookEndpointAdmin(TenantScopedAdmin):
     form = WebhookEndpointForm
+    view_roles = MANAGE
     list_display = ["url", "tenant", "events", "active"]
-    list_filter = ["active"]
+    list_filter = ["active", TenantFilter]
     list_select_related = ["tenant"]
+    search_fields = ["url", "tenant__name"]
     autocomplete_fields = ["tenant"]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        if not request.user.is_superuser:
+            form.base_fields["tenant"].required = True  # endpoints without a tenant get every tenant's events
+        return form
 
     def save_model(self, request, obj, form, change):
         if form.cleaned_data.get("secret"):
@@ -162,10 +511,13 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(admin.ModelAdmin):
+class WebhookDeliveryAdmin(TenantScopedAdmin):
+    tenant_lookup = "endpoint__tenant_id"
+    view_roles = MANAGE
     list_display = ["created_at", "event", "endpoint", "status", "attempts", "last_status_code", "last_error"]
-    list_filter = ["status", "event"]
+    list_filter = ["status", "event", TenantFilter]
     list_select_related = ["endpoint"]
+    search_fields = ["event", "endpoint__url"]
     readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
 
     def has_add_permission(self, request):

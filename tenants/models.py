@@ -145,7 +145,18 @@ class VirtualKey(Limits):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
-    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_used_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="Latest request, as of the last ledger batch."
+    )
+    successor = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="predecessors",
+        editable=False,
+        help_text="The key that replaced this one when it was rotated.",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -153,6 +164,18 @@ class VirtualKey(Limits):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def state(self) -> str:
+        """What the gateway does with the key now: active, rotated (working until its grace ends),
+        expired or revoked."""
+        if self.status == self.Status.REVOKED:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= timezone.now():
+            return "expired"
+        if self.successor_id is not None:
+            return "rotated"
+        return "active"
 
 
 class Budget(models.Model):

@@ -1,17 +1,20 @@
-"""Writes to tenants and keys. Each one also tells the gateway processes what changed."""
+"""Writes to tenants, members and keys. Each one also tells the gateway processes what changed."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.conf import settings
+from django.contrib.auth.models import Group
+from django.db import connection, transaction
 from django.utils import timezone
 
 from gateway.localstate import announce_change, blocked_key_marker, blocked_tenant_marker
 from sentinel.redis_clients import sync_redis
-from tenants.models import Tenant, VirtualKey
+from tenants.models import Budget, Membership, Tenant, VirtualKey
+from tenants.roles import ROLE_GROUPS, role_group_names
 
 KEY_PREFIX = "sk-sen-"
 VISIBLE_CHARS = 12
@@ -49,6 +52,63 @@ def key_create(
     return key, secret
 
 
+class KeyNotRotatable(ValueError):
+    pass
+
+
+@transaction.atomic
+def key_rotate(*, key: VirtualKey, created_by=None, grace_seconds: float | None = None) -> tuple[VirtualKey, str]:
+    """Replace a key by a new one with the same settings (name, allowlist, limits, expiry); its
+    budgets move to the new key. The old key keeps working for `grace_seconds`
+    (SENTINEL_KEY_ROTATION_GRACE_SECONDS by default) so apps can switch, then expires. Returns the
+    new key and its secret, which exists here and nowhere else."""
+    key = VirtualKey.objects.select_for_update().get(pk=key.pk)
+    if key.status != VirtualKey.Status.ACTIVE:
+        raise KeyNotRotatable("A revoked key cannot be rotated.")
+    if key.successor_id is not None:
+        raise KeyNotRotatable("This key was rotated already: rotate its successor instead.")
+    grace = settings.KEY_ROTATION_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    new_key, secret = key_create(
+        tenant=key.tenant,
+        name=key.name,
+        created_by=created_by,
+        expires_at=key.expires_at,
+        allowed_models=key.allowed_models,
+        tier=key.tier,
+        requests_per_minute=key.requests_per_minute,
+        tokens_per_minute=key.tokens_per_minute,
+        max_concurrent=key.max_concurrent,
+    )
+    # Budget ids name the budgets' counters in Redis, so a moved budget keeps its period's spend;
+    # the old key stays bound by them through its successor (gateway.auth) until it expires.
+    Budget.objects.filter(key=key).update(key=new_key)
+    grace_end = timezone.now() + timedelta(seconds=grace)
+    if key.expires_at is None or key.expires_at > grace_end:
+        key.expires_at = grace_end
+    key.successor = new_key
+    key.save(update_fields=["expires_at", "successor"])
+    announce_change()
+    return new_key, secret
+
+
+def key_mark_used(*, last_used: dict[int, datetime]) -> None:
+    """Move keys' last_used_at forward (ledger batches arrive out of order: never backward). Called by
+    the ledger drain, off the request path; a key another transaction holds is skipped this time
+    rather than waited for (its next batch catches up)."""
+    if not last_used:
+        return
+    ids = sorted(last_used)
+    table = VirtualKey._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} AS k SET last_used_at = v.at "  # noqa: S608
+            "FROM unnest(%s::bigint[], %s::timestamptz[]) AS v(id, at) "
+            f"WHERE k.id = v.id AND (k.last_used_at IS NULL OR k.last_used_at < v.at) "
+            f"AND k.id IN (SELECT id FROM {table} WHERE id = ANY(%s) FOR NO KEY UPDATE SKIP LOCKED)",
+            [ids, [last_used[i] for i in ids], ids],
+        )
+
+
 @transaction.atomic
 def key_revoke(*, key: VirtualKey) -> None:
     updated = VirtualKey.objects.filter(pk=key.pk, status=VirtualKey.Status.ACTIVE).update(
@@ -70,3 +130,34 @@ def tenant_set_status(*, tenant: Tenant, status: str) -> None:
     else:
         transaction.on_commit(lambda: sync_redis().delete(marker))
     announce_change()
+
+
+# --- members -------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def membership_save(*, tenant: Tenant, user, role: str) -> Membership:
+    """Make `user` a member of `tenant` with `role` (or change the role). Members use the console, so
+    they become staff, with their roles' permission groups; what rows they reach is scoped by tenant."""
+    membership, _ = Membership.objects.update_or_create(tenant=tenant, user=user, defaults={"role": role})
+    user_access_sync(user=user)
+    return membership
+
+
+@transaction.atomic
+def membership_delete(*, membership: Membership) -> None:
+    user = membership.user
+    membership.delete()
+    user_access_sync(user=user)
+
+
+def user_access_sync(*, user) -> None:
+    """The user's role groups follow the roles they hold in any tenant. Staff status is given with a
+    first membership and left alone afterwards: without groups it opens nothing."""
+    wanted = role_group_names(set(Membership.objects.filter(user=user).values_list("role", flat=True)))
+    groups = Group.objects.filter(name__in=ROLE_GROUPS.values())
+    user.groups.remove(*[group for group in groups if group.name not in wanted])
+    user.groups.add(*[group for group in groups if group.name in wanted])
+    if wanted and not user.is_staff:
+        type(user).objects.filter(pk=user.pk).update(is_staff=True)
+        user.is_staff = True

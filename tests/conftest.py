@@ -123,7 +123,7 @@ class Tenancy:
 def tenancy(make_tenant) -> Tenancy:
     from django.contrib.auth import get_user_model
 
-    from tenants.models import Membership
+    from tenants.services import membership_save
 
     User = get_user_model()
     a, b = make_tenant(name="Tenant A"), make_tenant(name="Tenant B")
@@ -132,7 +132,7 @@ def tenancy(make_tenant) -> Tenancy:
     def person(role, tenant, **flags):
         user = User.objects.create_user(unique(role), password=password, is_staff=True, **flags)
         if tenant is not None:
-            Membership.objects.create(user=user, tenant=tenant, role=role)
+            membership_save(tenant=tenant, user=user, role=role)  # as the console does: role groups too
         return user
 
     return Tenancy(

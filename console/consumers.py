@@ -1,0 +1,60 @@
+"""The console's websocket (/ws/console/): live dashboard summaries and circuit breaker transitions.
+
+Authenticated with the Django session (channels.auth in sentinel.asgi). A socket without a signed-in
+staff user is refused before the handshake completes. A member joins the groups of the tenants they
+belong to and gets those tenants' summaries, without money where their role does not include spend;
+superusers (operators) get every tenant's summaries and the breakers' transitions.
+"""
+
+from __future__ import annotations
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from console.live import OPERATORS_GROUP, tenant_group, without_money
+from gateway.breakers import CIRCUITS_GROUP
+from tenants.models import Membership
+from tenants.selectors import SEE_SPEND
+
+
+def _memberships(user) -> dict[int, str]:
+    return dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
+
+
+class ConsoleConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated or not user.is_active or not user.is_staff:
+            await self.close()  # before accept: the server answers the handshake with 403
+            return
+        self.operator = user.is_superuser
+        roles = {} if self.operator else await database_sync_to_async(_memberships)(user)
+        self.tenants = set(roles)
+        self.spend_tenants = {tenant_id for tenant_id, role in roles.items() if role in SEE_SPEND}
+        self.joined = [OPERATORS_GROUP, CIRCUITS_GROUP] if self.operator else [tenant_group(t) for t in sorted(roles)]
+        for group in self.joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        await self.send_json({"type": "hello", "operator": self.operator, "tenants": sorted(self.tenants)})
+
+    async def disconnect(self, code) -> None:
+        for group in getattr(self, "joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs) -> None:
+        """The socket only listens; anything a browser sends is ignored."""
+
+    async def tenant_summary(self, message: dict) -> None:
+        summary = message["summary"]
+        if not self.operator and summary["tenant_id"] not in self.tenants:
+            return
+        if not self.operator and summary["tenant_id"] not in self.spend_tenants:
+            summary = without_money(summary)
+        await self.send_json(summary)
+
+    async def tenant_summaries(self, message: dict) -> None:
+        for summary in message["summaries"]:
+            await self.send_json(summary)
+
+    async def circuit_transition(self, message: dict) -> None:
+        await self.send_json(message)

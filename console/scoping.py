@@ -1,0 +1,190 @@
+"""Who sees which rows in the console (the Django admin).
+
+Model permissions come from the role groups (tenants.roles); these classes decide which rows they
+reach. A tenant-scoped admin lists, searches, filters, autocompletes, shows and edits only rows of
+tenants where the user holds a role that allows it, and answers 404 for any other object's URL.
+Operator-only admins (providers, deployments, prices, ...) are for superusers alone.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.http import Http404
+from django.urls import reverse
+
+from tenants.models import Membership, Tenant, VirtualKey
+from tenants.selectors import ALL_ROLES, MANAGE
+
+
+def roles_of(request) -> dict[int, str]:
+    """{tenant id: role} of the signed-in user, read once per request."""
+    roles = getattr(request, "_sentinel_roles", None)
+    if roles is None:
+        user = request.user
+        roles = {}
+        if user.is_authenticated and user.is_active:
+            roles = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
+        request._sentinel_roles = roles
+    return roles
+
+
+def tenant_ids_with(request, roles: frozenset[str]) -> set[int]:
+    return {tenant_id for tenant_id, role in roles_of(request).items() if role in roles}
+
+
+def may(request, tenant_id: int | None, roles: frozenset[str]) -> bool:
+    """Whether the user holds one of `roles` in the tenant (superusers: everywhere)."""
+    if request.user.is_superuser:
+        return True
+    return tenant_id is not None and roles_of(request).get(tenant_id) in roles
+
+
+class TenantFilter(admin.SimpleListFilter):
+    """Filter by tenant, offering only the tenants the user may see here (Django's related-field
+    filter would list every tenant)."""
+
+    title = "tenant"
+    parameter_name = "tenant"
+
+    def __init__(self, request, params, model, model_admin):
+        self.lookup = model_admin.tenant_lookup
+        self.visible = model_admin.visible_tenant_ids(request)
+        super().__init__(request, params, model, model_admin)
+
+    def lookups(self, request, model_admin):
+        tenants = Tenant.objects.order_by("name")
+        if self.visible is not None:
+            tenants = tenants.filter(pk__in=self.visible)
+        return [(str(tenant.pk), tenant.name) for tenant in tenants]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if not value.isdigit():
+            return queryset.none()
+        return queryset.filter(**{self.lookup: int(value)})
+
+
+class TenantScopedAdmin(admin.ModelAdmin):
+    """A ModelAdmin whose rows each belong to one tenant, reached from the model by `tenant_lookup`.
+    Members holding one of `view_roles` see a tenant's rows; `manage_roles` add, change and delete."""
+
+    tenant_lookup = "tenant_id"
+    view_roles: frozenset[str] = ALL_ROLES
+    manage_roles: frozenset[str] = MANAGE
+
+    def tenant_id_of(self, obj) -> int | None:
+        value = obj
+        for part in self.tenant_lookup.split("__"):
+            if value is None:
+                return None
+            value = getattr(value, part)
+        return value
+
+    def visible_tenant_ids(self, request) -> set[int] | None:
+        """None: every tenant (superusers)."""
+        if request.user.is_superuser:
+            return None
+        return tenant_ids_with(request, self.view_roles | self.manage_roles)
+
+    def managed(self, request, queryset):
+        if request.user.is_superuser:
+            return queryset
+        return queryset.filter(**{f"{self.tenant_lookup}__in": tenant_ids_with(request, self.manage_roles)})
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        visible = self.visible_tenant_ids(request)
+        if visible is None:
+            return queryset
+        return queryset.filter(**{f"{self.tenant_lookup}__in": visible})
+
+    def _allowed(self, request, obj, roles: frozenset[str]) -> bool:
+        if request.user.is_superuser:
+            return True
+        if obj is None:
+            return bool(tenant_ids_with(request, roles))
+        return may(request, self.tenant_id_of(obj), roles)
+
+    def has_view_permission(self, request, obj=None):
+        return super().has_view_permission(request, obj) and self._allowed(
+            request, obj, self.view_roles | self.manage_roles
+        )
+
+    def has_add_permission(self, request):
+        return super().has_add_permission(request) and self._allowed(request, None, self.manage_roles)
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and self._allowed(request, obj, self.manage_roles)
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and self._allowed(request, obj, self.manage_roles)
+
+    def get_search_results(self, request, queryset, search_term):
+        queryset, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        if request.path == reverse("admin:autocomplete"):
+            # Autocomplete feeds forms that edit: offer only what the user may pick there.
+            queryset = self.managed(request, queryset)
+        return queryset, may_have_duplicates
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        """A form may point only at the user's own tenants and keys (the field refuses any other id)."""
+        if not request.user.is_superuser:
+            managed = tenant_ids_with(request, self.manage_roles)
+            if db_field.related_model is Tenant:
+                kwargs["queryset"] = Tenant.objects.filter(pk__in=managed)
+            elif db_field.related_model is VirtualKey:
+                kwargs["queryset"] = VirtualKey.objects.filter(tenant_id__in=managed)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def response_action(self, request, queryset):
+        """Actions (revoke, delete, ...) reach only rows the user manages, whatever was ticked."""
+        return super().response_action(request, self.managed(request, queryset))
+
+    def _get_obj_does_not_exist_redirect(self, request, opts, object_id):
+        # Django redirects to the index with "doesn't exist"; another tenant's object (or none at all)
+        # is a plain 404 here, the same either way so a guessed id tells nothing.
+        raise Http404(f"No {opts.verbose_name} with this id among yours.")
+
+
+class TenantScopedInline:
+    """An inline on a tenant-scoped admin: editable where the user manages the parent's tenant."""
+
+    def _parent_allows(self, request, obj) -> bool:
+        if obj is None:
+            return request.user.is_superuser
+        return may(request, self.parent_admin.tenant_id_of(obj), self.parent_admin.manage_roles)
+
+    def has_add_permission(self, request, obj):
+        return super().has_add_permission(request, obj) and self._parent_allows(request, obj)
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and self._parent_allows(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and self._parent_allows(request, obj)
+
+    def __init__(self, parent_model, admin_site):
+        super().__init__(parent_model, admin_site)
+        self.parent_admin = admin_site.get_model_admin(parent_model)
+
+
+class OperatorOnlyAdmin(admin.ModelAdmin):
+    """Configuration of the whole installation (providers, routing, prices, tiers, breakers, kill
+    switches and their audit): superusers only, whatever permissions a user was given."""
+
+    def has_module_permission(self, request):
+        return request.user.is_superuser and super().has_module_permission(request)
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_superuser and super().has_view_permission(request, obj)
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser and super().has_add_permission(request)
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_superuser and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser and super().has_delete_permission(request, obj)

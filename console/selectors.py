@@ -1,0 +1,267 @@
+"""Reads behind the console's pages: traffic, latency, cache and provider figures from the ledger over a
+bounded recent window; spend today and this month against budgets from billing's selectors; every
+deployment's breaker state for the circuit view. The caller decides which tenants a user may see."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from django.db.models import Aggregate, Count, FloatField, Q, QuerySet, Sum
+from django.db.models.functions import Trunc
+from django.utils import timezone
+
+from billing.models import LedgerEntry
+from billing.money import ZERO
+from billing.selectors import spend_report
+from gateway.breakers import breaker_snapshot
+from gateway.models import BreakerTransition, ChainEntry, Deployment
+from tenants.models import Budget, Tenant
+
+# Window name → (length, chart bucket).
+WINDOWS = {"1h": (timedelta(hours=1), "minute"), "24h": (timedelta(hours=24), "hour")}
+DEFAULT_WINDOW = "24h"
+PERCENTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+
+
+class PercentileCont(Aggregate):
+    """PostgreSQL's percentile_cont(f) WITHIN GROUP (ORDER BY x), which Django does not ship."""
+
+    function = "percentile_cont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression, fraction: float, **extra):
+        super().__init__(expression, fraction=float(fraction), **extra)
+
+
+ANSWERED = Q(status_code=200)
+FAILED = ~Q(status_code=200)
+SERVER_ERROR = Q(status_code__gte=500)
+EXACT = Q(cache_tier=LedgerEntry.CacheTier.EXACT)
+SEMANTIC = Q(cache_tier=LedgerEntry.CacheTier.SEMANTIC)
+MISS = Q(cache_tier=LedgerEntry.CacheTier.MISS)
+
+
+def traffic_totals() -> dict:
+    """Aggregates shared by the dashboard and the live summaries (latency: answered requests)."""
+    return {
+        "requests": Count("id"),
+        "errors": Count("id", filter=FAILED),
+        "server_errors": Count("id", filter=SERVER_ERROR),
+        "exact_hits": Count("id", filter=EXACT & ANSWERED),
+        "semantic_hits": Count("id", filter=SEMANTIC & ANSWERED),
+        "misses": Count("id", filter=MISS & ANSWERED),
+        "cost_usd": Sum("cost_usd"),
+        "saved_usd": Sum("saved_cost_usd"),
+        **{name: PercentileCont("latency_ms", fraction, filter=ANSWERED) for name, fraction in PERCENTILES.items()},
+    }
+
+
+def tidy(row: dict) -> dict:
+    """Sums over no rows are NULL: zero for money, None for percentiles (no answered request)."""
+    row["cost_usd"] = row.get("cost_usd") or ZERO
+    row["saved_usd"] = row.get("saved_usd") or ZERO
+    for name in PERCENTILES:
+        if row.get(name) is not None:
+            row[name] = round(row[name])
+    return row
+
+
+def ratio(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+@dataclass
+class ProviderLine:
+    provider: str
+    requests: int
+    server_errors: int
+    share: float
+    error_rate: float
+
+
+@dataclass
+class TenantSpend:
+    tenant: Tenant
+    today: Decimal
+    month: Decimal
+    daily_budget: Decimal | None
+    monthly_budget: Decimal | None
+
+    @staticmethod
+    def used(spent: Decimal, budget: Decimal | None) -> float | None:
+        return float(spent / budget) if budget else None
+
+    @property
+    def today_used(self) -> float | None:
+        return self.used(self.today, self.daily_budget)
+
+    @property
+    def month_used(self) -> float | None:
+        return self.used(self.month, self.monthly_budget)
+
+
+@dataclass
+class Dashboard:
+    window: str
+    since: datetime
+    until: datetime
+    totals: dict
+    series: list[dict]
+    providers: list[ProviderLine]
+    spend: list[TenantSpend] | None = None  # None: the user may not see spend here
+    spend_totals: dict = field(default_factory=dict)
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Share of answered requests that consulted the cache and were served from it."""
+        t = self.totals
+        return ratio(t["exact_hits"] + t["semantic_hits"], t["exact_hits"] + t["semantic_hits"] + t["misses"])
+
+    @property
+    def error_rate(self) -> float | None:
+        return ratio(self.totals["errors"], self.totals["requests"])
+
+
+def _entries(tenant_ids: Sequence[int] | None, since: datetime, until: datetime) -> QuerySet[LedgerEntry]:
+    entries = LedgerEntry.objects.filter(created_at__gte=since, created_at__lt=until)
+    if tenant_ids is not None:
+        entries = entries.filter(tenant_id__in=tenant_ids)
+    return entries.order_by()
+
+
+def _series(entries: QuerySet[LedgerEntry], since: datetime, until: datetime, unit: str) -> list[dict]:
+    """Requests and failures per minute or hour, every bucket present (zeros included)."""
+    rows = {
+        row["bucket"]: row
+        for row in entries.annotate(bucket=Trunc("created_at", unit, tzinfo=UTC))
+        .values("bucket")
+        .annotate(requests=Count("id"), errors=Count("id", filter=FAILED))
+    }
+    step = timedelta(minutes=1) if unit == "minute" else timedelta(hours=1)
+    bucket = since.replace(second=0, microsecond=0)
+    if unit == "hour":
+        bucket = bucket.replace(minute=0)
+    series = []
+    while bucket < until:
+        row = rows.get(bucket, {})
+        series.append({"at": bucket.isoformat(), "requests": row.get("requests", 0), "errors": row.get("errors", 0)})
+        bucket += step
+    return series
+
+
+def _providers(entries: QuerySet[LedgerEntry]) -> list[ProviderLine]:
+    rows = list(
+        entries.exclude(provider="")
+        .values("provider")
+        .annotate(requests=Count("id"), server_errors=Count("id", filter=SERVER_ERROR))
+        .order_by("-requests", "provider")
+    )
+    total = sum(row["requests"] for row in rows)
+    return [
+        ProviderLine(
+            provider=row["provider"],
+            requests=row["requests"],
+            server_errors=row["server_errors"],
+            share=row["requests"] / total,
+            error_rate=row["server_errors"] / row["requests"],
+        )
+        for row in rows
+    ]
+
+
+def tenant_spend(*, tenants: Sequence[Tenant], now: datetime) -> list[TenantSpend]:
+    """Spend today and this month (UTC) of each tenant, as exact as spend reports, against its
+    tenant-wide daily and monthly budgets (the smallest, where there are several)."""
+    if not tenants:
+        return []
+    today = now.astimezone(UTC).date()
+    spent = {}
+    for label, start in (("today", today), ("month", today.replace(day=1))):
+        report = spend_report(tenants=tenants, start=start, end=today, group_by=["tenant"])
+        spent[label] = {row.tenant.pk: row.metrics["cost_usd"] for row in report.rows}
+    budgets: dict[tuple[int, str], Decimal] = {}
+    for budget in Budget.objects.filter(tenant__in=tenants, key__isnull=True):
+        slot = (budget.tenant_id, budget.period)
+        budgets[slot] = min(budget.limit_usd, budgets.get(slot, budget.limit_usd))
+    return [
+        TenantSpend(
+            tenant=tenant,
+            today=spent["today"].get(tenant.pk, ZERO),
+            month=spent["month"].get(tenant.pk, ZERO),
+            daily_budget=budgets.get((tenant.pk, Budget.Period.DAILY)),
+            monthly_budget=budgets.get((tenant.pk, Budget.Period.MONTHLY)),
+        )
+        for tenant in tenants
+    ]
+
+
+def dashboard(
+    *,
+    tenant_ids: Sequence[int] | None,
+    spend_tenants: Sequence[Tenant] | None,
+    window: str = DEFAULT_WINDOW,
+    now: datetime | None = None,
+) -> Dashboard:
+    """The dashboard's figures over the last `window` for `tenant_ids` (None: every tenant), and spend
+    for `spend_tenants` (None: spend is not shown)."""
+    length, unit = WINDOWS[window]
+    until = now or timezone.now()
+    since = until - length
+    entries = _entries(tenant_ids, since, until)
+    totals = tidy(entries.aggregate(**traffic_totals()))
+    spend = None
+    spend_totals = {}
+    if spend_tenants is not None:
+        spend = sorted(tenant_spend(tenants=spend_tenants, now=until), key=lambda s: (-s.month, s.tenant.name))
+        spend_totals = {
+            "today": sum((s.today for s in spend), ZERO),
+            "month": sum((s.month for s in spend), ZERO),
+        }
+    return Dashboard(
+        window=window,
+        since=since,
+        until=until,
+        totals=totals,
+        series=_series(entries, since, until, unit),
+        providers=_providers(entries),
+        spend=spend,
+        spend_totals=spend_totals,
+    )
+
+
+# --- circuits ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Circuit:
+    deployment: Deployment
+    aliases: list[str]
+    state: str
+    open_for_seconds: float | None
+
+
+def circuits() -> list[Circuit]:
+    """Every deployment with its breaker's shared state (one Redis read each) and the aliases it serves."""
+    aliases: dict[int, list[str]] = {}
+    for deployment_id, alias in ChainEntry.objects.values_list("deployment_id", "alias__name").order_by("alias__name"):
+        aliases.setdefault(deployment_id, []).append(alias)
+    rows = []
+    for deployment in Deployment.objects.select_related("provider").order_by("name"):
+        snapshot = breaker_snapshot(deployment.pk)
+        rows.append(
+            Circuit(
+                deployment=deployment,
+                aliases=aliases.get(deployment.pk, []),
+                state=snapshot["state"],
+                open_for_seconds=snapshot["open_for_seconds"],
+            )
+        )
+    return rows
+
+
+def recent_transitions(limit: int = 50) -> list[BreakerTransition]:
+    return list(BreakerTransition.objects.select_related("deployment__provider", "actor")[:limit])

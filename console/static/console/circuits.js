@@ -1,0 +1,31 @@
+// The live circuit view: each breaker transition the websocket brings updates its deployment's row
+// and heads the list of transitions, without reloading the page.
+(function () {
+  "use strict";
+  const table = document.getElementById("transitions-table").querySelector("tbody");
+  window.SentinelLive.connect(function (event) {
+    if (event.type !== "circuit.transition") return;
+    const row = document.querySelector('tr[data-deployment="' + CSS.escape(event.deployment) + '"]');
+    if (row) {
+      const cell = row.querySelector(".state");
+      cell.textContent = event.to;
+      cell.className = "state state-" + event.to;
+      row.querySelector(".changed").textContent = new Date(event.at).toISOString().slice(0, 19).replace("T", " ");
+    }
+    const line = document.createElement("tr");
+    for (const text of [
+      new Date(event.at).toISOString().slice(0, 19).replace("T", " "),
+      event.deployment,
+      event.provider,
+      event.from + " → " + event.to,
+      event.reason,
+      event.actor || "",
+    ]) {
+      const cell = document.createElement("td");
+      cell.textContent = text;
+      line.appendChild(cell);
+    }
+    table.insertBefore(line, table.firstChild);
+    document.body.dataset.liveEvents = String(Number(document.body.dataset.liveEvents || 0) + 1);
+  });
+})();

@@ -1,0 +1,66 @@
+"""What each membership role may do in the console, as Django model permissions held by one group per
+role. Members get their roles' groups from the membership service; which rows the permissions reach
+(only the tenants where the member holds the role) is decided by console.scoping."""
+
+from __future__ import annotations
+
+from django.apps import apps as django_apps
+
+from tenants.models import Membership
+
+ROLE_GROUPS = {
+    Membership.Role.ADMIN: "Tenant admins",
+    Membership.Role.FINANCE: "Tenant finance",
+    Membership.Role.VIEWER: "Tenant viewers",
+}
+
+# Every member sees the tenant's configuration; finance adds spend; admins manage everything in it.
+_CONFIGURATION = [
+    "tenants.view_tenant",
+    "tenants.view_membership",
+    "tenants.view_virtualkey",
+    "tenants.view_budget",
+]
+ROLE_PERMISSIONS: dict[str, list[str]] = {
+    Membership.Role.VIEWER: _CONFIGURATION,
+    Membership.Role.FINANCE: [*_CONFIGURATION, "tenants.view_budgetalert", "billing.view_spendreport"],
+    Membership.Role.ADMIN: [
+        *_CONFIGURATION,
+        "tenants.change_tenant",
+        "tenants.add_membership",
+        "tenants.change_membership",
+        "tenants.delete_membership",
+        "tenants.add_virtualkey",
+        "tenants.change_virtualkey",
+        "tenants.add_budget",
+        "tenants.change_budget",
+        "tenants.delete_budget",
+        "tenants.view_budgetalert",
+        "tenants.view_webhookendpoint",
+        "tenants.add_webhookendpoint",
+        "tenants.change_webhookendpoint",
+        "tenants.delete_webhookendpoint",
+        "tenants.view_webhookdelivery",
+        "billing.view_ledgerentry",
+        "billing.view_spendreport",
+        "gateway.view_cacheentry",
+    ],
+}
+
+
+def role_groups_sync(*, apps=django_apps) -> None:
+    """Create the role groups and give each exactly its permissions. `apps` is a migration's
+    historical registry when a data migration calls this."""
+    Group = apps.get_model("auth", "Group")
+    Permission = apps.get_model("auth", "Permission")
+    for role, name in ROLE_GROUPS.items():
+        group, _ = Group.objects.get_or_create(name=name)
+        wanted = []
+        for dotted in ROLE_PERMISSIONS[role]:
+            app_label, codename = dotted.split(".")
+            wanted.append(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+        group.permissions.set(wanted)
+
+
+def role_group_names(roles: set[str]) -> set[str]:
+    return {ROLE_GROUPS[role] for role in roles}
