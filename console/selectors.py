@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Aggregate, Count, FloatField, Q, QuerySet, Sum
+from django.db.models import Aggregate, Count, FloatField, Max, Q, QuerySet, Sum
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
@@ -242,15 +242,30 @@ class Circuit:
     aliases: list[str]
     state: str
     open_for_seconds: float | None
+    last_change: datetime | None
 
 
-def circuits() -> list[Circuit]:
-    """Every deployment with its breaker's shared state (one Redis read each) and the aliases it serves."""
+def circuits(*, search: str = "") -> list[Circuit]:
+    """Every deployment (whose name, provider or alias contains `search`) with its breaker's shared
+    state (one Redis read each) and the aliases it serves."""
     aliases: dict[int, list[str]] = {}
     for deployment_id, alias in ChainEntry.objects.values_list("deployment_id", "alias__name").order_by("alias__name"):
         aliases.setdefault(deployment_id, []).append(alias)
+    deployments = Deployment.objects.select_related("provider").order_by("name")
+    if search:
+        deployments = deployments.filter(
+            Q(name__icontains=search) | Q(provider__name__icontains=search) | Q(aliases__name__icontains=search)
+        ).distinct()
+    deployments = list(deployments)
+    last_changes = dict(
+        BreakerTransition.objects.filter(deployment__in=deployments)
+        .order_by()
+        .values("deployment_id")
+        .annotate(at=Max("created_at"))
+        .values_list("deployment_id", "at")
+    )
     rows = []
-    for deployment in Deployment.objects.select_related("provider").order_by("name"):
+    for deployment in deployments:
         snapshot = breaker_snapshot(deployment.pk)
         rows.append(
             Circuit(
@@ -258,10 +273,15 @@ def circuits() -> list[Circuit]:
                 aliases=aliases.get(deployment.pk, []),
                 state=snapshot["state"],
                 open_for_seconds=snapshot["open_for_seconds"],
+                last_change=last_changes.get(deployment.pk),
             )
         )
     return rows
 
 
-def recent_transitions(limit: int = 50) -> list[BreakerTransition]:
-    return list(BreakerTransition.objects.select_related("deployment__provider", "actor")[:limit])
+def recent_transitions(*, deployments: Sequence[Deployment] | None = None, limit: int = 50) -> list[BreakerTransition]:
+    """The latest transitions, of the given deployments only if any are given."""
+    transitions = BreakerTransition.objects.select_related("deployment__provider", "actor")
+    if deployments is not None:
+        transitions = transitions.filter(deployment__in=deployments)
+    return list(transitions[:limit])

@@ -91,7 +91,15 @@ def circuits_view(request):
     """Operators only: deployments and their providers are the installation's, not a tenant's."""
     if not request.user.is_superuser:
         raise PermissionDenied
-    context = {"title": "Live circuits", "circuits": circuits(), "transitions": recent_transitions()}
+    search = request.GET.get("q", "").strip()
+    rows = circuits(search=search)
+    shown = [row.deployment for row in rows] if search else None
+    context = {
+        "title": "Live circuits",
+        "search": search,
+        "circuits": rows,
+        "transitions": recent_transitions(deployments=shown),
+    }
     return TemplateResponse(request, "admin/console/circuits.html", {**request_context(request), **context})
 
 

@@ -4,8 +4,11 @@ see it; tests stay apart by creating their own tenants, keys and models with uni
 
 from __future__ import annotations
 
+import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +20,8 @@ from tests.servers import GatewayServer, MockProviderServer, start_gateway, star
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 ARTIFACTS.mkdir(exist_ok=True)
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
 def unique(prefix: str) -> str:
@@ -192,3 +197,57 @@ def model(make_model) -> tuple[str, list[str]]:
 @pytest.fixture
 def client(gateway, api_key) -> OpenAI:
     return OpenAI(base_url=gateway.base_url, api_key=api_key, max_retries=0, timeout=30)
+
+
+# --- browser tests -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def browser() -> Callable:
+    """Opens pages in Debian's chromium, driven by Playwright, which never downloads a browser here.
+    Where /usr/bin/chromium is missing the test skips, unless SENTINEL_REQUIRE_BROWSER=1 (CI installs
+    it): then it fails. Use `with browser() as page:` once the test's data is in place, and run
+    Django work inside it through `off_the_browser_loop`."""
+    if not CHROMIUM.exists():
+        message = f"{CHROMIUM} is not installed (apt-get install chromium): browser tests need Debian's chromium"
+        if os.environ.get("SENTINEL_REQUIRE_BROWSER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+    @contextmanager
+    def open_page(**context_options) -> Iterator:
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            try:
+                context = chromium.new_context(viewport={"width": 1280, "height": 900}, **context_options)
+                page = context.new_page()
+                page.set_default_timeout(20_000)
+                yield page
+            finally:
+                chromium.close()
+
+    return open_page
+
+
+def off_the_browser_loop(function: Callable, *args, **kwargs):
+    """Playwright's sync API keeps an event loop running in the test's thread, where Django refuses
+    ORM calls and async_to_sync: such work runs in a thread of its own (its connection closed after)."""
+    from django.db import connections
+
+    def run():
+        try:
+            return function(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(run).result()
+
+
+def screenshot(page, name: str) -> Path:
+    """A screenshot kept with the test artifacts (tests/artifacts/, not committed)."""
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

@@ -124,6 +124,22 @@ def test_rows_mark_their_tenant_days_for_the_rollup(empty_queue, tenant):
     }
 
 
+def test_batches_move_keys_last_used_time_forward_only(empty_queue, tenant, make_virtual_key):
+    key, other = make_virtual_key(tenant), make_virtual_key(tenant)
+    times = [datetime(2026, 5, 1, 10, minute, tzinfo=UTC) for minute in (7, 3, 9, 1)]
+    hand_off_all([record(tenant, key=key, at=at, request_id=f"used-{i}") for i, at in enumerate(times)])
+    drain_all()
+    key.refresh_from_db()
+    other.refresh_from_db()
+    assert key.last_used_at == max(times)
+    assert other.last_used_at is None  # keys without requests in the batch are not touched
+
+    hand_off_all([record(tenant, key=key, at=datetime(2026, 5, 1, 9, tzinfo=UTC), request_id="late")])
+    drain_all()
+    key.refresh_from_db()
+    assert key.last_used_at == max(times)  # an older record arriving late never moves it back
+
+
 def test_a_refused_record_goes_to_dead_letters_and_the_rest_go_in(empty_queue, tenant):
     client = sync_redis()
     dead_before = client.xlen(DEAD_LETTERS)

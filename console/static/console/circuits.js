@@ -3,9 +3,11 @@
 (function () {
   "use strict";
   const table = document.getElementById("transitions-table").querySelector("tbody");
+  const filtered = Boolean(new URLSearchParams(window.location.search).get("q"));
   window.SentinelLive.connect(function (event) {
     if (event.type !== "circuit.transition") return;
     const row = document.querySelector('tr[data-deployment="' + CSS.escape(event.deployment) + '"]');
+    if (!row && filtered) return; // a deployment this view does not show
     if (row) {
       const cell = row.querySelector(".state");
       cell.textContent = event.to;

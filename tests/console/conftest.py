@@ -1,0 +1,84 @@
+"""A tenant-scoped object of every kind for tenants A and B of the shared tenancy fixture, and a
+signed-in test client per person."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+from decimal import Decimal
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from billing.models import LedgerEntry
+from gateway.models import CacheEntry
+from tenants.models import Budget, BudgetAlert, Membership, VirtualKey, WebhookDelivery, WebhookEndpoint
+from tenants.services import key_create
+from tests.conftest import unique
+
+
+def as_user(user) -> Client:
+    web = Client()
+    web.force_login(user)
+    return web
+
+
+@dataclass
+class World:
+    """`a` and `b`: {model name: object}; `marker` is in a searchable field of every one of them."""
+
+    tenancy: object
+    marker: str
+    a: dict
+    b: dict
+
+
+def _objects(tenancy, tenant, member, marker: str, side: str) -> dict:
+    key, _ = key_create(tenant=tenant, name=f"{marker}-{side}")
+    budget = Budget.objects.create(tenant=tenant, key=key, period="monthly", limit_usd=Decimal("10"))
+    endpoint = WebhookEndpoint.objects.create(tenant=tenant, url=f"http://127.0.0.1:9/{marker}-{side}")
+    endpoint.set_secret("s")
+    endpoint.save()
+    return {
+        "tenant": tenant,
+        "membership": Membership.objects.get(tenant=tenant, user=member),
+        "virtualkey": key,
+        "budget": budget,
+        "budgetalert": BudgetAlert.objects.create(budget=budget, period_start=date(2026, 12, 1), spent_usd=8),
+        "webhookendpoint": endpoint,
+        "webhookdelivery": WebhookDelivery.objects.create(endpoint=endpoint, event=f"{marker}.{side}", payload={}),
+        "ledgerentry": LedgerEntry.objects.create(
+            request_id=f"{marker}-{side}",
+            created_at=timezone.now(),
+            tenant=tenant,
+            key=key,
+            model_requested="gpt-4o-mini",
+            status_code=200,
+        ),
+        "cacheentry": CacheEntry.objects.create(
+            tenant=tenant,
+            partition=unique("p"),
+            exact_digest=unique("d"),
+            model="gpt-4o-mini",
+            prompt=f"{marker} {side}",
+            answer={"content": "x"},
+            cost_usd=0,
+            expires_at=timezone.now(),
+        ),
+    }
+
+
+@pytest.fixture
+def world(tenancy) -> World:
+    marker = unique("iso")
+    return World(
+        tenancy=tenancy,
+        marker=marker,
+        a=_objects(tenancy, tenancy.tenant, tenancy.owner, marker, "a"),
+        b=_objects(tenancy, tenancy.other, tenancy.outsider, marker, "b"),
+    )
+
+
+def key_of(world: World, side: str) -> VirtualKey:
+    return getattr(world, side)["virtualkey"]

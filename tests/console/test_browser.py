@@ -1,0 +1,185 @@
+"""The console in a real browser (Debian's chromium, driven by Playwright) against a real gateway
+process: a tenant admin's key from creation to revocation, the dashboard's charts and live panel,
+and the live circuit view following a failing provider without a reload. Screenshots go to
+tests/artifacts/ (docs/ holds copies of the dashboard's and the circuit view's)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import timedelta
+from decimal import Decimal
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from billing.money import format_usd
+from console.live import live_publish
+from gateway.models import BreakerPolicy, Deployment
+from tenants.models import Budget, VirtualKey
+from tests.billing.conftest import drain_all, hand_off_all, record
+from tests.conftest import off_the_browser_loop, screenshot, unique
+
+pytestmark = pytest.mark.browser
+
+
+def sign_in(page, gateway, user, password: str) -> None:
+    page.goto(f"{gateway.url}/admin/login/")
+    page.fill("#id_username", user.get_username())
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+    page.wait_for_selector("#user-tools")
+
+
+def chat(gateway, secret: str, model: str) -> httpx.Response:
+    return httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        headers={"authorization": f"Bearer {secret}", "x-sentinel-cache-control": "no-cache, no-store"},
+        json={"model": model, "messages": [{"role": "user", "content": "hello"}]},
+        timeout=30,
+    )
+
+
+def test_a_tenant_admin_creates_a_key_sees_its_secret_once_and_revokes_it(browser, gateway, tenancy, model):
+    alias, _ = model
+    t = tenancy
+    name = unique("browser-key")
+    with browser(permissions=["clipboard-read", "clipboard-write"]) as page:
+        sign_in(page, gateway, t.owner, t.password)
+        page.goto(f"{gateway.url}/admin/tenants/virtualkey/add/")
+        assert page.input_value("#id_tenant") == str(t.tenant.pk)  # the one tenant they manage
+        page.fill("#id_name", name)
+        page.click("input[name=_save]")
+
+        secret = page.inner_text("#key-secret").strip()
+        assert secret.startswith("sk-sen-")
+        page.click("#copy-secret")
+        page.wait_for_selector("#copy-status:has-text('Copied.')")
+        assert page.evaluate("navigator.clipboard.readText()") == secret
+        screenshot(page, "console-key-secret")
+        assert chat(gateway, secret, alias).status_code == 200
+
+        page.click("text=I have copied it")
+        page.wait_for_selector("#revoke-key")
+        assert secret not in page.content()  # shown once: never again
+        page.click("#revoke-key")
+        page.click("#confirm-revoke")
+        revoked = time.monotonic()
+        page.wait_for_selector("text=is revoked")
+        while (response := chat(gateway, secret, alias)).status_code != 401:
+            assert time.monotonic() - revoked < 1.0, "the gateway still accepts a revoked key"
+            time.sleep(0.05)
+        assert response.json()["error"]["code"] == "invalid_api_key"
+        assert time.monotonic() - revoked < 1.0
+        page.goto(f"{gateway.url}/admin/tenants/virtualkey/")
+        assert name in page.content() and secret not in page.content()
+        screenshot(page, "console-keys")
+
+    key = off_the_browser_loop(VirtualKey.objects.get, name=name)
+    assert (key.tenant_id, key.status, key.created_by_id) == (t.tenant.pk, "revoked", t.owner.pk)
+
+
+def seed_traffic(tenant, now) -> dict:
+    """A day of one tenant's traffic over two providers and the cache, six requests of it in the last
+    minute; returns what the dashboard should show."""
+    records = []
+    for i in range(72):
+        at = now - timedelta(seconds=10 + i) if i < 6 else now - timedelta(minutes=20 * i + 5)
+        provider, tier = ("mock-secondary" if i % 4 == 1 else "mock-primary"), "miss"
+        if i % 6 == 2:
+            provider, tier = "cache", "hit-exact"
+        elif i % 9 == 4:
+            provider, tier = "cache", "hit-semantic"
+        hit = tier != "miss"
+        status = 503 if i % 11 == 3 and not hit else 200
+        records.append(
+            record(
+                tenant,
+                at=at,
+                provider=provider,
+                deployment=provider,
+                cache_tier=tier,
+                status=status,
+                cost="0" if hit or status != 200 else f"0.000{150 + 13 * i}",
+                saved_cost_usd="0.0004" if hit else "0",
+                latency_ms=12 if hit else 380 + (i * 37) % 900,
+                request_id=f"dash-{i}",
+            )
+        )
+    hand_off_all(records)
+    drain_all()
+    answered = [r for r in records if r.status_code == 200]
+    by_provider = Counter(r.provider for r in records)
+    return {
+        "requests": len(records),
+        "live": 6,
+        "cache": [sum(r.cache_tier == tier for r in answered) for tier in ("hit-exact", "hit-semantic", "miss")],
+        "providers": sorted(by_provider, key=lambda name: (-by_provider[name], name)),
+    }
+
+
+def test_the_dashboard_draws_its_charts_and_follows_live_figures(browser, gateway, tenancy):
+    t = tenancy
+    seeded = seed_traffic(t.tenant, timezone.now())
+    Budget.objects.create(tenant=t.tenant, period="monthly", limit_usd=Decimal("0.05"))
+    Budget.objects.create(tenant=t.tenant, period="daily", limit_usd=Decimal("0.02"))
+    with browser() as page:
+        sign_in(page, gateway, t.owner, t.password)
+        page.goto(f"{gateway.url}/admin/dashboard/?window=24h")
+        page.wait_for_selector("body[data-charts-ready='1']")
+        page.wait_for_selector("#live-status[data-state='live']")
+
+        def chart(canvas: str, expression: str):
+            return page.evaluate(f"(() => {{ const c = Chart.getChart('{canvas}'); return {expression}; }})()")
+
+        assert chart("chart-traffic", "c.data.datasets[0].data.reduce((a, b) => a + b, 0)") == seeded["requests"]
+        assert chart("chart-cache", "c.data.datasets[0].data") == seeded["cache"]
+        assert chart("chart-providers", "c.data.labels") == seeded["providers"]
+        assert all(value > 0 for value in chart("chart-latency", "c.data.datasets[0].data"))
+        assert chart("chart-spend", "c.data.labels") == [t.tenant.name]
+        assert page.inner_text("#tile-requests") == str(seeded["requests"])
+
+        summaries = off_the_browser_loop(live_publish)
+        (mine,) = [s for s in summaries if s["tenant_id"] == t.tenant.pk]
+        assert mine["requests"] == seeded["live"]
+        page.wait_for_selector(f"#live-requests:has-text('{seeded['live']}')", timeout=5000)
+        spend = format(Decimal(mine["spend_today_usd"]).quantize(Decimal("0.0001")), "f")
+        assert f"spend today ${spend}" in page.inner_text("#live-detail")
+        assert chart("chart-live", "c.data.datasets[0].data") == [seeded["live"]]
+        screenshot(page, "console-dashboard")
+    assert format_usd(Decimal(mine["spend_today_usd"])) == mine["spend_today_usd"]
+
+
+def test_the_live_circuit_view_follows_a_failing_provider_without_a_reload(
+    browser, gateway, tenancy, make_model, make_key, mock_provider
+):
+    alias, (primary, secondary) = make_model(chain_length=2)
+    policy = BreakerPolicy.objects.create(
+        name=unique("policy"), window_seconds=30, minimum_calls=4, open_seconds=60, half_open_probes=1
+    )
+    Deployment.objects.filter(name__in=[primary, secondary]).update(breaker_policy=policy)
+    secret = make_key(tenancy.tenant)
+    with browser() as page:
+        sign_in(page, gateway, tenancy.superuser, tenancy.password)
+        page.goto(f"{gateway.url}/admin/circuits/?q={alias}")
+        page.wait_for_selector("#live-status[data-state='live']")
+        state = page.locator(f"tr[data-deployment='{primary}'] td.state")
+        assert state.inner_text() == "closed"
+        assert page.locator("#circuits-table tbody tr").count() == 2
+        page.evaluate("window.notReloaded = true")
+
+        mock_provider.control(primary, error_rate=1.0, error_status=503)
+        for _ in range(2):  # one retry each: four failures open the breaker
+            assert chat(gateway, secret, alias).headers["x-sentinel-provider"] == secondary
+        opened = time.monotonic()
+        page.wait_for_function(
+            f"document.querySelector(\"tr[data-deployment='{primary}'] td.state\").textContent === 'open'",
+            timeout=5000,
+        )
+        assert time.monotonic() - opened < 1.0
+        assert page.evaluate("window.notReloaded") is True
+        assert f"{primary}" in page.inner_text("#transitions-table tbody tr:first-child")
+        assert "closed → open" in page.inner_text("#transitions-table tbody tr:first-child")
+        screenshot(page, "console-circuits")
+    mock_provider.control(primary, error_rate=0.0)
