@@ -1,0 +1,76 @@
+"""The dashboard's figures, exact: traffic, latency percentiles, cache, providers and spend against
+budgets, for the tenants asked for only."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django.utils import timezone
+
+from console.selectors import dashboard
+from tenants.models import Budget
+from tests.billing.conftest import drain_all, hand_off_all, record
+
+
+def test_figures_cover_the_window_and_the_tenants_asked_for(tenancy):
+    a, b = tenancy.tenant, tenancy.other
+    now = timezone.now()
+    at = now - timedelta(minutes=10)
+    hand_off_all(
+        [
+            record(a, at=at, provider="p1", latency_ms=100, cost="0.001", request_id="d1"),
+            record(a, at=at, provider="p1", latency_ms=200, cost="0.002", request_id="d2"),
+            record(a, at=at, provider="p1", latency_ms=300, cost="0.003", request_id="d3"),
+            record(a, at=at, provider="p2", latency_ms=400, cost="0.004", request_id="d4"),
+            record(a, at=at, provider="p1", status=503, cost="0", latency_ms=9000, request_id="d5"),
+            record(
+                a,
+                at=at,
+                provider="cache",
+                cache_tier="hit-exact",
+                latency_ms=10,
+                cost="0",
+                saved_cost_usd="0.5",
+                request_id="d6",
+            ),
+            record(a, at=now - timedelta(hours=2), provider="p1", latency_ms=5, cost="0.01", request_id="old"),
+            record(b, at=at, provider="p1", latency_ms=1, cost="7", request_id="other"),
+        ]
+    )
+    drain_all()
+    Budget.objects.create(tenant=a, period="daily", limit_usd=Decimal("1"))
+    Budget.objects.create(tenant=a, period="monthly", limit_usd=Decimal("10"))
+    Budget.objects.create(tenant=a, period="monthly", limit_usd=Decimal("5"))
+
+    data = dashboard(tenant_ids=[a.pk], spend_tenants=[a], window="1h", now=now)
+
+    assert {name: data.totals[name] for name in ("requests", "errors", "server_errors")} == {
+        "requests": 6,
+        "errors": 1,
+        "server_errors": 1,
+    }
+    assert (data.totals["exact_hits"], data.totals["semantic_hits"], data.totals["misses"]) == (1, 0, 4)
+    # Answered latencies 10, 100, 200, 300, 400 (the failed request's 9 s is not among them).
+    assert (data.totals["p50"], data.totals["p95"], data.totals["p99"]) == (200, 380, 396)
+    assert data.totals["cost_usd"] == Decimal("0.01") and data.totals["saved_usd"] == Decimal("0.5")
+    assert data.hit_ratio == 0.2 and data.error_rate == 1 / 6
+    assert [(p.provider, p.requests, p.server_errors, p.share) for p in data.providers] == [
+        ("p1", 4, 1, 4 / 6),
+        ("cache", 1, 0, 1 / 6),
+        ("p2", 1, 0, 1 / 6),
+    ]
+    assert len(data.series) == (61 if (now.second, now.microsecond) != (0, 0) else 60)  # every minute, zeros too
+    assert sum(point["requests"] for point in data.series) == 6
+    assert sum(point["errors"] for point in data.series) == 1
+    (spend,) = data.spend
+    old = now - timedelta(hours=2)
+    window_cost = Decimal("0.01")  # A's rows in the window; the older row counts where it shares the day or month
+    assert spend.tenant == a
+    assert spend.today == window_cost + (Decimal("0.01") if old.date() == now.date() else 0)
+    assert spend.month == window_cost + (Decimal("0.01") if (old.year, old.month) == (now.year, now.month) else 0)
+    assert (spend.daily_budget, spend.monthly_budget) == (Decimal("1"), Decimal("5"))
+
+    day = dashboard(tenant_ids=[a.pk], spend_tenants=None, window="24h", now=now)
+    assert day.totals["requests"] == 7 and day.spend is None
+    assert len(day.series) == (25 if (now.minute, now.second, now.microsecond) != (0, 0, 0) else 24)

@@ -1,0 +1,79 @@
+"""Keys and members in the console: a secret appears once, on the page answering the POST that made
+it, and nowhere after; rotation from the key's page; tenant admins add members by exact username."""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+
+from tenants.models import Membership, VirtualKey
+from tenants.services import key_create, key_digest
+from tests.conftest import unique
+from tests.console.conftest import as_user
+
+KEYS = "/admin/tenants/virtualkey/"
+
+
+def test_a_new_keys_secret_is_on_the_answering_page_only(tenancy):
+    owner = as_user(tenancy.owner)
+    name = unique("console-key")
+    page = owner.post(f"{KEYS}add/", {"tenant": tenancy.tenant.pk, "name": name, "requests_per_minute": "60"})
+
+    assert page.status_code == 200  # the secret page itself, not a redirect a URL could replay
+    secret = page.context["secret"]
+    key = VirtualKey.objects.get(name=name)
+    assert (key.tenant, key.digest, key.requests_per_minute, key.created_by) == (
+        tenancy.tenant,
+        key_digest(secret),
+        60,
+        tenancy.owner,
+    )
+    assert "no-store" in page["Cache-Control"]
+    assert page.content.decode().count(secret) == 1
+    for later in (f"{KEYS}{key.pk}/change/", KEYS, "/admin/", f"{KEYS}{key.pk}/history/"):
+        assert secret not in owner.get(later).content.decode(), later
+
+
+def test_rotating_from_the_console_shows_the_successors_secret_once(tenancy, settings):
+    settings.KEY_ROTATION_GRACE_SECONDS = 3600
+    key, _ = key_create(tenant=tenancy.tenant, name=unique("rotated"))
+    owner = as_user(tenancy.owner)
+    rotate = reverse("admin:tenants_virtualkey_rotate", args=[key.pk])
+
+    confirm = owner.get(rotate)
+    assert confirm.status_code == 200 and "1 hour" in confirm.content.decode()
+    assert VirtualKey.objects.filter(name=key.name).count() == 1  # a GET changes nothing
+
+    page = owner.post(rotate)
+    assert page.status_code == 200 and "no-store" in page["Cache-Control"]
+    key.refresh_from_db()
+    new = key.successor
+    assert new.digest == key_digest(page.context["secret"])
+    assert key.state == "rotated"
+    assert "rotated (works until" in owner.get(f"{KEYS}{key.pk}/change/").content.decode()
+    assert page.context["secret"] not in owner.get(f"{KEYS}{new.pk}/change/").content.decode()
+    # Rotated once: its page offers no second rotation, and a POST is refused with a message.
+    again = owner.post(rotate, follow=True)
+    assert "rotated already" in again.content.decode()
+    assert VirtualKey.objects.filter(name=key.name).count() == 2
+
+
+def test_tenant_admins_add_members_by_exact_username(tenancy):
+    newcomer = get_user_model().objects.create_user(unique("newcomer"), password="x")
+    owner = as_user(tenancy.owner)
+    add = "/admin/tenants/membership/add/"
+
+    unknown = owner.post(add, {"tenant": tenancy.tenant.pk, "username": "no-such-account", "role": "viewer"})
+    assert "No active account has this username." in unknown.content.decode()
+    elsewhere = owner.post(add, {"tenant": tenancy.other.pk, "username": newcomer.username, "role": "viewer"})
+    assert "tenant" in elsewhere.context["adminform"].form.errors
+    assert not Membership.objects.filter(user=newcomer).exists()
+
+    done = owner.post(add, {"tenant": tenancy.tenant.pk, "username": newcomer.username, "role": "finance"})
+    assert done.status_code == 302
+    newcomer.refresh_from_db()
+    assert Membership.objects.get(user=newcomer).tenant == tenancy.tenant
+    assert newcomer.is_staff and list(newcomer.groups.values_list("name", flat=True)) == ["Tenant finance"]
+    twice = owner.post(add, {"tenant": tenancy.tenant.pk, "username": newcomer.username, "role": "admin"})
+    assert "member of the tenant already" in twice.content.decode()
+    assert as_user(newcomer).get("/admin/billing/spendreport/").status_code == 200
