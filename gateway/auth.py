@@ -119,8 +119,10 @@ async def _lookup(digest: str) -> KeyInfo | None:
     if info is not None:
         return info
     redis = async_redis()
+    # Named once, before the database is read: a copy is filed under the generation it was read in.
+    cache_key = _redis_cache_key(digest)
     try:
-        raw = await redis.get(_redis_cache_key(digest))
+        raw = await redis.get(cache_key)
     except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
         raw, redis = None, None  # Redis is down: the database still knows the key
     if raw is not None:
@@ -133,7 +135,7 @@ async def _lookup(digest: str) -> KeyInfo | None:
         if redis is not None:
             with contextlib.suppress(redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
                 await redis.set(
-                    _redis_cache_key(digest),
+                    cache_key,
                     orjson.dumps(asdict(info) if info else None),
                     ex=REDIS_TTL_SECONDS if info else 5,
                 )
