@@ -202,17 +202,23 @@ def client(gateway, api_key) -> OpenAI:
 # --- browser tests -------------------------------------------------------------------------------
 
 
+def require_chromium(path: Path, *, required: bool) -> None:
+    """Skip the test when the browser is missing, or fail it where the browser is required (CI)."""
+    if path.exists():
+        return
+    message = f"{path} is not installed (apt-get install chromium): browser tests need Debian's chromium"
+    if required:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 @pytest.fixture
 def browser() -> Callable:
     """Opens pages in Debian's chromium, driven by Playwright, which never downloads a browser here.
     Where /usr/bin/chromium is missing the test skips, unless SENTINEL_REQUIRE_BROWSER=1 (CI installs
     it): then it fails. Use `with browser() as page:` once the test's data is in place, and run
     Django work inside it through `off_the_browser_loop`."""
-    if not CHROMIUM.exists():
-        message = f"{CHROMIUM} is not installed (apt-get install chromium): browser tests need Debian's chromium"
-        if os.environ.get("SENTINEL_REQUIRE_BROWSER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    require_chromium(CHROMIUM, required=os.environ.get("SENTINEL_REQUIRE_BROWSER") == "1")
 
     @contextmanager
     def open_page(**context_options) -> Iterator:

@@ -19,9 +19,19 @@ from console.live import live_publish
 from gateway.models import BreakerPolicy, Deployment
 from tenants.models import Budget, VirtualKey
 from tests.billing.conftest import drain_all, hand_off_all, record
-from tests.conftest import off_the_browser_loop, screenshot, unique
+from tests.conftest import CHROMIUM, off_the_browser_loop, require_chromium, screenshot, unique
 
 pytestmark = pytest.mark.browser
+
+
+def test_without_chromium_browser_tests_skip_or_in_ci_fail(tmp_path):
+    missing = tmp_path / "chromium"
+    with pytest.raises(pytest.skip.Exception, match="apt-get install chromium"):
+        require_chromium(missing, required=False)
+    with pytest.raises(pytest.fail.Exception, match="browser tests need Debian's chromium"):
+        require_chromium(missing, required=True)
+    if CHROMIUM.exists():
+        require_chromium(CHROMIUM, required=True)  # present: neither
 
 
 def sign_in(page, gateway, user, password: str) -> None:
