@@ -102,7 +102,7 @@ class TenantAdmin(TenantScopedAdmin):
     inlines = [MembershipInline]
     actions = ["suspend", "reactivate", "clear_cache"]
 
-    @admin.action(description="Clear the cache of selected tenants")
+    @admin.action(description="Clear the cache of selected tenants", permissions=["change"])
     def clear_cache(self, request, queryset):
         from gateway.cache.services import cache_invalidate_tenant
 

@@ -44,6 +44,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "billing.view_ledgerentry",
         "billing.view_spendreport",
         "gateway.view_cacheentry",
+        "gateway.delete_cacheentry",
     ],
 }
 

@@ -194,6 +194,12 @@ def test_actions_reach_only_rows_the_user_manages(world):
     assert VirtualKey.objects.get(pk=a.pk).status == "revoked"
     assert VirtualKey.objects.get(pk=b.pk).status == "active"
     as_user(t.viewer).post(url("virtualkey", "changelist"), {"action": "revoke", "_selected_action": [a.pk]})
+    cached_a, cached_b = world.a["cacheentry"], world.b["cacheentry"]
+    as_user(t.owner).post(
+        url("cacheentry", "changelist"), {"action": "invalidate", "_selected_action": [cached_a.pk, cached_b.pk]}
+    )
+    assert not type(cached_a).objects.filter(pk=cached_a.pk).exists()
+    assert type(cached_b).objects.filter(pk=cached_b.pk).exists()
     # Tenant admins suspend nobody: that action is the operators'.
     response = as_user(t.owner).post(
         url("tenant", "changelist"), {"action": "suspend", "_selected_action": [t.tenant.pk]}
