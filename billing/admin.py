@@ -14,7 +14,7 @@ from billing.exports import cell_text, report_columns, report_csv, report_filena
 from billing.models import LedgerEntry, Price, SpendReport
 from billing.selectors import DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
-from console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
+from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
 from tenants.models import Tenant
 from tenants.selectors import EXPORT_SPEND, MANAGE, SEE_SPEND, tenants_for
 

@@ -6,7 +6,6 @@ from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
-from console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
 from gateway.breakers import breaker_force, breaker_snapshot
 from gateway.cache.services import cache_invalidate
 from gateway.localstate import announce_change
@@ -22,6 +21,7 @@ from gateway.models import (
     Provider,
 )
 from gateway.services import kill_switch_set
+from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
 from tenants.selectors import MANAGE
 
 

@@ -2,6 +2,6 @@
 
 from django.urls import path
 
-from console.consumers import ConsoleConsumer
+from sentinel.console.consumers import ConsoleConsumer
 
 websocket_urlpatterns: list = [path("ws/console/", ConsoleConsumer.as_asgi())]

@@ -78,7 +78,7 @@ CSRF_TRUSTED_ORIGINS = envlist(
 # --- Django ------------------------------------------------------------------------------------
 
 INSTALLED_APPS = [
-    "console.apps.ConsoleAdminConfig",  # Django's admin, on the console's own site (dashboard, circuits)
+    "sentinel.console.apps.ConsoleAdminConfig",  # Django's admin, on the console's own site (dashboard, circuits)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -93,7 +93,7 @@ INSTALLED_APPS = [
     "tenants",
     "gateway",
     "billing",
-    "console",
+    "sentinel.console",
     "sentinel",
 ]
 
@@ -235,7 +235,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 300},
     },
     "publish-live-console": {
-        "task": "console.tasks.publish_live",
+        "task": "sentinel.console.tasks.publish_live",
         "schedule": envfloat(
             "SENTINEL_LIVE_SECONDS", 2.0, "How often the console's live dashboards get each active tenant's figures."
         ),

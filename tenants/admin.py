@@ -19,7 +19,8 @@ from django.utils.cache import add_never_cache_headers
 
 from billing.money import ZERO
 from billing.selectors import key_usage
-from console.scoping import (
+from gateway.localstate import announce_change
+from sentinel.console.scoping import (
     OperatorOnlyAdmin,
     TenantFilter,
     TenantScopedAdmin,
@@ -27,7 +28,6 @@ from console.scoping import (
     may,
     tenant_ids_with,
 )
-from gateway.localstate import announce_change
 from tenants.models import (
     Budget,
     BudgetAlert,

@@ -68,7 +68,7 @@ def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, te
     assert re.fullmatch(r"[0-9a-f]{40}", result["git"]["commit"])
     assert result["versions"]["django"] and result["versions"]["litellm"]
     assert result["peer"] == {"missing": "not asked for (--no-peer or --quick)"}
-    assert result["config"]["sentinel_web_server"].startswith("uvicorn --workers")
+    assert result["config"]["sentinel_web_server"].startswith("python -m sentinel.web")
     assert "admission" in result["config"]["sentinel_conditions"]
     assert "cache bypassed per request" in result["config"]["sentinel_conditions"]
     assert result["sentinel_probe_headers"]["x-sentinel-cache"] == "bypass"

@@ -15,8 +15,8 @@ import pytest
 from django.utils import timezone
 
 from billing.money import format_usd
-from console.live import live_publish
 from gateway.models import BreakerPolicy, Deployment
+from sentinel.console.live import live_publish
 from tenants.models import Budget, VirtualKey
 from tests.billing.conftest import drain_all, hand_off_all, record
 from tests.conftest import CHROMIUM, off_the_browser_loop, require_chromium, screenshot, unique

@@ -12,9 +12,9 @@ from django.utils import timezone
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from console.live import live_publish
 from gateway.breakers import breaker_force
 from gateway.models import Deployment
+from sentinel.console.live import live_publish
 from tests.billing.conftest import drain_all, hand_off_all, record
 from tests.console.conftest import as_user
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from console.live import live_publish, tenant_summaries, without_money
+from sentinel.console.live import live_publish, tenant_summaries, without_money
 from tests.billing.conftest import drain_all, hand_off_all, record
 
 

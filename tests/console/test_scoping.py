@@ -8,7 +8,7 @@ import pytest
 from django.contrib import admin
 from django.urls import reverse
 
-from console.scoping import TenantFilter
+from sentinel.console.scoping import TenantFilter
 from tenants.models import Budget, VirtualKey
 from tests.console.conftest import as_user
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from django.utils import timezone
 
-from console.selectors import dashboard
+from sentinel.console.selectors import dashboard
 from tenants.models import Budget
 from tests.billing.conftest import drain_all, hand_off_all, record
 

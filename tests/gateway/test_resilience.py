@@ -104,12 +104,14 @@ def test_slow_primary_opens_on_slow_call_rate(gateway, api_key, chain, mock_prov
 
 
 def test_half_open_lets_only_the_configured_probes_through_then_closes(gateway, api_key, chain, mock_provider):
-    model, (primary, secondary) = chain(open_seconds=1, half_open_probes=3)
+    model, (primary, secondary) = chain(open_seconds=1, half_open_probes=3, slow_call_seconds=5)
     mock_provider.control(primary, error_rate=1.0)
     for i in range(3):
         post(gateway, api_key, model, f"o{i}")
     assert state(primary) == "open"
-    mock_provider.control(primary, error_rate=0.0, slow_ms=400, reset_counters=True)  # fault cleared
+    # Fault cleared; the primary answers slowly, so the probes are still in flight while the whole
+    # burst arrives, even on a loaded machine (a request after the probes succeed may rightly go there).
+    mock_provider.control(primary, error_rate=0.0, slow_ms=2000, reset_counters=True)
     time.sleep(1.1)
 
     async def burst():

@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from console.live import live_publish
+from sentinel.console.live import live_publish
 
 
 @shared_task(ignore_result=True)

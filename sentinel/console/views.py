@@ -8,7 +8,7 @@ from django.http import Http404
 from django.template.response import TemplateResponse
 
 from billing.money import format_usd
-from console.selectors import DEFAULT_WINDOW, WINDOWS, Dashboard, circuits, dashboard, recent_transitions
+from sentinel.console.selectors import DEFAULT_WINDOW, WINDOWS, Dashboard, circuits, dashboard, recent_transitions
 from tenants.models import Tenant
 from tenants.selectors import SEE_SPEND, tenant_ids_for, tenants_for
 

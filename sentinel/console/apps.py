@@ -7,7 +7,8 @@ from django.contrib.admin import apps as admin_apps
 
 class ConsoleConfig(AppConfig):
     default = True
-    name = "console"
+    name = "sentinel.console"
+    label = "console"
     verbose_name = "Console"
 
 
@@ -15,4 +16,4 @@ class ConsoleAdminConfig(admin_apps.AdminConfig):
     """Django's admin app, serving the console's site (console.sites.ConsoleSite) as admin.site."""
 
     default = False
-    default_site = "console.sites.ConsoleSite"
+    default_site = "sentinel.console.sites.ConsoleSite"

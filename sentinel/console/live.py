@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from billing.models import LedgerEntry
 from billing.money import ZERO, format_usd
-from console.selectors import tenant_spend, tidy, traffic_totals
+from sentinel.console.selectors import tenant_spend, tidy, traffic_totals
 from tenants.models import Tenant
 
 WINDOW = timedelta(seconds=60)

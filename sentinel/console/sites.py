@@ -12,7 +12,7 @@ class ConsoleSite(admin.AdminSite):
     index_title = "Tenants, keys, models and spend"
 
     def get_urls(self):
-        from console import views
+        from sentinel.console import views
 
         return [
             path("dashboard/", self.admin_view(views.dashboard_view), name="dashboard"),
