@@ -247,6 +247,9 @@ class RequestLogApi(APIView):
         latency_ms = serializers.IntegerField()
         ttft_ms = serializers.IntegerField(allow_null=True)
         fallbacks = serializers.IntegerField()
+        route = serializers.CharField(help_text='What `model: "auto"` chose (fast or smart), else empty.')
+        route_reason = serializers.CharField()
+        escalated_from = serializers.CharField(help_text="The deployment whose refusal was escalated, else empty.")
 
     @extend_schema(
         operation_id="tenant_requests",

@@ -60,6 +60,9 @@ class LedgerRecord:
     latency_ms: int = 0
     ttft_ms: int | None = None
     fallbacks: int = 0
+    route: str = ""
+    route_reason: str = ""
+    escalated_from: str = ""
 
     def encode(self) -> bytes:
         # orjson serializes dataclasses itself, ~30x faster than through asdict(): this is on the request path.

@@ -57,6 +57,11 @@ class LedgerEntry(models.Model):
     latency_ms = models.PositiveIntegerField(default=0)
     ttft_ms = models.PositiveIntegerField(null=True)
     fallbacks = models.PositiveSmallIntegerField(default=0)
+    route = models.CharField(max_length=8, blank=True, help_text='What `model: "auto"` chose: fast or smart.')
+    route_reason = models.CharField(max_length=60, blank=True, help_text="Why the auto route chose it.")
+    escalated_from = models.CharField(
+        max_length=120, blank=True, help_text="The deployment whose refusal was retried on the smart model."
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -9,12 +9,17 @@
 -- ARGV: request id, tokens estimate, cost (integer units), lease ms, number of limits,
 --       per limit: kind (r|t|c), limit, window ms,
 --       number of budgets, per budget: limit, initial spent ('' when unknown), ttl s, hard (1|0),
---       number of breakers, the configuration generation the caller's caches reflect
--- Returns {outcome, index, retry ms, generation, used per limit, reset ms per limit, breakers}
--- whatever the outcome (ok | limit | budget | init | blocked | stale); stale: the configuration
--- changed since the caller cached it, nothing was taken, re-read and ask again. On ok, breakers holds each chain
--- deployment's state: closed | open | probe (may be tried as a half-open probe) | forced_open |
--- forced_closed. Requires breakers.lua.
+--       number of deployments, per deployment: its cap and concurrency limit (see deployments.lua),
+--       the configuration generation the caller's caches reflect
+--       (KEYS end with each deployment's breaker, spend counter and in-flight log, see deployments.lua)
+-- Returns {outcome, index, retry ms, generation, used per limit, reset ms per limit, deployments, slot}
+-- whatever the outcome (ok | limit | budget | init | blocked | stale | overloaded); stale: the
+-- configuration changed since the caller cached it, nothing was taken, re-read and ask again;
+-- overloaded: every deployment that may be called is at its concurrency limit, nothing was taken.
+-- On ok, deployments holds each chain deployment's state, in the order the request will try them:
+-- closed | open | probe (may be tried as a half-open probe) | forced_open | forced_closed | capped |
+-- full; slot is the index of the deployment whose concurrency slot the request now holds (0: none).
+-- Requires breakers.lua and deployments.lua.
 -- Numbers passed back to Redis are formatted with %d: Lua's default formatting turns large integers
 -- into exponent notation, which INCRBY refuses.
 
@@ -114,6 +119,9 @@ for i = 1, tonumber(ARGV[a]) do
   budgets[i] = b
 end
 
+local states, slot, slot_log, overloaded = deployment_states(k, a + 2, tonumber(ARGV[a + 1]), now)
+if overloaded then return {'overloaded', 0, '1000', generation, used, resets} end
+
 for _, e in ipairs(limits) do
   if e.kind == 'r' then
     redis.call('ZADD', e.log, now, rid)
@@ -134,11 +142,5 @@ for _, b in ipairs(budgets) do
   redis.call('EXPIRE', b.log, b.ttl)
   redis.call('EXPIRE', b.sum, b.ttl)
 end
-local breakers = {}
-for i = 1, tonumber(ARGV[a + 1]) do
-  local state, open_until = breaker_state(KEYS[k], now)
-  k = k + 1
-  if state == 'half_open' or (state == 'open' and now >= open_until) then state = 'probe' end
-  breakers[i] = state
-end
-return {'ok', 0, '0', generation, used, resets, breakers}
+if slot > 0 then deployment_take(slot_log, rid, now, lease) end
+return {'ok', 0, '0', generation, used, resets, states, slot}

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 import redis.exceptions
 from asgiref.sync import sync_to_async
@@ -30,12 +31,16 @@ from gateway.breakers import Attempt
 from gateway.errors import GatewayError
 from gateway.localstate import GENERATION_KEY, current_generation, observe_generation
 
+if TYPE_CHECKING:
+    from gateway.routing import Target
+
 log = logging.getLogger(__name__)
 
 WINDOW_MS = settings.RATE_WINDOW_SECONDS * 1000
 UNITS_PER_USD = 10**10  # Redis counts money in integer units of 1e-10 USD (the ledger's precision)
 LEASE_MARGIN_MS = 30_000
 REDIS_RETRY_SECONDS = 2.0
+SPEND_TTL_SECONDS = 2 * 86400  # a provider's spend counter outlives its UTC day
 _REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
@@ -123,6 +128,55 @@ def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:
     return holds
 
 
+def provider_spend_key(provider_id: int, day: date) -> str:
+    """A provider's spend on one UTC day, in units (settled requests add to it)."""
+    return f"{{sentinel}}:pspend:{provider_id}:{day.isoformat()}"
+
+
+def in_flight_key(deployment_id: int) -> str:
+    """The requests holding one of a deployment's concurrency slots (scored by lease end)."""
+    return f"{{sentinel}}:dc:{deployment_id}"
+
+
+def _deployment_keys_and_args(targets, day: date) -> tuple[list[str], list]:
+    """What deployments.lua reads of each deployment: only what is configured costs a key."""
+    keys, args = [], []
+    for target in targets:
+        keys.append(breakers.keys_for(target.deployment_id)[0])
+        if target.spend_cap is not None:
+            keys.append(provider_spend_key(target.provider_id, day))
+        if target.max_concurrent is not None:
+            keys.append(in_flight_key(target.deployment_id))
+        args.extend(
+            (
+                "" if target.spend_cap is None else to_units(target.spend_cap),
+                "" if target.max_concurrent is None else target.max_concurrent,
+            )
+        )
+    return keys, args
+
+
+def provider_spend_today(provider_id: int) -> Decimal | None:
+    """What the provider was paid today (UTC) as Redis counts it, for the admin; None if unreachable."""
+    from sentinel.redis_clients import sync_redis
+
+    try:
+        units = sync_redis().get(provider_spend_key(provider_id, datetime.now(UTC).date()))
+    except _REDIS_ERRORS:
+        return None
+    return from_units(int(units or 0))
+
+
+def deployment_in_flight(deployment_id: int) -> int | None:
+    """Requests holding one of the deployment's concurrency slots now, for the admin."""
+    from sentinel.redis_clients import sync_redis
+
+    try:
+        return sync_redis().zcount(in_flight_key(deployment_id), int(time.time() * 1000), "+inf")
+    except _REDIS_ERRORS:
+        return None
+
+
 # --- the ticket an admitted request holds ------------------------------------------------------
 
 
@@ -135,7 +189,10 @@ class Ticket:
     budgets: list[BudgetHold]
     used: list[int] = field(default_factory=list)
     resets_ms: list[int] = field(default_factory=list)
-    breaker_states: dict[int, str] = field(default_factory=dict)  # deployment id → state at admission
+    # deployment id → state at admission: a breaker state, or capped (its provider's daily spend cap is
+    # reached) or full (no concurrency slot free)
+    breaker_states: dict[int, str] = field(default_factory=dict)
+    slots: dict[int, str] = field(default_factory=dict)  # deployment id → in-flight log holding this request
     local: bool = False  # counted in this process only (Redis unreachable, failing open)
     settled: bool = False
 
@@ -191,14 +248,16 @@ async def admit(
     key: KeyInfo,
     model: str,
     model_limits: dict[str, int],
-    deployment_ids: list[int],
+    deployments: list[Target],
     request_id: str,
     tokens: int,
     worst_cost: Decimal,
     lease_seconds: float,
 ) -> Ticket:
     """Admit the request against everything that applies, or raise the GatewayError saying why.
-    The same step reads the circuit breakers of the model's deployments (`deployment_ids`)."""
+    The same step reads the state of the chain's deployments (`deployments`, in the order the request
+    will try them: breakers, spend caps) and takes a concurrency slot on the first that may be called
+    and has one free; when none has, the request is refused with 503 overloaded."""
     now = datetime.now(UTC)
     ticket = Ticket(
         request_id=request_id,
@@ -211,11 +270,12 @@ async def admit(
         return _admit_without_redis(key, ticket)
     lease_ms = int(lease_seconds * 1000) + LEASE_MARGIN_MS
     initial: dict[int, int] = {}
+    deployment_keys, deployment_args = _deployment_keys_and_args(deployments, now.date())
     try:
         for _ in range(len(ticket.budgets) + 1):
             result = await scripts.admission(
-                keys=_admit_keys(key, ticket, deployment_ids),
-                args=_admit_args(ticket, lease_ms, initial, len(deployment_ids)),
+                keys=_admit_keys(key, ticket) + deployment_keys,
+                args=_admit_args(ticket, lease_ms, initial, len(deployments), deployment_args),
             )
             outcome = result[0].decode()
             if outcome != "init":
@@ -249,7 +309,19 @@ async def admit(
     ticket.used = [int(v) for v in result[4]]
     ticket.resets_ms = [int(v) for v in result[5]]
     if outcome == "ok":
-        ticket.breaker_states = {d: state.decode() for d, state in zip(deployment_ids, result[6], strict=True)}
+        ticket.breaker_states = {
+            t.deployment_id: state.decode() for t, state in zip(deployments, result[6], strict=True)
+        }
+        if result[7]:
+            slot = deployments[int(result[7]) - 1].deployment_id
+            ticket.slots[slot] = in_flight_key(slot)
+    if outcome == "overloaded":
+        raise GatewayError(
+            503,
+            "overloaded",
+            f"Every deployment of '{model}' is at its concurrency limit. Retry shortly.",
+            headers={"retry-after": "1"},
+        )
     if outcome == "limit":
         limit = ticket.limits[int(result[1]) - 1]
         metrics.admission_rejected(limit.policy)
@@ -268,17 +340,18 @@ async def admit(
     return ticket
 
 
-def _admit_keys(key: KeyInfo, ticket: Ticket, deployment_ids: list[int]) -> list[str]:
+def _admit_keys(key: KeyInfo, ticket: Ticket) -> list[str]:
     keys = [GENERATION_KEY, *block_markers(key)]
     for limit in ticket.limits:
         keys.extend(limit.keys)
     for hold in ticket.budgets:
         keys.extend(hold.keys)
-    keys.extend(breakers.keys_for(d)[0] for d in deployment_ids)
     return keys
 
 
-def _admit_args(ticket: Ticket, lease_ms: int, initial: dict[int, int], deployments: int) -> list:
+def _admit_args(
+    ticket: Ticket, lease_ms: int, initial: dict[int, int], deployments: int, deployment_args: list
+) -> list:
     args: list = [ticket.request_id, ticket.tokens, ticket.cost_units, lease_ms, len(ticket.limits)]
     for limit in ticket.limits:
         args.extend((limit.script_kind, limit.limit, WINDOW_MS))
@@ -286,8 +359,29 @@ def _admit_args(ticket: Ticket, lease_ms: int, initial: dict[int, int], deployme
     for i, hold in enumerate(ticket.budgets):
         ttl = int((hold.period_end - datetime.now(UTC)).total_seconds()) + 2 * 86400
         args.extend((hold.limit_units, initial.get(i, ""), ttl, 1 if hold.hard else 0))
-    args.extend((deployments, current_generation()))
+    args.append(deployments)
+    args.extend(deployment_args)
+    args.append(current_generation())
     return args
+
+
+async def reserve(ticket: Ticket, targets: list[Target]) -> None:
+    """Read the state of deployments admission did not (a refusal's escalation chain), or take a slot
+    on a limited deployment the request fails over to: one round trip, only when that happens. The
+    states join the ticket's; a full deployment is marked full (the caller skips it)."""
+    if ticket.local:
+        return
+    keys, args = _deployment_keys_and_args(targets, datetime.now(UTC).date())
+    lease_ms = int(settings.CHAIN_DEADLINE_SECONDS * 1000) + LEASE_MARGIN_MS
+    try:
+        states, slot = await scripts.reserve(keys=keys, args=[ticket.request_id, lease_ms, len(targets), *args])
+    except _REDIS_ERRORS:
+        return  # unreachable: nothing is limited, as admission without Redis limits nothing
+    for target, state in zip(targets, states, strict=True):
+        ticket.breaker_states[target.deployment_id] = state.decode()
+    if slot:
+        taken = targets[int(slot) - 1].deployment_id
+        ticket.slots[taken] = in_flight_key(taken)
 
 
 def _settled_spend_sync(hold: BudgetHold) -> Decimal:
@@ -309,11 +403,18 @@ async def settled_spend(hold: BudgetHold) -> Decimal:
 
 
 async def settle(
-    ticket: Ticket, *, attempts: list[Attempt], tokens_used: int, cost: Decimal, ledger_record: bytes
+    ticket: Ticket,
+    *,
+    attempts: list[Attempt],
+    tokens_used: int,
+    cost: Decimal,
+    ledger_record: bytes,
+    paid: dict[int, Decimal] | None = None,
 ) -> None:
     """Turn the ticket's holds into what happened (zero tokens and cost: release everything), record
-    the request's provider attempts in their circuit breakers, and queue its ledger record, in one
-    atomic step. Only the first call counts. Without Redis, the record goes straight to Postgres."""
+    the request's provider attempts in their circuit breakers and what each provider was paid (`paid`:
+    provider id → cost) against its daily spend cap, and queue its ledger record, in one atomic step.
+    Only the first call counts. Without Redis, the record goes straight to Postgres."""
     if ticket.settled:
         return
     ticket.settled = True
@@ -325,23 +426,30 @@ async def settle(
     tpm = [limit for limit in ticket.limits if limit.kind == "tpm"]
     concurrency = [limit for limit in ticket.limits if limit.kind == "concurrency"]
     keys = [k for limit in tpm for k in limit.keys]
-    keys += [limit.keys[0] for limit in concurrency]
+    keys += [limit.keys[0] for limit in concurrency] + list(ticket.slots.values())
     keys += [k for hold in ticket.budgets for k in hold.keys]
     breaker_keys, breaker_args = breakers.record_arguments(attempts)
     spent_units = to_units(cost)
+    paid = {provider: units for provider, amount in (paid or {}).items() if (units := to_units(amount)) > 0}
+    today = datetime.now(UTC).date() if paid else None
+    spend_keys = [provider_spend_key(provider, today) for provider in paid]
+    spend_args = [len(paid)]
+    for units in paid.values():
+        spend_args.extend((units, SPEND_TTL_SECONDS))
     try:
         totals, transitions, details = await scripts.settle(
-            keys=[*keys, *breaker_keys, ledger.STREAM],
+            keys=[*keys, *breaker_keys, *spend_keys, ledger.STREAM],
             args=[
                 ticket.request_id,
                 ticket.tokens,
                 tokens_used,
                 len(tpm),
-                len(concurrency),
+                len(concurrency) + len(ticket.slots),
                 len(ticket.budgets),
                 ticket.cost_units,
                 spent_units,
                 *breaker_args,
+                *spend_args,
                 ledger_record,
             ],
         )

@@ -50,6 +50,10 @@ class KeyInfo:
     semantic_threshold: float | None = None
     cache_ttl_seconds: int = 86_400
     cache_max_entries: int = 50_000
+    auto_fast_model: str = "fast"  # where model "auto" sends simple prompts
+    auto_smart_model: str = "smart"  # ... and demanding ones; refusals escalate to it
+    escalate_refusals: bool = False
+    batch_pace: int | None = None  # batch requests per minute
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -111,6 +115,10 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         semantic_threshold=key.tenant.semantic_threshold,
         cache_ttl_seconds=key.tenant.cache_ttl_seconds,
         cache_max_entries=key.tenant.cache_max_entries,
+        auto_fast_model=key.tenant.auto_fast_model,
+        auto_smart_model=key.tenant.auto_smart_model,
+        escalate_refusals=key.tenant.escalate_refusals,
+        batch_pace=key.tenant.batch_pace(),
     )
 
 
@@ -166,7 +174,13 @@ async def authenticate(authorization: str | None, x_api_key: str | None) -> KeyI
             "invalid_api_key",
             "Missing API key. Pass your Sentinel virtual key as 'Authorization: Bearer <key>'.",
         )
-    info = await _lookup(key_digest(secret))
+    return await authenticate_digest(key_digest(secret))
+
+
+async def authenticate_digest(digest: str) -> KeyInfo:
+    """The key with this digest, checked like a presented secret: for work queued under a key whose
+    secret Sentinel never kept (batches)."""
+    info = await _lookup(digest)
     if info is None:
         raise GatewayError(401, "invalid_api_key", INVALID_KEY)
     if not info.key_active:

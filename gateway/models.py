@@ -57,6 +57,14 @@ class Provider(models.Model):
     litellm_params = models.JSONField(
         default=dict, blank=True, help_text="Extra litellm arguments (api_version, region, ...)."
     )
+    daily_spend_cap_usd = models.DecimalField(
+        max_digits=14,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="Spend per UTC day at this provider; once reached, its deployments are skipped (traffic moves "
+        "to the next deployment in each chain) until the day ends. Empty: no cap.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -127,6 +135,13 @@ class Deployment(models.Model):
 
     forced_state = models.CharField(
         max_length=8, choices=Forced.choices, default=Forced.NONE, blank=True, editable=False
+    )
+    max_concurrent = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Calls in flight at once, across every gateway process. Past it, requests overflow to the next "
+        "deployment of the chain; when the whole chain is full, interactive requests wait briefly, then get 503 "
+        "`overloaded`, and batch items wait their turn. Empty: no limit.",
     )
     input_price_override = models.DecimalField(
         max_digits=20,
@@ -285,3 +300,6 @@ class CacheEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model}: {self.prompt[:60]}"
+
+
+from gateway.batches.models import Batch, BatchFile, BatchItem  # noqa: E402,F401  (models of the gateway app)

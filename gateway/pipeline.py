@@ -1,10 +1,13 @@
 """POST /v1/chat/completions, top to bottom.
 
-    authenticate → validate → allowlist → route → admit (limits, budgets, blocks: one Redis step)
-    → cache (exact, then semantic) → call the chain (stream or not) → respond
+    authenticate → validate → pick the model ("auto": the classifier) → allowlist → route
+    → admit (limits, budgets, blocks, breakers, spend caps, a deployment slot: one Redis step)
+    → cache (exact, then semantic) → call the chain (stream or not) → escalate a refusal → respond
     → finish (settle the admission, hand off the ledger) → store the answer in the cache
 
-Each stage is a small function; the view only turns the Reply into an HTTP response.
+Each stage is a small function; the view only turns the Reply into an HTTP response. Batch items
+come the same way (`queued`), with their key already known and waiting for capacity instead of
+being refused.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ from django.conf import settings
 from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
-from gateway import admission, breakers, cache, metrics, providers, requestlog
+from gateway import admission, autoroute, breakers, cache, metrics, providers, requestlog
 from gateway.admission import Ticket
-from gateway.auth import KeyInfo, authenticate, ensure_not_blocked
+from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_blocked
 from gateway.breakers import Attempt
 from gateway.cache.keys import CacheKey, cache_key
-from gateway.cache.replay import answer_from_response, completion_body, storable, stream_chunks
+from gateway.cache.replay import REFUSAL, answer_from_response, completion_body, storable, stream_chunks
 from gateway.errors import GatewayError
 from gateway.failures import UpstreamError
 from gateway.routing import ModelRoute, Target, available_models, order_for_request, route_for
@@ -41,7 +44,25 @@ log = logging.getLogger(__name__)
 INTERNAL_ERROR = GatewayError(500, "internal_error", "Sentinel failed to handle this request; it has been logged.")
 MAX_RETRY_WAIT_SECONDS = 5.0  # a longer Retry-After sends the request to the next deployment instead
 REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+SHED_POLL_SECONDS = 0.025  # how often a request waiting for a deployment slot asks again
+QUEUED_RECORDS = uuid.UUID("6f1c2a57-5b0e-4f51-9d3a-1b7c2e8f4a90")  # namespace of batch items' record ids
 _background: set[asyncio.Task] = set()
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A batch item on the request path: its key known by digest (a batch never holds the secret),
+    its request id the item's, and capacity waited for instead of refused. Its ledger record id is
+    fixed by the item and the run, so a run repeated after its worker lost the lease (and raced the
+    next one to the end) is billed once."""
+
+    key_digest: str
+    request_id: str
+    run: int = 0
+
+    @property
+    def record_id(self) -> str:
+        return str(uuid.uuid5(QUEUED_RECORDS, f"{self.request_id}/{self.run}"))
 
 
 @dataclass
@@ -58,9 +79,12 @@ class Call:
 
     request_id: str
     started: float = field(default_factory=time.perf_counter)
+    queued: Queued | None = None
     key: KeyInfo | None = None
     request: ChatRequest | None = None
     body: dict = field(default_factory=dict)
+    model: str = ""  # the alias routed: the one asked for, or what "auto" chose
+    route: autoroute.Choice | None = None  # "auto"'s choice and reason
     ticket: Ticket | None = None
     attempts: list[Attempt] = field(default_factory=list)  # every provider call, for the breakers
     target: Target | None = None
@@ -72,6 +96,8 @@ class Call:
     cache_tier: str = "bypass"
     cache_embedding: object = None
     upstream_seconds: float = 0.0  # waiting on providers (calls, backoff); the rest is the gateway's
+    paid: dict[int, Decimal] = field(default_factory=dict)  # provider id → cost, for its daily spend cap
+    escalated_from: Target | None = None  # the deployment whose refusal went to the smart model
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.started) * 1000)
@@ -108,24 +134,34 @@ def spawn(coro) -> None:
     task.add_done_callback(_background.discard)
 
 
+async def follow_ups_done() -> None:
+    """Wait for the follow-up work spawned so far (cache stores): for callers about to close their
+    event loop, such as batch workers."""
+    while _background:
+        await asyncio.gather(*_background, return_exceptions=True)
+
+
 # --- the request path --------------------------------------------------------------------------
 
 
-async def chat_completions(headers, raw_body: bytes) -> Reply:
-    call = Call(request_id=request_id_from(headers.get("x-sentinel-request-id")))
+async def chat_completions(headers, raw_body: bytes, *, queued: Queued | None = None) -> Reply:
+    request_id = queued.request_id if queued else request_id_from(headers.get("x-sentinel-request-id"))
+    call = Call(request_id=request_id, queued=queued)
     try:
-        call.key = await authenticate(headers.get("authorization"), headers.get("x-api-key"))
+        call.key = await identify(headers, queued)
         call.request, call.body = parse_chat_request(raw_body)
         call.cache_controls = cache.controls_from(call.body, headers)
         for _ in range(3):
-            authorize_model(call.key, call.request.model)
-            route = await route_for(call.request.model, call.key.tenant_id)
+            call.model = pick_model(call)
+            authorize_model(call.key, call.model)
+            route = await route_for(call.model, call.key.tenant_id)
+            chain = order_for_request(route.targets)
             try:
-                call.ticket = await admit(call, route)
+                call.ticket = await admit(call, route, chain)
                 break
             except admission.StaleConfiguration:
                 # Caches dropped: read the key and the route again, under the new configuration.
-                call.key = await authenticate(headers.get("authorization"), headers.get("x-api-key"))
+                call.key = await identify(headers, queued)
         else:
             raise GatewayError(
                 503, "configuration_changing", "Configuration is changing; retry.", headers={"retry-after": "1"}
@@ -133,7 +169,6 @@ async def chat_completions(headers, raw_body: bytes) -> Reply:
         hit = await consult_cache(call, route)
         if hit is not None:
             return await serve_from_cache(call, hit)
-        chain = order_for_request(route.targets)
         if call.request.stream:
             return await stream_from_chain(call, chain)
         return await complete_from_chain(call, chain)
@@ -166,20 +201,60 @@ async def list_models(headers) -> Reply:
     return Reply(200, {"x-sentinel-request-id": request_id}, orjson.dumps(body))
 
 
-async def admit(call: Call, route: ModelRoute) -> Ticket:
+async def identify(headers, queued: Queued | None) -> KeyInfo:
+    if queued is not None:
+        return await authenticate_digest(queued.key_digest)
+    return await authenticate(headers.get("authorization"), headers.get("x-api-key"))
+
+
+def pick_model(call: Call) -> str:
+    """The alias to route: the one asked for, or for "auto" the tenant's fast or smart model, as the
+    local classifier judges the prompt (its choice and reason go to a header and the ledger)."""
+    if call.request.model != autoroute.AUTO_MODEL:
+        return call.request.model
+    call.route = autoroute.classify(call.body["messages"])
+    return call.key.auto_smart_model if call.route.route == autoroute.SMART else call.key.auto_fast_model
+
+
+async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:
     request = call.request
     prompt = estimate_prompt_tokens(call.body["messages"])
     tokens, worst_cost = route.worst_case(prompt, request.max_completion_tokens or request.max_tokens, request.n or 1)
-    return await admission.admit(
-        key=call.key,
-        model=request.model,
-        model_limits=dict(route.limits),
-        deployment_ids=[target.deployment_id for target in route.targets],
-        request_id=call.request_id,
-        tokens=tokens,
-        worst_cost=worst_cost,
-        lease_seconds=settings.CHAIN_DEADLINE_SECONDS,
-    )
+    waited = 0.0
+    while True:
+        try:
+            return await admission.admit(
+                key=call.key,
+                model=call.model,
+                model_limits=dict(route.limits),
+                deployments=chain,
+                request_id=call.request_id,
+                tokens=tokens,
+                worst_cost=worst_cost,
+                lease_seconds=settings.CHAIN_DEADLINE_SECONDS,
+            )
+        except GatewayError as refused:
+            pause = capacity_wait(call, refused, waited)
+            if pause is None:
+                raise
+            waited += pause
+            await asyncio.sleep(pause)
+
+
+def capacity_wait(call: Call, refused: GatewayError, waited: float) -> float | None:
+    """How long to wait before asking admission again, or None to give up. An interactive request
+    waits a bounded moment for a deployment slot, then is shed (503 overloaded): nothing queues in
+    the web process. A batch item waits for whatever capacity it needs, as long as Retry-After says."""
+    if call.queued is not None:
+        if refused.code in ("rate_limit_exceeded", "overloaded"):
+            return float(refused.headers.get("retry-after", 1))
+        return None
+    if refused.code != "overloaded":
+        return None
+    if waited < settings.SHED_WAIT_MS / 1000:
+        return SHED_POLL_SECONDS
+    metrics.admission_rejected("overloaded")
+    return None
 
 
 async def consult_cache(call: Call, route: ModelRoute) -> cache.Hit | None:
@@ -232,7 +307,7 @@ def remember(call: Call, answer: dict | None, cost: Decimal) -> None:
         cache.store(
             call.cache_key,
             tenant_id=key.tenant_id,
-            model=call.request.model,
+            model=call.model,
             answer={k: v for k, v in answer.items() if k != "tool_calls"},
             cost_usd=cost,
             ttl=call.cache_controls.ttl or key.cache_ttl_seconds,
@@ -267,6 +342,13 @@ def authorize_model(key: KeyInfo, model: str) -> None:
         )
 
 
+CALLABLE = frozenset({"closed", "probe", "forced_closed"})
+SKIPPED = {
+    "capped": ("spend_cap_reached", "the provider's daily spend cap is reached"),
+    "full": ("overloaded", "the deployment is at its concurrency limit"),
+}
+
+
 async def call_chain(call: Call, chain: list[Target], *, stream: bool):
     """Try the chain in order until a deployment answers; returns what it answered (a response
     dict, or a stream's first event and the rest).
@@ -281,9 +363,17 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool):
     last_error: UpstreamError | None = None
     states = call.ticket.breaker_states
     for index, target in enumerate(chain):
-        allowed, probe = await breakers.permit(
-            target, states.get(target.deployment_id, "closed"), local=call.ticket.local
-        )
+        state = states.get(target.deployment_id, "closed")
+        if target.max_concurrent is not None and state in CALLABLE and target.deployment_id not in call.ticket.slots:
+            # Failing over to a deployment with a concurrency limit: it needs a slot first.
+            await admission.reserve(call.ticket, [target])
+            state = states.get(target.deployment_id, "closed")
+        if state in SKIPPED:
+            # Like an open breaker: its provider's spend cap is reached, or it is saturated.
+            code, why = SKIPPED[state]
+            last_error = last_error or UpstreamError(503, code, f"{target.deployment}: {why}", True, False)
+            continue
+        allowed, probe = await breakers.permit(target, state, local=call.ticket.local)
         if not allowed:
             last_error = last_error or UpstreamError(
                 503, "circuit_open", f"{target.deployment}: circuit open", True, False
@@ -331,11 +421,57 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool):
 async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
     response = await call_chain(call, chain, stream=False)
     usage = response.get("usage") or {}
-    cost, price_id = await cost_of(call.target, usage)
+    cost, price_id = await charge(call, usage)
+    if call.key.escalate_refusals and is_refusal(response):
+        escalated = await escalate(call)
+        if escalated is not None:
+            # The refused answer was paid for too: the record bills both calls.
+            response = escalated
+            first_usage, usage = usage, escalated.get("usage") or {}
+            more, price_id = await charge(call, usage)
+            cost += more
+            usage = {name: int(usage.get(name) or 0) + int(first_usage.get(name) or 0) for name in TOKEN_FIELDS}
     headers = response_headers(call, cost)
     await finish(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
-    remember(call, answer_from_response(response), cost)
+    if call.escalated_from is None:  # an escalated answer is not the asked-for model's to cache
+        remember(call, answer_from_response(response), cost)
     return Reply(200, headers, orjson.dumps(response))
+
+
+TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def is_refusal(response: dict) -> bool:
+    choices = response.get("choices") or []
+    message = (choices[0].get("message") or {}) if choices else {}
+    content = message.get("content")
+    return bool(message.get("refusal")) or (isinstance(content, str) and bool(REFUSAL.match(content)))
+
+
+async def escalate(call: Call) -> dict | None:
+    """A model refused or apologized instead of answering: ask the tenant's smart model once (its
+    chain, failing over as usual, without the deployment that refused). None when there is nothing
+    stronger to ask (the smart model refused, or the key may not use it) or it failed too: then the
+    refusal stands. Non-streamed answers only: a stream's first tokens are the client's already."""
+    smart = call.key.auto_smart_model
+    if call.model == smart or not call.key.may_use(smart):
+        return None
+    try:
+        route = await route_for(smart, call.key.tenant_id)
+    except GatewayError:
+        return None
+    refused, fallbacks = call.target, call.fallbacks
+    chain = [target for target in order_for_request(route.targets) if target.deployment_id != refused.deployment_id]
+    if not chain:
+        return None
+    await admission.reserve(call.ticket, chain)
+    try:
+        response = await call_chain(call, chain, stream=False)
+    except GatewayError:
+        call.target, call.fallbacks = refused, fallbacks
+        return None
+    call.escalated_from = refused
+    return response
 
 
 async def stream_from_chain(call: Call, chain: list[Target]) -> Reply:
@@ -423,7 +559,7 @@ async def finish_disconnected(call: Call, usage: dict) -> None:
 
 
 async def stream_record(call: Call, status: int, error_code: str, usage: dict) -> LedgerRecord:
-    cost, price_id = await cost_of(call.target, usage)
+    cost, price_id = await charge(call, usage)
     return ledger_record(call, status, error_code=error_code, usage=usage, cost=cost, price_id=price_id)
 
 
@@ -465,6 +601,7 @@ async def finish(call: Call, record: LedgerRecord) -> None:
             tokens_used=0 if hit else record.prompt_tokens + record.completion_tokens,
             cost=Decimal(record.cost_usd),
             ledger_record=record.encode(),
+            paid=call.paid,
         )
     metrics.request_finished(
         record,
@@ -476,6 +613,16 @@ async def finish(call: Call, record: LedgerRecord) -> None:
 
 
 # --- money and records -------------------------------------------------------------------------
+
+
+async def charge(call: Call, usage: dict) -> tuple[Decimal, int | None]:
+    """The cost of what the deployment that answered used, also counted against its provider's
+    daily spend cap (at settle)."""
+    cost, price_id = await cost_of(call.target, usage)
+    if cost:
+        provider = call.target.provider_id
+        call.paid[provider] = call.paid.get(provider, ZERO) + cost
+    return cost, price_id
 
 
 async def cost_of(target: Target, usage: dict) -> tuple[Decimal, int | None]:
@@ -499,6 +646,10 @@ def response_headers(call: Call, cost: Decimal | None) -> dict[str, str]:
         headers["x-sentinel-deployment"] = call.target.deployment
     if cost is not None:
         headers["x-sentinel-cost-usd"] = format_usd(cost)
+    if call.route is not None:
+        headers["x-sentinel-route"] = f"{call.route.route}; reason={call.route.reason}"
+    if call.escalated_from is not None:
+        headers["x-sentinel-escalated"] = f"{call.escalated_from.deployment}->{call.target.deployment}"
     return headers
 
 
@@ -514,7 +665,7 @@ def ledger_record(
 ) -> LedgerRecord:
     usage = usage or {}
     target = call.target
-    return LedgerRecord(
+    record = LedgerRecord(
         request_id=call.request_id,
         tenant_id=call.key.tenant_id,
         key_id=call.key.key_id,
@@ -534,7 +685,13 @@ def ledger_record(
         latency_ms=call.elapsed_ms(),
         ttft_ms=call.ttft_ms,
         fallbacks=call.fallbacks,
+        route=call.route.route if call.route else "",
+        route_reason=call.route.reason if call.route else "",
+        escalated_from=call.escalated_from.deployment if call.escalated_from else "",
     )
+    if call.queued is not None:
+        record.id = call.queued.record_id
+    return record
 
 
 async def error_reply(call: Call, error: GatewayError) -> Reply:

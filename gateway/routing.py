@@ -41,6 +41,9 @@ class Target:
     policy: Policy  # its circuit breaker's
     forced_state: str  # "" | "open" | "closed": an operator's override of its breaker
     max_retries: int  # on this deployment before failing over
+    provider_id: int = 0
+    spend_cap: Decimal | None = None  # its provider's daily spend cap (USD)
+    max_concurrent: int | None = None  # calls in flight at once, across all processes
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,9 @@ def _load_chain(model: ModelAlias) -> tuple[Target, ...]:
                 policy=Policy.from_model(deployment.breaker_policy),
                 forced_state=deployment.forced_state,
                 max_retries=provider.max_retries,
+                provider_id=provider.pk,
+                spend_cap=provider.daily_spend_cap_usd,
+                max_concurrent=deployment.max_concurrent,
             )
         )
     return tuple(targets)

@@ -11,7 +11,12 @@ from redis import exceptions as redis_errors
 from sentinel.redis_clients import async_redis
 
 _HERE = Path(__file__).parent
-_SOURCES = {"admission": ("breakers", "admission"), "settle": ("breakers", "settle"), "probe": ("breakers", "probe")}
+_SOURCES = {
+    "admission": ("breakers", "deployments", "admission"),
+    "settle": ("breakers", "settle"),
+    "probe": ("breakers", "probe"),
+    "reserve": ("breakers", "deployments", "reserve"),
+}
 
 
 class Script:
@@ -40,3 +45,4 @@ class Script:
 admission = Script("admission")
 settle = Script("settle")
 probe = Script("probe")
+reserve = Script("reserve")

@@ -9,7 +9,9 @@
 --       per attempt: breaker, breaker window
 -- ARGV: request id, tokens estimated, tokens used, number of tpm limits, number of concurrency
 --       limits, number of budgets, cost reserved, cost spent, number of attempts,
---       per attempt: outcome (ok | fail | slow), probe (1|0), 7 policy numbers
+--       per attempt: outcome (ok | fail | slow), probe (1|0), 7 policy numbers,
+--       number of providers paid, per provider: the cost in units, the counter's ttl s
+--       (KEYS go on with each paid provider's spend counter for today)
 -- The last KEYS entry is the ledger stream and the last ARGV entry the request's ledger record: it is
 -- queued first, in the same step (one round trip at the end of a request, and the record is durable
 -- before anything else changes).
@@ -60,5 +62,11 @@ for i = 1, tonumber(ARGV[9]) do
   for j = 1, 7 do policy[j] = tonumber(ARGV[a + 1 + j]) end
   transitions[i], details[i] = breaker_record(KEYS[k], KEYS[k + 1], ARGV[a], ARGV[a + 1], now, policy)
   k, a = k + 2, a + 9
+end
+-- What each provider was paid today, for its daily spend cap (read by deployments.lua).
+for _ = 1, tonumber(ARGV[a]) do
+  redis.call('INCRBY', KEYS[k], ARGV[a + 1])
+  redis.call('EXPIRE', KEYS[k], ARGV[a + 2])
+  k, a = k + 1, a + 2
 end
 return {totals, transitions, details}

@@ -227,6 +227,15 @@ CELERY_BEAT_SCHEDULE = {
         ),
         "options": {"expires": 10},
     },
+    "sweep-batches": {
+        "task": "gateway.batches.tasks.sweep_batches",
+        "schedule": envfloat(
+            "SENTINEL_BATCH_SWEEP_SECONDS",
+            15.0,
+            "How often beat looks for batch work nobody is doing (a dead worker's), expiries and cancellations.",
+        ),
+        "options": {"expires": 60},
+    },
     "roll-up-spend": {
         "task": "billing.tasks.roll_up_spend",
         "schedule": envfloat(
@@ -289,6 +298,33 @@ EMBEDDER_THREADS = envint("SENTINEL_EMBEDDER_THREADS", 1, "onnxruntime threads p
 CACHE_EF_SEARCH = envint(
     "SENTINEL_CACHE_EF_SEARCH", 100, "pgvector hnsw.ef_search for semantic lookups (recall versus speed)."
 )
+SHED_WAIT_MS = envint(
+    "SENTINEL_SHED_WAIT_MS",
+    250,
+    "Longest an interactive request waits for a slot when every deployment of its chain is at its concurrency "
+    "limit; then 503 overloaded.",
+)
+
+# --- Batches -----------------------------------------------------------------------------------
+
+BATCH_MAX_FILE_BYTES = envint(
+    "SENTINEL_BATCH_MAX_FILE_BYTES", 50 * 1024 * 1024, "Largest file /v1/files accepts (batch input files)."
+)
+BATCH_MAX_REQUESTS = envint("SENTINEL_BATCH_MAX_REQUESTS", 50_000, "Most requests (lines) one batch may hold.")
+BATCH_LEASE_SECONDS = envfloat(
+    "SENTINEL_BATCH_LEASE_SECONDS",
+    60.0,
+    "A worker's lease on the batch items it runs (renewed while they run); after it, another worker takes them.",
+)
+BATCH_CONCURRENCY = envint("SENTINEL_BATCH_CONCURRENCY", 8, "Batch items one worker runs at once.")
+BATCH_RUNNERS = envint("SENTINEL_BATCH_RUNNERS", 2, "Workers that start on a new batch at once.")
+BATCH_MAX_TRIES = envint(
+    "SENTINEL_BATCH_MAX_TRIES", 5, "Runs of a batch item that failed in a way retrying can fix, before it fails."
+)
+BATCH_RETRY_SECONDS = envfloat(
+    "SENTINEL_BATCH_RETRY_SECONDS", 10.0, "First backoff before a failed batch item runs again (then doubling)."
+)
+
 MOCK_PROVIDER_URL = envstr(
     "SENTINEL_MOCK_URL",
     "http://127.0.0.1:8100",

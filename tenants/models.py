@@ -88,6 +88,25 @@ class Tenant(Limits):
         default=RedisOutage.FAIL_OPEN,
         help_text="What admission does when Redis (the shared counters) cannot be reached.",
     )
+    auto_fast_model = models.CharField(
+        max_length=200, default="fast", help_text='Where `model: "auto"` sends simple prompts (a model alias).'
+    )
+    auto_smart_model = models.CharField(
+        max_length=200,
+        default="smart",
+        help_text='Where `model: "auto"` sends demanding prompts, and where refusals escalate to (a model alias).',
+    )
+    escalate_refusals = models.BooleanField(
+        default=False,
+        help_text="When a model refuses or apologizes instead of answering (non-streamed), ask the smart model "
+        "once more.",
+    )
+    batch_requests_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Pace of this tenant's batch jobs, kept below its interactive limit. Empty: half of the "
+        "tenant's requests-per-minute limit, or no pace of its own when it has none.",
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -95,6 +114,26 @@ class Tenant(Limits):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        interactive = self.effective_limits().get("rpm")
+        pace = self.batch_requests_per_minute
+        if pace is not None and interactive is not None and pace >= interactive:
+            raise ValidationError(
+                {
+                    "batch_requests_per_minute": f"Batch work must stay below the interactive limit "
+                    f"({interactive} requests per minute)."
+                }
+            )
+
+    def batch_pace(self) -> int | None:
+        """Batch requests per minute: the tenant's setting, else half its interactive limit."""
+        if self.batch_requests_per_minute is not None:
+            return self.batch_requests_per_minute
+        interactive = self.effective_limits().get("rpm")
+        return max(1, interactive // 2) if interactive is not None else None
 
     @property
     def is_active(self) -> bool:
