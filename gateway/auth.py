@@ -53,7 +53,6 @@ class KeyInfo:
     auto_fast_model: str = "fast"  # where model "auto" sends simple prompts
     auto_smart_model: str = "smart"  # ... and demanding ones; refusals escalate to it
     escalate_refusals: bool = False
-    batch_pace: int | None = None  # batch requests per minute
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -118,7 +117,6 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         auto_fast_model=key.tenant.auto_fast_model,
         auto_smart_model=key.tenant.auto_smart_model,
         escalate_refusals=key.tenant.escalate_refusals,
-        batch_pace=key.tenant.batch_pace(),
     )
 
 

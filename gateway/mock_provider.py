@@ -91,6 +91,7 @@ class Faults:
     stall_ms: float = 0.0  # extra wait before anything is sent (a hung provider)
     slow_ms: float = 0.0  # extra latency added to every answer (a slow but healthy provider)
     drop_after: int | None = None  # stream: close the connection after this many content tokens
+    refuses: bool = True  # answer a prompt containing [[refuse]] with a refusal (False: a model that does not)
 
     def update(self, values: dict) -> None:
         known = {f.name: f.type for f in fields(self)}
@@ -152,10 +153,10 @@ def prompt_of(messages: list) -> str:
     return ""
 
 
-def answer_tokens(prompt: str, n_tokens: int) -> list[str]:
+def answer_tokens(prompt: str, n_tokens: int, *, refuses: bool = True) -> list[str]:
     """The answer to `prompt` as a list of tokens; the first names the prompt's digest."""
     digest = hashlib.sha256(prompt.encode()).digest()
-    if REFUSAL_TRIGGER in prompt:
+    if refuses and REFUSAL_TRIGGER in prompt:
         words = REFUSAL_TEXT.split()
         return [words[0]] + [" " + w for w in words[1:]]
     tokens = [f"mock-{digest[:4].hex()}"]
@@ -166,9 +167,9 @@ def answer_tokens(prompt: str, n_tokens: int) -> list[str]:
     return tokens[:n_tokens]
 
 
-def answer_text(prompt: str, n_tokens: int = 40) -> str:
+def answer_text(prompt: str, n_tokens: int = 40, *, refuses: bool = True) -> str:
     """What the mock answers to `prompt` with an answer length of `n_tokens` (default 40)."""
-    return "".join(answer_tokens(prompt, n_tokens))
+    return "".join(answer_tokens(prompt, n_tokens, refuses=refuses))
 
 
 def estimate_prompt_tokens(messages: list) -> int:
@@ -266,7 +267,7 @@ class MockProvider:
             max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
             if isinstance(max_tokens, int) and 0 < max_tokens < n_tokens:
                 n_tokens, finish_reason = max_tokens, "length"
-            tokens = answer_tokens(prompt_of(messages), n_tokens)
+            tokens = answer_tokens(prompt_of(messages), n_tokens, refuses=faults.refuses)
             usage = {
                 "prompt_tokens": estimate_prompt_tokens(messages),
                 "completion_tokens": len(tokens),

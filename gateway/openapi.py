@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from openai.types import Batch, FileDeleted, FileObject
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
+from gateway.batches.schemas import BatchCreate
 from gateway.schemas import ChatRequest
 
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
@@ -100,6 +102,14 @@ _COMPLETION_HEADERS = {
         "description": "The exact cost the ledger records (not streamed answers).",
         "schema": {"type": "string"},
     },
+    "x-sentinel-route": {
+        "description": 'With `model: "auto"`: the model class chosen and why, e.g. `smart; reason=math`.',
+        "schema": {"type": "string"},
+    },
+    "x-sentinel-escalated": {
+        "description": "`<deployment>-><deployment>` when a refusal was retried on the smart model.",
+        "schema": {"type": "string"},
+    },
 }
 _REQUEST_ID_PARAMETER = {
     "name": "x-sentinel-request-id",
@@ -184,7 +194,8 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
                             413: "`request_too_large`: the body is over the configured limit.",
                             429: "`rate_limit_exceeded`, or the provider's rate limit.",
                             502: "The provider failed in a way no fallback could fix.",
-                            503: "`all_providers_unavailable`: every deployment in the chain failed.",
+                            503: "`all_providers_unavailable`: every deployment in the chain failed; "
+                            "`overloaded`: every deployment is at its concurrency limit (with Retry-After).",
                             504: "The provider did not answer in time.",
                         }
                     ),
@@ -251,11 +262,201 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _page(item: dict[str, str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": item},
+            "first_id": {"type": ["string", "null"]},
+            "last_id": {"type": ["string", "null"]},
+            "has_more": {"type": "boolean"},
+        },
+        "required": ["object", "data", "has_more"],
+    }
+
+
+def _path_id(name: str, what: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "description": what, "schema": {"type": "string"}}
+
+
+def _query(name: str, schema: dict, description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+def _json(schema: dict, description: str) -> dict[str, Any]:
+    return {"description": description, "headers": _ID_HEADER, "content": {"application/json": {"schema": schema}}}
+
+
+def _operation(operation_id: str, summary: str, responses: dict, **more) -> dict[str, Any]:
+    return {
+        "operationId": operation_id,
+        "summary": summary,
+        "tags": ["gateway"],
+        "security": _KEY_SECURITY,
+        "parameters": [_REQUEST_ID_PARAMETER, *more.pop("parameters", [])],
+        "responses": responses,
+        **more,
+    }
+
+
+_KEY_ERRORS = {401: "`invalid_api_key`.", 403: "`tenant_suspended`."}
+
+
+def batch_paths(components: dict[str, Any]) -> dict[str, Any]:
+    """/v1/files and /v1/batches: OpenAI's Batch API (the SDK's own models of its objects)."""
+    file = _component(FileObject, "OpenAI", components)
+    deleted = _component(FileDeleted, "OpenAI", components)
+    batch = _component(Batch, "OpenAI", components)
+    create = _component(BatchCreate, "Batch", components)
+    file_id = _path_id("file_id", "A file's id (file-...).")
+    batch_id = _path_id("batch_id", "A batch's id (batch_...).")
+    after = _query("after", {"type": "string"}, "The last id of the previous page.")
+    return {
+        "/v1/files": {
+            "post": _operation(
+                "files_create",
+                "Upload a batch input file (JSONL, purpose `batch`)",
+                {
+                    "200": _json(file, "The stored file."),
+                    **_error_responses(
+                        {
+                            400: "`missing_required_parameter`, `invalid_value` (purpose other than batch, not "
+                            "multipart), `empty_file`, `invalid_file` (not UTF-8).",
+                            **_KEY_ERRORS,
+                            413: "`file_too_large` or `request_too_large`: over SENTINEL_BATCH_MAX_FILE_BYTES.",
+                        }
+                    ),
+                },
+                requestBody={
+                    "required": True,
+                    "content": {
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "file": {"type": "string", "format": "binary"},
+                                    "purpose": {"type": "string", "enum": ["batch"]},
+                                },
+                                "required": ["file", "purpose"],
+                            }
+                        }
+                    },
+                },
+            ),
+            "get": _operation(
+                "files_list",
+                "List your tenant's files",
+                {
+                    "200": _json(_page(file), "A page of files."),
+                    **_error_responses({400: "A bad parameter.", **_KEY_ERRORS}),
+                },
+                parameters=[
+                    _query("purpose", {"type": "string"}, "Only files of this purpose."),
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "Page size (100)."),
+                    _query("order", {"type": "string", "enum": ["asc", "desc"]}, "By creation time (desc)."),
+                    after,
+                ],
+            ),
+        },
+        "/v1/files/{file_id}": {
+            "get": _operation(
+                "files_retrieve",
+                "A file",
+                {"200": _json(file, "The file."), **_error_responses({**_KEY_ERRORS, 404: "`file_not_found`."})},
+                parameters=[file_id],
+            ),
+            "delete": _operation(
+                "files_delete",
+                "Delete a file (batches that used it keep its id)",
+                {"200": _json(deleted, "Deleted."), **_error_responses({**_KEY_ERRORS, 404: "`file_not_found`."})},
+                parameters=[file_id],
+            ),
+        },
+        "/v1/files/{file_id}/content": {
+            "get": _operation(
+                "files_content",
+                "A file's content (a batch's output or error file: JSONL, one line per request)",
+                {
+                    "200": {
+                        "description": "The content.",
+                        "headers": _ID_HEADER,
+                        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                    },
+                    **_error_responses({**_KEY_ERRORS, 404: "`file_not_found`."}),
+                },
+                parameters=[file_id],
+            )
+        },
+        "/v1/batches": {
+            "post": _operation(
+                "batches_create",
+                "Create a batch of chat completions (OpenAI-compatible)",
+                {
+                    "200": _json(batch, "The batch, validating."),
+                    **_error_responses(
+                        {
+                            400: "Malformed body, an endpoint other than /v1/chat/completions, a window other than "
+                            "24h, or an input file not uploaded for batches.",
+                            **_KEY_ERRORS,
+                            404: "`file_not_found`: no such input file.",
+                        }
+                    ),
+                },
+                description=(
+                    "Each line of the input file is run through the same path as /v1/chat/completions (cache, "
+                    "admission, budgets, routing, ledger) with the key that created the batch, at the tenant's "
+                    "batch pace. Statuses: validating → in_progress → finalizing → completed, or failed "
+                    "(`errors` names each bad line), cancelling → cancelled, expired."
+                ),
+                requestBody={"required": True, "content": {"application/json": {"schema": create}}},
+            ),
+            "get": _operation(
+                "batches_list",
+                "List your tenant's batches, newest first",
+                {
+                    "200": _json(_page(batch), "A page of batches."),
+                    **_error_responses({400: "A bad parameter.", **_KEY_ERRORS}),
+                },
+                parameters=[
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size (20)."),
+                    after,
+                ],
+            ),
+        },
+        "/v1/batches/{batch_id}": {
+            "get": _operation(
+                "batches_retrieve",
+                "A batch",
+                {"200": _json(batch, "The batch."), **_error_responses({**_KEY_ERRORS, 404: "`batch_not_found`."})},
+                parameters=[batch_id],
+            )
+        },
+        "/v1/batches/{batch_id}/cancel": {
+            "post": _operation(
+                "batches_cancel",
+                "Cancel a batch: nothing new starts; requests in flight finish",
+                {
+                    "200": _json(batch, "The batch, cancelling (or already cancelled)."),
+                    **_error_responses(
+                        {
+                            **_KEY_ERRORS,
+                            404: "`batch_not_found`.",
+                            409: "`batch_not_cancellable`: completed, failed or expired.",
+                        }
+                    ),
+                },
+                parameters=[batch_id],
+            )
+        },
+    }
+
+
 def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     """drf-spectacular postprocessing hook (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"])."""
     components = result.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
-    result["paths"] = {**gateway_paths(schemas), **result.get("paths", {})}
+    result["paths"] = {**gateway_paths(schemas), **batch_paths(schemas), **result.get("paths", {})}
     components.setdefault("securitySchemes", {}).update(
         {
             "VirtualKey": {"type": "http", "scheme": "bearer", "description": "A Sentinel virtual key."},

@@ -134,7 +134,7 @@ def _param(loc: tuple) -> str:
     return "".join(parts)
 
 
-def _error_from(exc: ValidationError) -> GatewayError:
+def validation_error(exc: ValidationError) -> GatewayError:
     # The deepest error is the most precise: a bad content part, not "content is not a string".
     error = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
     param = _param(error["loc"])
@@ -167,7 +167,7 @@ def parse_chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
     try:
         request = ChatRequest.model_validate(body)
     except ValidationError as exc:
-        raise _error_from(exc) from None
+        raise validation_error(exc) from None
     for name in _INTEGER_FIELDS:
         if isinstance(body.get(name), float):  # 855.0 goes on as 855: providers want an integer
             body[name] = getattr(request, name)

@@ -16,6 +16,7 @@ _SOURCES = {
     "settle": ("breakers", "settle"),
     "probe": ("breakers", "probe"),
     "reserve": ("breakers", "deployments", "reserve"),
+    "pace": ("pace",),
 }
 
 
@@ -46,3 +47,4 @@ admission = Script("admission")
 settle = Script("settle")
 probe = Script("probe")
 reserve = Script("reserve")
+pace = Script("pace")

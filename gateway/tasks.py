@@ -1,7 +1,8 @@
-"""Celery tasks of the gateway app."""
+"""Celery tasks of the gateway app (batches' are in gateway.batches.tasks, registered here)."""
 
 from celery import shared_task
 
+from gateway.batches import tasks as batch_tasks  # noqa: F401
 from gateway.cache.services import cache_prune_expired
 
 

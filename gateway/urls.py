@@ -1,8 +1,15 @@
 from django.urls import path, re_path
 
 from gateway import views
+from gateway.batches import views as batch_views
 
 urlpatterns = [
+    path("v1/files", batch_views.files),
+    path("v1/files/<str:file_id>", batch_views.file),
+    path("v1/files/<str:file_id>/content", batch_views.file_content),
+    path("v1/batches", batch_views.batches),
+    path("v1/batches/<str:batch_id>", batch_views.batch),
+    path("v1/batches/<str:batch_id>/cancel", batch_views.batch_cancel),
     path("health/live", views.live),
     path("health/ready", views.ready),
     re_path(r"^v1/(?P<path>(?s:.*))$", views.not_found),

@@ -36,6 +36,7 @@ from sentinel.routing import websocket_urlpatterns  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/health/")
 REQUEST_ID_HEADER = b"x-sentinel-request-id"
+MULTIPART_ALLOWANCE = 64 * 1024
 
 
 class APIHandler(ASGIHandler):
@@ -49,6 +50,8 @@ class APIHandler(ASGIHandler):
 
     async def handle(self, scope, receive, send) -> None:
         limit = settings.MAX_BODY_BYTES
+        if scope["path"] == "/v1/files":  # batch input files: their own limit, plus the multipart framing
+            limit = settings.BATCH_MAX_FILE_BYTES + MULTIPART_ALLOWANCE
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await _send_too_large(send, limit)

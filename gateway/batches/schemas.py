@@ -1,0 +1,46 @@
+"""What the batch endpoints accept, validated with pydantic (as the chat endpoint is), so the
+OpenAPI schema documents exactly what is checked."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.errors import invalid_request
+from gateway.schemas import validation_error
+
+ENDPOINT = "/v1/chat/completions"
+MAX_METADATA_PAIRS = 16
+
+
+class BatchCreate(BaseModel):
+    # OpenAI's other fields (output_expires_after, ...) are accepted and ignored.
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    input_file_id: Annotated[str, Field(min_length=1, max_length=64)]
+    endpoint: Literal["/v1/chat/completions"]  # Sentinel runs batches of chat completions only
+    completion_window: Literal["24h"]
+    metadata: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+            Field(max_length=MAX_METADATA_PAIRS),
+        ]
+        | None
+    ) = None
+
+
+def parse_batch_create(raw: bytes) -> BatchCreate:
+    if not raw:
+        raise invalid_request("Request body is empty; expected a JSON object.", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_request(f"Request body is not valid JSON: {exc}.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid_request("Request body must be a JSON object.", code="invalid_json")
+    try:
+        return BatchCreate.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None

@@ -1,0 +1,197 @@
+"""Leases on batch items, against the real database: one holder at a time, a lapsed holder cannot
+write, a repeated run is billed once, and closing a batch writes its files once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import orjson
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from billing.ledger import LedgerRecord, drain, hand_off
+from billing.models import LedgerEntry
+from gateway.batches import services
+from gateway.batches.models import Batch, BatchFile, BatchItem
+from gateway.pipeline import Queued
+from tenants.models import VirtualKey
+
+
+@pytest.fixture
+def make_batch(make_tenant, make_key):
+    def make(items: int) -> Batch:
+        tenant = make_tenant()
+        make_key(tenant)
+        key = VirtualKey.objects.get(tenant=tenant)
+        file = BatchFile.objects.create(
+            tenant=tenant, key=key, purpose="batch", filename="in.jsonl", bytes=2, content=b"{}"
+        )
+        batch = Batch.objects.create(
+            tenant=tenant,
+            key=key,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            input_file=file,
+            status=Batch.Status.IN_PROGRESS,
+            expires_at=timezone.now() + timedelta(hours=24),
+        )
+        BatchItem.objects.bulk_create(
+            [BatchItem(batch=batch, line=i, custom_id=f"c{i}", body={"n": i}) for i in range(1, items + 1)]
+        )
+        return batch
+
+    return make
+
+
+def claim(batch: Batch, owner: str, count: int, lease: float = 30.0) -> list[int]:
+    return [
+        item.line for item in services.items_claim(batch_id=batch.pk, owner=owner, count=count, lease_seconds=lease)
+    ]
+
+
+def test_items_are_claimed_in_order_by_one_worker_at_a_time(make_batch):
+    batch = make_batch(5)
+    assert claim(batch, "a", 2) == [1, 2]
+    assert claim(batch, "b", 10) == [3, 4, 5]
+    assert claim(batch, "c", 10) == []  # every lease is live
+    assert set(BatchItem.objects.filter(batch=batch).values_list("lease_owner", flat=True)) == {"a", "b"}
+
+
+def test_concurrent_claims_never_share_an_item(make_batch):
+    batch = make_batch(60)
+
+    def worker(name: str) -> list[int]:
+        taken = []
+        try:
+            while lines := claim(batch, name, 3):
+                taken.extend(lines)
+        finally:
+            connection.close()
+        return taken
+
+    with ThreadPoolExecutor(4) as pool:
+        shares = list(pool.map(worker, ["w1", "w2", "w3", "w4"]))
+    taken = [line for share in shares for line in share]
+    assert sorted(taken) == list(range(1, 61))  # each item exactly once, none lost
+
+
+def test_a_lapsed_lease_is_taken_over_and_the_late_worker_cannot_write(make_batch):
+    batch = make_batch(1)
+    (item,) = services.items_claim(batch_id=batch.pk, owner="slow", count=1, lease_seconds=0.2)
+    assert claim(batch, "other", 1) == []
+    time.sleep(0.3)
+    assert claim(batch, "other", 1) == [1]  # the slow worker's lease ran out
+
+    assert (
+        services.item_finish(
+            item_id=item.pk, owner="slow", succeeded=True, response_status=200, response={"by": "slow"}
+        )
+        is False
+    )
+    assert services.item_retry(item_id=item.pk, owner="slow", delay_seconds=0) is False
+    assert (
+        services.item_finish(
+            item_id=item.pk, owner="other", succeeded=True, response_status=200, response={"by": "other"}
+        )
+        is True
+    )
+    item.refresh_from_db()
+    assert (item.status, item.response, item.lease_owner, item.tries) == ("succeeded", {"by": "other"}, "", 0)
+    # A result is written once: not even its holder rewrites it.
+    assert (
+        services.item_finish(item_id=item.pk, owner="other", succeeded=False, response_status=500, response={}) is False
+    )
+
+
+def test_renewal_keeps_a_lease_and_a_retry_backs_off(make_batch):
+    batch = make_batch(1)
+    (item,) = services.items_claim(batch_id=batch.pk, owner="a", count=1, lease_seconds=0.3)
+    for _ in range(3):
+        time.sleep(0.15)
+        assert services.leases_renew(owner="a", item_ids=[item.pk], lease_seconds=0.3) == 1
+    assert claim(batch, "b", 1) == []  # renewed: still a's
+
+    assert services.item_retry(item_id=item.pk, owner="a", delay_seconds=0.3) is True
+    assert claim(batch, "b", 1) == []  # backing off
+    time.sleep(0.35)
+    (again,) = services.items_claim(batch_id=batch.pk, owner="b", count=1, lease_seconds=30)
+    assert again.tries == 1  # a new run: its own ledger record
+
+
+def test_a_run_repeated_after_a_lost_lease_is_billed_once(make_batch):
+    """Both runs of the same try hand off a record with the same id: the ledger keeps one. A retry
+    after a failure is a new run, with a record of its own."""
+    batch = make_batch(1)
+    request_id = f"{batch.public_id}:1"
+
+    def record(run: int, cost: str) -> LedgerRecord:
+        return LedgerRecord(
+            request_id=request_id,
+            tenant_id=batch.tenant_id,
+            key_id=batch.key_id,
+            model_requested="m",
+            status_code=200,
+            id=Queued(key_digest="d", request_id=request_id, run=run).record_id,
+            cost_usd=cost,
+        )
+
+    async def hand_all():
+        for r in (record(0, "0.001"), record(0, "0.001"), record(1, "0.002")):
+            await hand_off(r)
+
+    asyncio.run(hand_all())
+    drain()
+    rows = LedgerEntry.objects.filter(request_id=request_id)
+    assert rows.count() == 2
+    assert sorted(str(cost) for cost in rows.values_list("cost_usd", flat=True)) == ["0.0010000000", "0.0020000000"]
+
+
+def test_a_batch_closes_once_with_its_files(make_batch):
+    batch = make_batch(3)
+    claimed = services.items_claim(batch_id=batch.pk, owner="a", count=3, lease_seconds=30)
+    assert services.batch_finalize(batch_id=batch.pk) is False  # work in flight
+    services.item_finish(item_id=claimed[0].pk, owner="a", succeeded=True, response_status=200, response={"ok": 1})
+    services.item_finish(item_id=claimed[1].pk, owner="a", succeeded=False, response_status=400, response={"no": 1})
+    services.item_finish(item_id=claimed[2].pk, owner="a", succeeded=True, response_status=200, response={"ok": 3})
+
+    assert services.batch_finalize(batch_id=batch.pk) is True
+    assert services.batch_finalize(batch_id=batch.pk) is False  # once
+    batch.refresh_from_db()
+    assert batch.status == "completed"
+    output = [orjson.loads(line) for line in bytes(batch.output_file.content).splitlines()]
+    errors = [orjson.loads(line) for line in bytes(batch.error_file.content).splitlines()]
+    assert [(row["custom_id"], row["response"]["body"]) for row in output] == [("c1", {"ok": 1}), ("c3", {"ok": 3})]
+    assert [(row["custom_id"], row["response"]["status_code"]) for row in errors] == [("c2", 400)]
+    assert BatchFile.objects.filter(tenant=batch.tenant, purpose="batch_output").count() == 2
+
+
+def test_expiry_fails_what_did_not_run_and_closes_when_flights_land(make_batch):
+    batch = make_batch(3)
+    (running,) = services.items_claim(batch_id=batch.pk, owner="a", count=1, lease_seconds=30)
+    Batch.objects.filter(pk=batch.pk).update(expires_at=timezone.now())
+
+    assert services.batches_sweep().to_expire == [batch.pk]
+    assert services.batch_expire(batch_id=batch.pk) is True
+    batch.refresh_from_db()
+    assert batch.status == "in_progress"  # one request still in flight
+    services.item_finish(item_id=running.pk, owner="a", succeeded=True, response_status=200, response={"ok": 1})
+    assert services.batch_finalize(batch_id=batch.pk) is True
+    batch.refresh_from_db()
+    assert batch.status == "expired" and batch.expired_at is not None
+    errors = [orjson.loads(line) for line in bytes(batch.error_file.content).splitlines()]
+    assert [(row["custom_id"], row["error"]["code"]) for row in errors] == [
+        ("c2", "batch_expired"),
+        ("c3", "batch_expired"),
+    ]
+
+
+def test_the_sweep_finds_work_a_dead_worker_left(make_batch):
+    batch = make_batch(2)
+    services.items_claim(batch_id=batch.pk, owner="dead", count=2, lease_seconds=0.2)
+    assert batch.pk not in services.batches_sweep().to_run  # its leases are live
+    time.sleep(0.3)
+    assert batch.pk in services.batches_sweep().to_run

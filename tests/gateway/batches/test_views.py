@@ -1,0 +1,311 @@
+"""/v1/files and /v1/batches end to end: the official OpenAI SDK uploads a file, creates a batch, a
+real Celery worker runs it through the request path, and the SDK reads the results."""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+
+import httpx
+import openai
+import orjson
+import pytest
+from openai import OpenAI
+
+from billing.ledger import drain
+from billing.models import LedgerEntry
+from gateway.batches.models import Batch, BatchFile, BatchItem
+from gateway.mock_provider import answer_text
+from tenants.models import Budget
+from tests.gateway.batches.conftest import finished, jsonl, output_lines, wait_for
+
+
+def sdk(gateway, key: str) -> OpenAI:
+    return OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0, timeout=30)
+
+
+def drained_rows(request_ids: list[str]) -> list[LedgerEntry]:
+    drain()
+    return list(LedgerEntry.objects.filter(request_id__in=request_ids).order_by("request_id"))
+
+
+def test_the_openai_sdk_runs_a_batch_end_to_end(gateway, batch_worker, make_tenant, make_key, make_model):
+    tenant = make_tenant()
+    key = make_key(tenant)
+    model, (provider,) = make_model()
+    client = sdk(gateway, key)
+    prompts = [f"batch prompt {i}" for i in range(5)]
+    content = jsonl(model, prompts)
+
+    uploaded = client.files.create(file=("input.jsonl", content), purpose="batch")
+    assert (uploaded.purpose, uploaded.bytes, uploaded.filename, uploaded.object) == (
+        "batch",
+        len(content),
+        "input.jsonl",
+        "file",
+    )
+    assert client.files.retrieve(uploaded.id).id == uploaded.id
+    assert client.files.content(uploaded.id).content == content
+
+    created = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"job": "nightly"},
+    )
+    assert created.status == "validating"
+    assert created.input_file_id == uploaded.id
+    assert created.metadata == {"job": "nightly"}
+    assert created.expires_at - created.created_at == 24 * 3600
+
+    batch = finished(client, created.id)
+    assert batch.status == "completed"
+    assert batch.request_counts.model_dump() == {"total": 5, "completed": 5, "failed": 0}
+    assert batch.created_at <= batch.in_progress_at <= batch.finalizing_at <= batch.completed_at
+    assert batch.error_file_id is None
+    rows = output_lines(client, batch.output_file_id)
+    assert [row["custom_id"] for row in rows] == [f"req-{i}" for i in range(5)]
+    for i, row in enumerate(rows):
+        assert row["error"] is None
+        assert row["id"].startswith("batch_req_")
+        assert row["response"]["status_code"] == 200
+        assert row["response"]["request_id"] == f"{batch.id}:{i + 1}"
+        assert row["response"]["body"]["choices"][0]["message"]["content"] == answer_text(prompts[i])
+    output = client.files.retrieve(batch.output_file_id)
+    assert output.purpose == "batch_output"
+    assert batch.usage.input_tokens == sum(row["response"]["body"]["usage"]["prompt_tokens"] for row in rows)
+    assert batch.usage.output_tokens == 5 * 40
+
+    # Through the same path as interactive calls: one ledger row per request, billed to the batch's key.
+    ledger = drained_rows([f"{batch.id}:{i + 1}" for i in range(5)])
+    assert [row.status_code for row in ledger] == [200] * 5
+    assert {(row.tenant_id, row.key.digest, row.provider, row.model_requested) for row in ledger} == {
+        (tenant.pk, Batch.objects.get(public_id=batch.id).key.digest, provider, model)
+    }
+    assert all(row.cost_usd > 0 for row in ledger)
+
+    assert batch.id in [b.id for b in client.batches.list()]
+    assert {f.id for f in client.files.list(purpose="batch")} == {uploaded.id}
+
+
+def test_a_file_with_bad_lines_fails_the_batch_naming_each_line(gateway, batch_worker, tenant, api_key, model):
+    alias, _ = model
+    good = orjson.loads(jsonl(alias, ["fine"]).splitlines()[0])
+    lines = [
+        orjson.dumps(good),
+        b"{not json",
+        orjson.dumps({**good, "custom_id": "other", "method": "GET"}),
+        orjson.dumps({**good, "custom_id": "third", "url": "/v1/embeddings"}),
+        orjson.dumps(good),  # the same custom_id again
+        orjson.dumps({**good, "custom_id": "fifth", "body": {"model": alias, "messages": []}}),
+        orjson.dumps({**good, "custom_id": "sixth", "body": {**good["body"], "stream": True}}),
+    ]
+    client = sdk(gateway, api_key)
+    uploaded = client.files.create(file=("bad.jsonl", b"\n".join(lines)), purpose="batch")
+    batch = finished(
+        client,
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+    )
+
+    assert batch.status == "failed"
+    assert batch.failed_at is not None
+    assert [(e.line, e.code, e.param) for e in batch.errors.data] == [
+        (2, "invalid_json_line", None),
+        (3, "invalid_method", "method"),
+        (4, "mismatched_endpoint", "url"),
+        (5, "duplicate_custom_id", "custom_id"),
+        (6, "invalid_value", "body.messages"),
+        (7, "invalid_value", "body.stream"),
+    ]
+    assert not BatchItem.objects.filter(batch__public_id=batch.id).exists()  # nothing ran
+    assert batch.request_counts.total == 0
+
+
+def test_requests_that_fail_go_to_the_error_file(gateway, batch_worker, make_tenant, make_key, make_model):
+    tenant = make_tenant()
+    client = sdk(gateway, make_key(tenant))
+    alias, _ = make_model()
+    content = jsonl(alias, ["works"]) + jsonl("no-such-model", ["fails"]).replace(b"req-0", b"req-1")
+    uploaded = client.files.create(file=("mixed.jsonl", content), purpose="batch")
+    batch = finished(
+        client,
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+    )
+
+    assert batch.status == "completed"
+    assert batch.request_counts.model_dump() == {"total": 2, "completed": 1, "failed": 1}
+    assert [row["custom_id"] for row in output_lines(client, batch.output_file_id)] == ["req-0"]
+    (error,) = output_lines(client, batch.error_file_id)
+    assert error["custom_id"] == "req-1"
+    assert error["response"]["status_code"] == 404
+    assert error["response"]["body"]["error"]["code"] == "model_not_found"
+
+
+def test_items_wait_out_rate_limits_instead_of_failing(gateway, batch_worker, make_tenant, make_key, make_model):
+    """Batch items count against the key's limits like any request, but wait for capacity: with 2
+    requests per (2-second) window, 6 items take at least two more windows and none fails."""
+    tenant = make_tenant()
+    client = sdk(gateway, make_key(tenant, requests_per_minute=2))
+    alias, _ = make_model()
+    uploaded = client.files.create(file=("six.jsonl", jsonl(alias, [f"paced {i}" for i in range(6)])), purpose="batch")
+    batch = finished(
+        client,
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+    )
+
+    assert batch.request_counts.model_dump() == {"total": 6, "completed": 6, "failed": 0}
+    ledger = drained_rows([f"{batch.id}:{i}" for i in range(1, 7)])
+    assert [row.status_code for row in ledger] == [200] * 6  # no 429 was recorded: waits are not requests
+    # Waits happen inside the request (its latency), so look at when each one was answered.
+    answered = sorted(row.created_at for row in ledger)
+    assert (answered[-1] - answered[0]).total_seconds() >= 3.5
+
+
+def test_batch_pace_spaces_a_tenants_requests(gateway, batch_worker, make_tenant, make_key, make_model):
+    tenant = make_tenant(requests_per_minute=1000, batch_requests_per_minute=150)  # one every 0.4 s
+    client = sdk(gateway, make_key(tenant))
+    alias, _ = make_model()
+    uploaded = client.files.create(file=("paced.jsonl", jsonl(alias, [f"pace {i}" for i in range(6)])), purpose="batch")
+    batch = finished(
+        client,
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+    )
+
+    assert batch.request_counts.completed == 6
+    ledger = drained_rows([f"{batch.id}:{i}" for i in range(1, 7)])
+    answered = sorted(row.created_at.timestamp() for row in ledger)
+    gaps = [later - earlier for earlier, later in zip(answered, answered[1:], strict=False)]
+    assert min(gaps) >= 0.3  # 0.4 s apart, less the clock's resolution, though 4 could run at once
+
+
+def test_a_budget_refuses_batch_items_as_it_refuses_requests(gateway, batch_worker, make_tenant, make_key, make_model):
+    tenant = make_tenant()
+    Budget.objects.create(tenant=tenant, period="daily", limit_usd=Decimal("0.0000001"), hard=True)
+    client = sdk(gateway, make_key(tenant))
+    alias, _ = make_model()
+    uploaded = client.files.create(file=("broke.jsonl", jsonl(alias, ["too dear"])), purpose="batch")
+    batch = finished(
+        client,
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+    )
+
+    assert batch.request_counts.model_dump() == {"total": 1, "completed": 0, "failed": 1}
+    (error,) = output_lines(client, batch.error_file_id)
+    assert (error["response"]["status_code"], error["response"]["body"]["error"]["code"]) == (402, "budget_exceeded")
+
+
+def test_cancel_stops_new_work_and_closes_with_what_was_done(
+    gateway, batch_worker, make_tenant, make_key, make_model, mock_provider
+):
+    tenant = make_tenant(requests_per_minute=1000, batch_requests_per_minute=120)  # one every 0.5 s
+    client = sdk(gateway, make_key(tenant))
+    alias, (provider,) = make_model()
+    uploaded = client.files.create(file=("long.jsonl", jsonl(alias, [f"long {i}" for i in range(40)])), purpose="batch")
+    created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    wait_for(lambda: mock_provider.stats(provider)["completed"] >= 2, 30, "the batch to get going")
+
+    cancelling = client.batches.cancel(created.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    assert cancelling.cancelling_at is not None
+    batch = finished(client, created.id)
+    assert batch.status == "cancelled"
+    assert client.batches.cancel(created.id).status == "cancelled"  # again: nothing changes
+
+    done = output_lines(client, batch.output_file_id)
+    cancelled = output_lines(client, batch.error_file_id)
+    assert 2 <= len(done) < 40
+    assert len(done) + len(cancelled) == 40
+    assert {row["error"]["code"] for row in cancelled} == {"batch_cancelled"}
+    assert batch.request_counts.model_dump() == {"total": 40, "completed": len(done), "failed": 0}
+    calls = mock_provider.stats(provider)["calls"]
+    time.sleep(1.0)
+    assert mock_provider.stats(provider)["calls"] == calls  # nothing runs after it closed
+
+
+def test_another_tenants_files_and_batches_are_not_found(gateway, batch_worker, tenancy, make_key, make_model):
+    alias, _ = make_model()
+    mine, theirs = sdk(gateway, make_key(tenancy.tenant)), sdk(gateway, make_key(tenancy.other))
+    uploaded = mine.files.create(file=("mine.jsonl", jsonl(alias, ["private"])), purpose="batch")
+    batch = mine.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+    for attempt in (
+        lambda: theirs.files.retrieve(uploaded.id),
+        lambda: theirs.files.content(uploaded.id),
+        lambda: theirs.files.delete(uploaded.id),
+        lambda: theirs.batches.retrieve(batch.id),
+        lambda: theirs.batches.cancel(batch.id),
+        lambda: theirs.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            attempt()
+    assert uploaded.id not in [f.id for f in theirs.files.list()]
+    assert batch.id not in [b.id for b in theirs.batches.list()]
+    # ...and nothing of theirs changed mine.
+    assert BatchFile.objects.get(public_id=uploaded.id).deleted_at is None
+    assert Batch.objects.filter(public_id=batch.id).count() == 1
+    assert finished(mine, batch.id).status == "completed"
+
+
+def test_bad_requests_get_precise_errors_and_change_nothing(gateway, batch_worker, tenant, api_key, model):
+    alias, _ = model
+    client = sdk(gateway, api_key)
+    headers = {"authorization": f"Bearer {api_key}"}
+    files_before, batches_before = BatchFile.objects.count(), Batch.objects.count()
+
+    def error(response: httpx.Response) -> tuple[int, str, str | None]:
+        body = response.json()["error"]
+        return response.status_code, body["code"], body["param"]
+
+    url = gateway.base_url
+    assert error(
+        httpx.post(f"{url}/files", headers=headers, files={"file": ("a.jsonl", b"{}")}, data={"purpose": "fine-tune"})
+    ) == (400, "invalid_value", "purpose")
+    assert error(httpx.post(f"{url}/files", headers=headers, files={"purpose": (None, "batch")})) == (
+        400,
+        "missing_required_parameter",
+        "file",
+    )
+    assert error(
+        httpx.post(f"{url}/files", headers=headers, files={"file": ("a.jsonl", b"\xff\xfe")}, data={"purpose": "batch"})
+    ) == (400, "invalid_file", "file")
+    assert error(httpx.post(f"{url}/files", headers=headers, json={"purpose": "batch"})) == (400, "invalid_value", None)
+    assert error(
+        httpx.post(
+            f"{url}/batches",
+            headers=headers,
+            json={"input_file_id": "file-x", "endpoint": "/v1/embeddings", "completion_window": "24h"},
+        )
+    ) == (400, "invalid_value", "endpoint")
+    assert error(
+        httpx.post(
+            f"{url}/batches",
+            headers=headers,
+            json={"input_file_id": "file-x", "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        )
+    ) == (404, "file_not_found", "input_file_id")
+    assert error(httpx.get(f"{url}/batches", headers=headers, params={"limit": 0})) == (400, "invalid_value", "limit")
+    assert error(httpx.get(f"{url}/batches/batch_nope", headers=headers)) == (404, "batch_not_found", None)
+    assert error(httpx.get(f"{url}/files", headers={"authorization": "Bearer sk-sen-wrong"})) == (
+        401,
+        "invalid_api_key",
+        None,
+    )
+    assert httpx.put(f"{url}/batches", headers=headers).status_code == 405
+    assert (BatchFile.objects.count(), Batch.objects.count()) == (files_before, batches_before)
+
+    uploaded = client.files.create(file=("ok.jsonl", jsonl(alias, ["done soon"])), purpose="batch")
+    batch = finished(
+        client,
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+    )
+    with pytest.raises(openai.ConflictError) as refused:
+        client.batches.cancel(batch.id)
+    assert refused.value.code == "batch_not_cancellable"
+    assert client.batches.retrieve(batch.id).status == "completed"
+
+    assert client.files.delete(uploaded.id).deleted is True
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(uploaded.id)
+    assert client.batches.retrieve(batch.id).input_file_id == uploaded.id  # the batch still names it
