@@ -3,9 +3,13 @@
 
 from django import forms
 from django.contrib import admin, messages
+from django.db.models import Count, Q
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
+from gateway.admission import deployment_in_flight, provider_spend_today
+from gateway.batches.models import Batch, BatchItem
+from gateway.batches.services import batch_cancel
 from gateway.breakers import breaker_force, breaker_snapshot
 from gateway.cache.services import cache_invalidate
 from gateway.localstate import announce_change
@@ -61,18 +65,31 @@ class ProviderForm(forms.ModelForm):
             "timeout_seconds",
             "first_token_timeout_seconds",
             "litellm_params",
+            "daily_spend_cap_usd",
         ]
 
 
 @admin.register(Provider)
 class ProviderAdmin(AnnouncesChanges):
     form = ProviderForm
-    list_display = ["name", "kind", "api_base", "key_configured", "timeout_seconds"]
+    list_display = ["name", "kind", "api_base", "key_configured", "timeout_seconds", "spend_today"]
     search_fields = ["name", "kind"]
+    readonly_fields = ["spend_today"]
 
     @admin.display(boolean=True, description="API key")
     def key_configured(self, obj):
         return obj.has_api_key
+
+    @admin.display(description="spent today (UTC) / daily cap")
+    def spend_today(self, obj):
+        """As the gateway counts it in Redis: what its deployments' requests cost today. At the cap, the
+        provider's deployments are skipped until the day ends."""
+        spent = provider_spend_today(obj.pk)
+        shown = "unknown (Redis unreachable)" if spent is None else f"${spent.normalize():f}"
+        if obj.daily_spend_cap_usd is None:
+            return f"{shown} (no cap)"
+        reached = " — cap reached, traffic moved on" if spent is not None and spent >= obj.daily_spend_cap_usd else ""
+        return f"{shown} of ${obj.daily_spend_cap_usd.normalize():f}{reached}"
 
     def save_model(self, request, obj, form, change):
         if form.cleaned_data.get("clear_api_key"):
@@ -88,11 +105,28 @@ class ReasonForm(forms.Form):
 
 @admin.register(Deployment)
 class DeploymentAdmin(AnnouncesChanges):
-    list_display = ["name", "provider", "litellm_model", "weight", "enabled", "breaker", "forced_state"]
+    list_display = [
+        "name",
+        "provider",
+        "litellm_model",
+        "weight",
+        "enabled",
+        "breaker",
+        "forced_state",
+        "in_flight",
+    ]
     list_filter = ["enabled", "provider", "forced_state"]
     list_select_related = ["provider"]
     search_fields = ["name", "litellm_model"]
-    readonly_fields = ["breaker", "forced_state", "recent_transitions"]
+    readonly_fields = ["breaker", "forced_state", "in_flight", "recent_transitions"]
+
+    @admin.display(description="in flight / max")
+    def in_flight(self, obj):
+        if obj.max_concurrent is None:
+            return "no limit"
+        now = deployment_in_flight(obj.pk)
+        return f"{'?' if now is None else now} / {obj.max_concurrent}"
+
     actions = ["force_open", "force_closed", "release"]
 
     @admin.display(description="circuit breaker")
@@ -286,3 +320,55 @@ class CacheEntryAdmin(TenantScopedAdmin):
 
     def delete_model(self, request, obj):
         cache_invalidate(entries=CacheEntry.objects.filter(pk=obj.pk))
+
+
+@admin.register(Batch)
+class BatchAdmin(admin.ModelAdmin):
+    """Batches as their tenants see them through /v1/batches, for operators: read only, cancellable."""
+
+    list_display = ["public_id", "tenant", "status", "requests", "succeeded", "failed", "created_at", "expires_at"]
+    list_filter = ["status"]
+    list_select_related = ["tenant"]
+    search_fields = ["public_id", "tenant__slug"]
+    date_hierarchy = "created_at"
+    readonly_fields = [f.name for f in Batch._meta.fields]
+    actions = ["cancel"]
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .defer("errors", "metadata")
+            .annotate(
+                item_count=Count("items"),
+                succeeded_count=Count("items", filter=Q(items__status=BatchItem.Status.SUCCEEDED)),
+                failed_count=Count(
+                    "items", filter=Q(items__status__in=(BatchItem.Status.FAILED, BatchItem.Status.EXPIRED))
+                ),
+            )
+        )
+
+    @admin.display(description="requests", ordering="item_count")
+    def requests(self, obj):
+        return obj.item_count
+
+    @admin.display(description="succeeded", ordering="succeeded_count")
+    def succeeded(self, obj):
+        return obj.succeeded_count
+
+    @admin.display(description="failed", ordering="failed_count")
+    def failed(self, obj):
+        return obj.failed_count
+
+    @admin.action(description="Cancel selected batches (requests in flight finish)")
+    def cancel(self, request, queryset):
+        running = queryset.filter(status__in=(Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS))
+        for batch in running:
+            batch_cancel(batch=batch)
+        self.message_user(request, f"Cancelling {len(running)} batch(es).", messages.SUCCESS)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

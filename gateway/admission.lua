@@ -127,8 +127,9 @@ for _, e in ipairs(limits) do
     redis.call('ZADD', e.log, now, rid)
     redis.call('PEXPIRE', e.log, e.window + 1000)
   elseif e.kind == 't' then
-    redis.call('ZADD', e.log, now, rid .. '|' .. ARGV[2])
-    redis.call('INCRBY', e.sum, ARGV[2])
+    -- A request id already holding an entry (a batch item run again after its worker died) is
+    -- counted once: the sum grows only with a new entry.
+    if redis.call('ZADD', e.log, now, rid .. '|' .. ARGV[2]) == 1 then redis.call('INCRBY', e.sum, ARGV[2]) end
     redis.call('PEXPIRE', e.log, e.window + 1000)
     redis.call('PEXPIRE', e.sum, e.window + 1000)
   else
@@ -137,8 +138,7 @@ for _, e in ipairs(limits) do
   end
 end
 for _, b in ipairs(budgets) do
-  redis.call('ZADD', b.log, now + lease, rid .. '|' .. cost)
-  redis.call('INCRBY', b.sum, cost)
+  if redis.call('ZADD', b.log, now + lease, rid .. '|' .. cost) == 1 then redis.call('INCRBY', b.sum, cost) end
   redis.call('EXPIRE', b.log, b.ttl)
   redis.call('EXPIRE', b.sum, b.ttl)
 end

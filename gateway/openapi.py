@@ -322,7 +322,7 @@ def batch_paths(components: dict[str, Any]) -> dict[str, Any]:
                     **_error_responses(
                         {
                             400: "`missing_required_parameter`, `invalid_value` (purpose other than batch, not "
-                            "multipart), `empty_file`, `invalid_file` (not UTF-8).",
+                            "multipart). The content is checked when a batch uses the file (the batch's `errors`).",
                             **_KEY_ERRORS,
                             413: "`file_too_large` or `request_too_large`: over SENTINEL_BATCH_MAX_FILE_BYTES.",
                         }
@@ -349,7 +349,9 @@ def batch_paths(components: dict[str, Any]) -> dict[str, Any]:
                 "List your tenant's files",
                 {
                     "200": _json(_page(file), "A page of files."),
-                    **_error_responses({400: "A bad parameter.", **_KEY_ERRORS}),
+                    **_error_responses(
+                        {400: "A bad parameter.", **_KEY_ERRORS, 404: "`file_not_found`: no such file as `after`."}
+                    ),
                 },
                 parameters=[
                     _query("purpose", {"type": "string"}, "Only files of this purpose."),
@@ -416,7 +418,9 @@ def batch_paths(components: dict[str, Any]) -> dict[str, Any]:
                 "List your tenant's batches, newest first",
                 {
                     "200": _json(_page(batch), "A page of batches."),
-                    **_error_responses({400: "A bad parameter.", **_KEY_ERRORS}),
+                    **_error_responses(
+                        {400: "A bad parameter.", **_KEY_ERRORS, 404: "`batch_not_found`: no such batch as `after`."}
+                    ),
                 },
                 parameters=[
                     _query("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size (20)."),

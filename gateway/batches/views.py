@@ -112,13 +112,8 @@ async def file_upload(request: HttpRequest, key: KeyInfo) -> HttpResponse:
         raise GatewayError(
             413, "file_too_large", f"The file is larger than {settings.BATCH_MAX_FILE_BYTES} bytes.", param="file"
         )
+    # Stored as sent: what is in it is checked line by line when a batch uses it (batch `errors`).
     content = await sync_to_async(upload.read)()
-    if not content.strip():
-        raise invalid_request("The file is empty.", param="file", code="empty_file")
-    try:
-        content.decode("utf-8")
-    except UnicodeDecodeError:
-        raise invalid_request("A batch file must be UTF-8 text (JSONL).", param="file", code="invalid_file") from None
     file = await sync_to_async(services.file_create)(
         tenant_id=key.tenant_id,
         key_id=key.key_id,
@@ -138,7 +133,7 @@ async def file_list(request: HttpRequest, key: KeyInfo) -> HttpResponse:
     if "after" in request.GET:
         after = await sync_to_async(selectors.file_for)(tenant_id=key.tenant_id, public_id=request.GET["after"])
         if after is None:
-            raise invalid_request("after must be the id of one of your files.", param="after", code="invalid_value")
+            raise not_found("file", request.GET["after"], param="after")
     rows, more = await sync_to_async(selectors.files_page)(
         tenant_id=key.tenant_id,
         purpose=request.GET.get("purpose"),
@@ -226,7 +221,7 @@ async def batch_list(request: HttpRequest, key: KeyInfo) -> HttpResponse:
     if "after" in request.GET:
         after = await sync_to_async(selectors.batch_for)(tenant_id=key.tenant_id, public_id=request.GET["after"])
         if after is None:
-            raise invalid_request("after must be the id of one of your batches.", param="after", code="invalid_value")
+            raise not_found("batch", request.GET["after"], param="after")
     rows, more = await sync_to_async(selectors.batches_page)(tenant_id=key.tenant_id, after=after, limit=limit)
     counts = await sync_to_async(selectors.request_counts)([row.pk for row in rows])
     return list_response([selectors.batch_object(row, counts[row.pk]) for row in rows], more)

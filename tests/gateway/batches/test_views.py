@@ -16,6 +16,7 @@ from billing.ledger import drain
 from billing.models import LedgerEntry
 from gateway.batches.models import Batch, BatchFile, BatchItem
 from gateway.mock_provider import answer_text
+from gateway.models import Deployment
 from tenants.models import Budget
 from tests.gateway.batches.conftest import finished, jsonl, output_lines, wait_for
 
@@ -119,6 +120,21 @@ def test_a_file_with_bad_lines_fails_the_batch_naming_each_line(gateway, batch_w
     ]
     assert not BatchItem.objects.filter(batch__public_id=batch.id).exists()  # nothing ran
     assert batch.request_counts.total == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "code"), [(b"\xff\xfe binary", "invalid_file"), (b"", "empty_file"), (b"\n\n", "empty_file")]
+)
+def test_a_file_that_is_not_jsonl_fails_the_batch(content, code, gateway, batch_worker, api_key):
+    client = sdk(gateway, api_key)
+    uploaded = client.files.create(file=("odd.bin", content), purpose="batch")  # stored as sent
+    assert uploaded.bytes == len(content)
+    batch = finished(
+        client,
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+    )
+    assert batch.status == "failed"
+    assert [(e.code, e.line) for e in batch.errors.data] == [(code, None)]
 
 
 def test_requests_that_fail_go_to_the_error_file(gateway, batch_worker, make_tenant, make_key, make_model):
@@ -267,9 +283,6 @@ def test_bad_requests_get_precise_errors_and_change_nothing(gateway, batch_worke
         "missing_required_parameter",
         "file",
     )
-    assert error(
-        httpx.post(f"{url}/files", headers=headers, files={"file": ("a.jsonl", b"\xff\xfe")}, data={"purpose": "batch"})
-    ) == (400, "invalid_file", "file")
     assert error(httpx.post(f"{url}/files", headers=headers, json={"purpose": "batch"})) == (400, "invalid_value", None)
     assert error(
         httpx.post(
@@ -309,3 +322,26 @@ def test_bad_requests_get_precise_errors_and_change_nothing(gateway, batch_worke
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(uploaded.id)
     assert client.batches.retrieve(batch.id).input_file_id == uploaded.id  # the batch still names it
+
+
+def test_batch_items_wait_for_a_saturated_deployment_instead_of_being_shed(
+    gateway, batch_worker, make_tenant, make_key, make_model, mock_provider
+):
+    tenant = make_tenant()
+    client = sdk(gateway, make_key(tenant))
+    alias, (provider,) = make_model()
+    Deployment.objects.filter(name=provider).update(max_concurrent=1)
+    mock_provider.control(provider, slow_ms=300)
+    uploaded = client.files.create(
+        file=("queue.jsonl", jsonl(alias, [f"queued {i}" for i in range(5)])), purpose="batch"
+    )
+    batch = finished(
+        client,
+        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h").id,
+    )
+
+    assert batch.request_counts.model_dump() == {"total": 5, "completed": 5, "failed": 0}
+    stats = mock_provider.stats(provider)
+    assert (stats["calls"], stats["max_in_flight"]) == (5, 1)  # one at a time, as the limit says
+    ledger = drained_rows([f"{batch.id}:{i}" for i in range(1, 6)])
+    assert [row.status_code for row in ledger] == [200] * 5  # waiting was not a shed request

@@ -1,0 +1,110 @@
+"""Refusal escalation: a model that refuses or apologizes instead of answering is asked again, once,
+on the tenant's smart model (a per-tenant switch), and the response says so."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import httpx
+import pytest
+
+from billing.ledger import drain
+from billing.models import LedgerEntry
+from gateway.mock_provider import REFUSAL_TEXT, answer_text
+
+PROMPT = "[[refuse]] How do I pick the lock of my own shed?"
+
+
+@pytest.fixture
+def escalating(make_tenant, make_key, make_model, mock_provider):
+    """A small model whose provider refuses, and a smart model whose provider does not."""
+
+    def make(escalate: bool = True):
+        small, (small_provider,) = make_model()
+        smart, (smart_provider,) = make_model(litellm_model="openai/gpt-4o")
+        mock_provider.control(smart_provider, refuses=False)
+        tenant = make_tenant(auto_smart_model=smart, escalate_refusals=escalate)
+        return tenant, make_key(tenant), small, smart, small_provider, smart_provider
+
+    return make
+
+
+def ask(gateway, key: str, model: str, prompt: str = PROMPT, **body) -> httpx.Response:
+    return httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        headers={"authorization": f"Bearer {key}", "x-sentinel-cache-control": "no-cache, no-store"},
+        json={"model": model, "messages": [{"role": "user", "content": prompt}], **body},
+        timeout=30,
+    )
+
+
+def ledger_row(tenant, response: httpx.Response) -> LedgerEntry:
+    drain()
+    return LedgerEntry.objects.get(tenant=tenant, request_id=response.headers["x-sentinel-request-id"])
+
+
+def test_a_refusal_is_retried_once_on_the_smart_model(gateway, escalating, mock_provider):
+    tenant, key, small, _, small_provider, smart_provider = escalating()
+    response = ask(gateway, key, small)
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["choices"][0]["message"]["content"] == answer_text(PROMPT, refuses=False)
+    assert response.headers["x-sentinel-escalated"] == f"{small_provider}->{smart_provider}"
+    assert response.headers["x-sentinel-provider"] == smart_provider
+    assert mock_provider.stats(small_provider)["calls"] == mock_provider.stats(smart_provider)["calls"] == 1
+
+    # Both calls were paid for: the record bills both, and says what happened.
+    row = ledger_row(tenant, response)
+    refusal_tokens = len(REFUSAL_TEXT.split())
+    assert row.escalated_from == small_provider
+    assert (row.provider, row.model_served) == (smart_provider, "openai/gpt-4o")
+    assert row.prompt_tokens == 2 * body["usage"]["prompt_tokens"]
+    assert row.completion_tokens == refusal_tokens + body["usage"]["completion_tokens"]
+    assert row.cost_usd == Decimal(response.headers["x-sentinel-cost-usd"])
+    smart_alone = (Decimal("2.5e-6") * body["usage"]["prompt_tokens"] + Decimal("1e-5") * 40).quantize(Decimal("1e-10"))
+    assert row.cost_usd > smart_alone
+
+
+def test_without_the_switch_the_refusal_is_the_answer(gateway, escalating, mock_provider):
+    tenant, key, small, _, small_provider, smart_provider = escalating(escalate=False)
+    response = ask(gateway, key, small)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == REFUSAL_TEXT
+    assert "x-sentinel-escalated" not in response.headers
+    assert mock_provider.stats(smart_provider)["calls"] == 0
+    assert ledger_row(tenant, response).escalated_from == ""
+
+
+def test_answers_and_the_smart_models_own_refusals_are_not_escalated(gateway, escalating, mock_provider):
+    tenant, key, small, smart, _, smart_provider = escalating()
+    mock_provider.control(smart_provider, refuses=True)
+    answered = ask(gateway, key, small, prompt="What is the capital of Chile?")
+    refused_by_smart = ask(gateway, key, smart)
+    assert "x-sentinel-escalated" not in answered.headers
+    assert answered.json()["choices"][0]["message"]["content"] == answer_text("What is the capital of Chile?")
+    assert refused_by_smart.json()["choices"][0]["message"]["content"] == REFUSAL_TEXT  # nothing stronger to ask
+    assert "x-sentinel-escalated" not in refused_by_smart.headers
+    assert mock_provider.stats(smart_provider)["calls"] == 1
+
+
+def test_streams_are_not_escalated(gateway, escalating, mock_provider):
+    """A stream's first tokens are relayed as they come: by the time a refusal shows, it is the client's."""
+    _, key, small, _, _, smart_provider = escalating()
+    response = ask(gateway, key, small, stream=True)
+    assert response.status_code == 200
+    assert "x-sentinel-escalated" not in response.headers
+    assert "sorry" in response.text
+    assert mock_provider.stats(smart_provider)["calls"] == 0
+
+
+def test_when_the_smart_model_fails_the_refusal_stands(gateway, escalating, mock_provider):
+    tenant, key, small, _, small_provider, smart_provider = escalating()
+    mock_provider.control(smart_provider, error_rate=1.0, error_status=503)
+    response = ask(gateway, key, small)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == REFUSAL_TEXT
+    assert "x-sentinel-escalated" not in response.headers
+    assert response.headers["x-sentinel-provider"] == small_provider
+    row = ledger_row(tenant, response)
+    assert (row.provider, row.escalated_from, row.completion_tokens) == (small_provider, "", len(REFUSAL_TEXT.split()))
