@@ -19,6 +19,7 @@ from gateway.mock_provider import answer_text
 from gateway.models import Deployment
 from tenants.models import Budget
 from tests.gateway.batches.conftest import finished, jsonl, output_lines, wait_for
+from tests.servers import start_gateway
 
 
 def sdk(gateway, key: str) -> OpenAI:
@@ -345,3 +346,24 @@ def test_batch_items_wait_for_a_saturated_deployment_instead_of_being_shed(
     assert (stats["calls"], stats["max_in_flight"]) == (5, 1)  # one at a time, as the limit says
     ledger = drained_rows([f"{batch.id}:{i}" for i in range(1, 6)])
     assert [row.status_code for row in ledger] == [200] * 5  # waiting was not a shed request
+
+
+def test_upload_size_has_its_own_bound(gateway, api_key, test_database_name):
+    """Files are bounded by SENTINEL_BATCH_MAX_FILE_BYTES, not by the API's request body limit."""
+    big = b'{"custom_id": "x"}\n' * (5 * 1024 * 1024 // 19)  # over the 4 MiB body limit of other requests
+    assert sdk(gateway, api_key).files.create(file=("big.jsonl", big), purpose="batch").bytes == len(big)
+
+    small = start_gateway(test_database_name, env={"SENTINEL_BATCH_MAX_FILE_BYTES": "1000"})
+    try:
+        client = sdk(small, api_key)
+        files_before = BatchFile.objects.count()
+        with pytest.raises(openai.APIStatusError) as over:
+            client.files.create(file=("over.jsonl", b"x" * 1010), purpose="batch")
+        assert (over.value.status_code, over.value.code) == (413, "file_too_large")
+        with pytest.raises(openai.APIStatusError) as far_over:
+            client.files.create(file=("far.jsonl", b"x" * 200_000), purpose="batch")
+        assert (far_over.value.status_code, far_over.value.code) == (413, "request_too_large")  # not even read
+        assert BatchFile.objects.count() == files_before
+        assert client.files.create(file=("fits.jsonl", b"x" * 1000), purpose="batch").bytes == 1000
+    finally:
+        small.stop()
