@@ -308,7 +308,7 @@ def batch_paths(components: dict[str, Any]) -> dict[str, Any]:
     file = _component(FileObject, "OpenAI", components)
     deleted = _component(FileDeleted, "OpenAI", components)
     batch = _component(Batch, "OpenAI", components)
-    create = _component(BatchCreate, "Batch", components)
+    create = _component(BatchCreate, "Sentinel", components)
     file_id = _path_id("file_id", "A file's id (file-...).")
     batch_id = _path_id("batch_id", "A batch's id (batch_...).")
     after = _query("after", {"type": "string"}, "The last id of the previous page.")
