@@ -1,24 +1,26 @@
 """`model: "auto"` classifier benchmark: how long gateway.autoroute.classify takes per prompt on the
 labeled set (tests/data/routing_eval.jsonl), on the request path's own thread. No servers needed.
 
-    python -m bench.routing [--rounds 50] [--quick]
+    python -m bench routing [--rounds 50] [--quick]
 
-Prints p50 / p99 / max over prompts (each prompt's median over the rounds) and the raw p99 over
-all calls; writes bench/results/routing.json.
+Each prompt's time is its median over the rounds (what the classifier costs, without the scheduling
+noise of a shared machine); the table shows p50 / p99 / max over the prompts, and the raw p99 over all
+calls. Writes bench/results/routing.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+import orjson
+
+from bench.report import envelope, table, write_json
+from bench.stack import BASE_DIR
+
 DATA = BASE_DIR / "tests" / "data" / "routing_eval.jsonl"
-RESULTS = BASE_DIR / "bench" / "results" / "routing.json"
+RESULTS_DIR = BASE_DIR / "bench" / "results"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -27,11 +29,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measure(prompts: list[str], rounds: int) -> dict:
-    sys.path.insert(0, str(BASE_DIR))
     from gateway.autoroute import classify
 
     conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]
-    for messages in conversations:  # warm up: compiled patterns, caches
+    for messages in conversations:  # warm up
         classify(messages)
     per_prompt: list[list[float]] = [[] for _ in prompts]
     clock = time.perf_counter_ns
@@ -41,8 +42,6 @@ def measure(prompts: list[str], rounds: int) -> dict:
             classify(messages)
             timings.append((clock() - started) / 1000)
     calls = [t for timings in per_prompt for t in timings]
-    # A prompt's own time is its median over the rounds: what the classifier costs, without the
-    # scheduling noise of a shared machine (which the raw p99 shows).
     medians = [statistics.median(timings) for timings in per_prompt]
     slowest = max(range(len(prompts)), key=lambda i: medians[i])
     return {
@@ -56,23 +55,24 @@ def measure(prompts: list[str], rounds: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench routing", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="5 rounds")
     args = parser.parse_args(argv)
-    prompts = [json.loads(line)["prompt"] for line in DATA.read_text().splitlines() if line.strip()]
+    prompts = [orjson.loads(line)["prompt"] for line in DATA.read_text().splitlines() if line.strip()]
     result = measure(prompts, 5 if args.quick else args.rounds)
-    print("per prompt (median of its rounds):")
-    print(f"{'prompts':>10} {'calls':>8} {'p50 µs':>8} {'p99 µs':>8} {'max µs':>8} {'(chars)':>8} {'raw p99 µs':>11}")
     print(
-        f"{result['prompts']:>10} {result['calls']:>8} {result['p50_us']:>8} {result['p99_us']:>8} "
-        f"{result['max_us']:>8} {result['slowest_prompt_chars']:>8} {result['raw_p99_us']:>11}"
+        table(
+            ["prompts", "calls", "p50 µs", "p99 µs", "max µs", "(its chars)", "raw p99 µs"],
+            [
+                [
+                    result[k]
+                    for k in ("prompts", "calls", "p50_us", "p99_us", "max_us", "slowest_prompt_chars", "raw_p99_us")
+                ]
+            ],
+            title="classify() per prompt (median of its rounds)",
+        )
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
-    return result
-
-
-if __name__ == "__main__":
-    main()
+    write_json(RESULTS_DIR, "routing", {**envelope("routing", quick=args.quick), "results": result})
+    return 0

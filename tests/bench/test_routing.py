@@ -1,13 +1,16 @@
 """bench/routing.py runs on the labeled set and reports per-prompt timings."""
 
-import json
+import orjson
 
 from bench import routing
 
 
-def test_the_routing_benchmark_reports_per_prompt_timings():
-    result = routing.main(["--quick"])
+def test_the_routing_benchmark_reports_per_prompt_timings(capsys):
+    assert routing.main(["--quick"]) == 0
+    saved = orjson.loads((routing.RESULTS_DIR / "routing.json").read_bytes())
+    result = saved["results"]
+    assert (saved["scenario"], saved["quick"]) == ("routing", True)
     assert result["prompts"] >= 200
     assert result["calls"] == 5 * result["prompts"]
     assert 0 < result["p50_us"] <= result["p99_us"] <= result["max_us"]
-    assert json.loads(routing.RESULTS.read_text()) == result
+    assert "classify() per prompt" in capsys.readouterr().out
