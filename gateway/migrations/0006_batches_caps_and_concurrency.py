@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('gateway', '0005_cache_entries'),
-        ('tenants', '0005_routing_and_batch_settings'),
+        ('tenants', '0007_routing_and_batch_settings'),
     ]
 
     operations = [

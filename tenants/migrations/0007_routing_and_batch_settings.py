@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tenants', '0004_cache_settings'),
+        ('tenants', '0006_role_groups'),
     ]
 
     operations = [
