@@ -323,13 +323,14 @@ class CacheEntryAdmin(TenantScopedAdmin):
 
 
 @admin.register(Batch)
-class BatchAdmin(admin.ModelAdmin):
-    """Batches as their tenants see them through /v1/batches, for operators: read only, cancellable."""
+class BatchAdmin(TenantScopedAdmin):
+    """Batches as their tenants see them through /v1/batches: read only; tenant admins (and operators)
+    may cancel them."""
 
     list_display = ["public_id", "tenant", "status", "requests", "succeeded", "failed", "created_at", "expires_at"]
-    list_filter = ["status"]
+    list_filter = ["status", TenantFilter]
     list_select_related = ["tenant"]
-    search_fields = ["public_id", "tenant__slug"]
+    search_fields = ["public_id", "input_file__filename"]
     date_hierarchy = "created_at"
     readonly_fields = [f.name for f in Batch._meta.fields]
     actions = ["cancel"]
@@ -360,15 +361,22 @@ class BatchAdmin(admin.ModelAdmin):
     def failed(self, obj):
         return obj.failed_count
 
-    @admin.action(description="Cancel selected batches (requests in flight finish)")
+    @admin.action(description="Cancel selected batches (requests in flight finish)", permissions=["cancel"])
     def cancel(self, request, queryset):
+        # response_action has already narrowed the selection to the tenants the user manages.
         running = queryset.filter(status__in=(Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS))
         for batch in running:
             batch_cancel(batch=batch)
         self.message_user(request, f"Cancelling {len(running)} batch(es).", messages.SUCCESS)
+
+    def has_cancel_permission(self, request):
+        return self.has_view_permission(request) and self._allowed(request, None, self.manage_roles)
 
     def has_add_permission(self, request):
         return False
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a batch's rows are its tenant's record of the work; cancel it instead

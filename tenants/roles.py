@@ -45,6 +45,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "billing.view_spendreport",
         "gateway.view_cacheentry",
         "gateway.delete_cacheentry",
+        "gateway.view_batch",
     ],
 }
 
@@ -59,7 +60,14 @@ def role_groups_sync(*, apps=django_apps) -> None:
         wanted = []
         for dotted in ROLE_PERMISSIONS[role]:
             app_label, codename = dotted.split(".")
-            wanted.append(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+            found = Permission.objects.filter(content_type__app_label=app_label, codename=codename).first()
+            if found is None:
+                try:
+                    apps.get_model(app_label, codename.split("_", 1)[1])
+                except LookupError:
+                    continue  # a model of a later migration, which syncs the groups again
+                raise LookupError(f"no permission {dotted}")
+            wanted.append(found)
         group.permissions.set(wanted)
 
 

@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from billing.models import LedgerEntry
-from gateway.models import CacheEntry
+from gateway.models import Batch, BatchFile, CacheEntry
 from tenants.models import Budget, BudgetAlert, Membership, VirtualKey, WebhookDelivery, WebhookEndpoint
 from tenants.services import key_create
 from tests.conftest import unique
@@ -40,6 +40,9 @@ def _objects(tenancy, tenant, member, marker: str, side: str) -> dict:
     endpoint = WebhookEndpoint.objects.create(tenant=tenant, url=f"http://127.0.0.1:9/{marker}-{side}")
     endpoint.set_secret("s")
     endpoint.save()
+    batch_input = BatchFile.objects.create(
+        tenant=tenant, key=key, purpose="batch", filename=f"{marker}-{side}.jsonl", bytes=0, content=b""
+    )
     return {
         "tenant": tenant,
         "membership": Membership.objects.get(tenant=tenant, user=member),
@@ -64,6 +67,15 @@ def _objects(tenancy, tenant, member, marker: str, side: str) -> dict:
             prompt=f"{marker} {side}",
             answer={"content": "x"},
             cost_usd=0,
+            expires_at=timezone.now(),
+        ),
+        "batch": Batch.objects.create(
+            tenant=tenant,
+            key=key,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            input_file=batch_input,
+            status=Batch.Status.IN_PROGRESS,
             expires_at=timezone.now(),
         ),
     }

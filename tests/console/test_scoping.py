@@ -8,6 +8,7 @@ import pytest
 from django.contrib import admin
 from django.urls import reverse
 
+from gateway.models import Batch
 from sentinel.console.scoping import TenantFilter
 from tenants.models import Budget, VirtualKey
 from tests.console.conftest import as_user
@@ -24,6 +25,7 @@ SCOPED = {
     "webhookdelivery": ("tenants", {"admin"}, False, None),
     "ledgerentry": ("billing", {"admin"}, False, None),
     "cacheentry": ("gateway", {"admin"}, False, None),
+    "batch": ("gateway", {"admin"}, False, None),
 }
 # Not lists of rows: pages scoped on their own terms (tests/billing/test_admin.py).
 PAGES = {"spendreport"}
@@ -194,6 +196,14 @@ def test_actions_reach_only_rows_the_user_manages(world):
     assert VirtualKey.objects.get(pk=a.pk).status == "revoked"
     assert VirtualKey.objects.get(pk=b.pk).status == "active"
     as_user(t.viewer).post(url("virtualkey", "changelist"), {"action": "revoke", "_selected_action": [a.pk]})
+    batch_a, batch_b = world.a["batch"], world.b["batch"]
+    as_user(t.viewer).post(url("batch", "changelist"), {"action": "cancel", "_selected_action": [batch_a.pk]})
+    assert Batch.objects.get(pk=batch_a.pk).status == "in_progress"  # viewers cancel nothing
+    as_user(t.owner).post(
+        url("batch", "changelist"), {"action": "cancel", "_selected_action": [batch_a.pk, batch_b.pk]}
+    )
+    assert Batch.objects.get(pk=batch_a.pk).status == "cancelling"
+    assert Batch.objects.get(pk=batch_b.pk).status == "in_progress"
     cached_a, cached_b = world.a["cacheentry"], world.b["cacheentry"]
     as_user(t.owner).post(
         url("cacheentry", "changelist"), {"action": "invalidate", "_selected_action": [cached_a.pk, cached_b.pk]}
