@@ -13,6 +13,7 @@ from gateway.schemas import validation_error
 
 ENDPOINT = "/v1/chat/completions"
 MAX_METADATA_PAIRS = 16
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL stores no NUL character in text or JSON
 
 
 class BatchCreate(BaseModel):
@@ -24,7 +25,10 @@ class BatchCreate(BaseModel):
     completion_window: Literal["24h"]
     metadata: (
         Annotated[
-            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+            dict[
+                Annotated[str, Field(max_length=64, pattern=NO_NUL)],
+                Annotated[str, Field(max_length=512, pattern=NO_NUL)],
+            ],
             Field(max_length=MAX_METADATA_PAIRS),
         ]
         | None

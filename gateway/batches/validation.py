@@ -67,6 +67,10 @@ def read_requests(content: bytes, *, endpoint: str, max_requests: int) -> tuple[
 
 
 def _read_line(raw: str, number: int, endpoint: str) -> tuple[Request | None, dict | None]:
+    if "\\u0000" in raw:
+        return None, line_error(
+            "invalid_json_line", "NUL characters (\\u0000) cannot be stored; remove them.", line=number
+        )
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

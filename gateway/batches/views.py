@@ -3,6 +3,8 @@ endpoint): authenticated with a virtual key and scoped to its tenant; another te
 
 from __future__ import annotations
 
+import re
+
 import orjson
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -16,6 +18,7 @@ from gateway.batches.schemas import parse_batch_create
 from gateway.errors import GatewayError, invalid_request
 
 FINISHED = (Batch.Status.COMPLETED, Batch.Status.FAILED, Batch.Status.EXPIRED)
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def json_response(payload: dict, status: int = 200) -> HttpResponse:
@@ -54,7 +57,7 @@ def page_size(request: HttpRequest, default: int, most: int) -> int:
     raw = request.GET.get("limit")
     if raw is None:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= most:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:
         raise invalid_request(f"limit must be an integer from 1 to {most}.", param="limit", code="invalid_value")
     return int(raw)
 
@@ -117,7 +120,7 @@ async def file_upload(request: HttpRequest, key: KeyInfo) -> HttpResponse:
     file = await sync_to_async(services.file_create)(
         tenant_id=key.tenant_id,
         key_id=key.key_id,
-        filename=upload.name or "upload.jsonl",
+        filename=CONTROL_CHARACTERS.sub("", upload.name or "") or "upload.jsonl",
         content=content,
         purpose=purpose,
     )
@@ -134,9 +137,12 @@ async def file_list(request: HttpRequest, key: KeyInfo) -> HttpResponse:
         after = await sync_to_async(selectors.file_for)(tenant_id=key.tenant_id, public_id=request.GET["after"])
         if after is None:
             raise not_found("file", request.GET["after"], param="after")
+    purpose = request.GET.get("purpose")
+    if purpose and purpose not in BatchFile.Purpose.values:
+        return list_response([], False)  # no file of ours has it
     rows, more = await sync_to_async(selectors.files_page)(
         tenant_id=key.tenant_id,
-        purpose=request.GET.get("purpose"),
+        purpose=purpose,
         after=after,
         limit=limit,
         newest_first=order == "desc",

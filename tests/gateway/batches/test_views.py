@@ -101,6 +101,7 @@ def test_a_file_with_bad_lines_fails_the_batch_naming_each_line(gateway, batch_w
         orjson.dumps(good),  # the same custom_id again
         orjson.dumps({**good, "custom_id": "fifth", "body": {"model": alias, "messages": []}}),
         orjson.dumps({**good, "custom_id": "sixth", "body": {**good["body"], "stream": True}}),
+        orjson.dumps({**good, "custom_id": "seventh\u0000"}),  # PostgreSQL cannot store a NUL
     ]
     client = sdk(gateway, api_key)
     uploaded = client.files.create(file=("bad.jsonl", b"\n".join(lines)), purpose="batch")
@@ -118,6 +119,7 @@ def test_a_file_with_bad_lines_fails_the_batch_naming_each_line(gateway, batch_w
         (5, "duplicate_custom_id", "custom_id"),
         (6, "invalid_value", "body.messages"),
         (7, "invalid_value", "body.stream"),
+        (8, "invalid_json_line", None),
     ]
     assert not BatchItem.objects.filter(batch__public_id=batch.id).exists()  # nothing ran
     assert batch.request_counts.total == 0
@@ -301,6 +303,25 @@ def test_bad_requests_get_precise_errors_and_change_nothing(gateway, batch_worke
     ) == (404, "file_not_found", "input_file_id")
     assert error(httpx.get(f"{url}/batches", headers=headers, params={"limit": 0})) == (400, "invalid_value", "limit")
     assert error(httpx.get(f"{url}/batches/batch_nope", headers=headers)) == (404, "batch_not_found", None)
+    # NUL characters, which PostgreSQL cannot take, are not found or refused, never a 500.
+    assert error(httpx.get(f"{url}/batches", headers=headers, params={"after": "\x00x"})) == (
+        404,
+        "batch_not_found",
+        "after",
+    )
+    assert httpx.get(f"{url}/files", headers=headers, params={"purpose": "\x00"}).json()["data"] == []
+    assert error(httpx.get(f"{url}/files", headers=headers, params={"limit": "²"})) == (400, "invalid_value", "limit")
+    nul_metadata = {
+        "input_file_id": "file-x",
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+        "metadata": {"k": "\x00"},
+    }
+    assert error(httpx.post(f"{url}/batches", headers=headers, json=nul_metadata)) == (
+        400,
+        "invalid_value",
+        "metadata.k",
+    )
     assert error(httpx.get(f"{url}/files", headers={"authorization": "Bearer sk-sen-wrong"})) == (
         401,
         "invalid_api_key",
