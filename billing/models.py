@@ -57,6 +57,9 @@ class LedgerEntry(models.Model):
     latency_ms = models.PositiveIntegerField(default=0)
     ttft_ms = models.PositiveIntegerField(null=True)
     fallbacks = models.PositiveSmallIntegerField(default=0)
+    screening = models.JSONField(
+        null=True, blank=True, help_text="Safety screening: checks that ran, what fired and what was done (no text)."
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -19,6 +19,7 @@ from redis import exceptions as redis_errors
 
 from gateway.errors import GatewayError
 from gateway.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker, current_generation
+from gateway.screening.policy import Policy, policy_from_model
 from sentinel.redis_clients import async_redis
 from tenants.models import Budget, Tenant, VirtualKey
 from tenants.services import key_digest
@@ -50,6 +51,7 @@ class KeyInfo:
     semantic_threshold: float | None = None
     cache_ttl_seconds: int = 86_400
     cache_max_entries: int = 50_000
+    screening: Policy | None = None  # None: the tenant is not screened
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -61,6 +63,8 @@ class KeyInfo:
             data["allowed_models"] = tuple(data["allowed_models"])
         for name in ("key_limits", "tenant_limits", "budgets"):
             data[name] = tuple(tuple(item) for item in data[name])
+        if data.get("screening") is not None:
+            data["screening"] = Policy.from_json(data["screening"])
         return cls(**data)
 
 
@@ -80,6 +84,8 @@ def effective_allowlist(tenant_models: list[str], key_models: list[str]) -> tupl
 
 
 def _load_from_db(digest: str) -> KeyInfo | None:
+    from gateway.screening.models import ScreeningPolicy
+
     key = VirtualKey.objects.select_related("tenant__tier", "tier").filter(digest=digest).first()
     if key is None:
         return None
@@ -111,6 +117,7 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         semantic_threshold=key.tenant.semantic_threshold,
         cache_ttl_seconds=key.tenant.cache_ttl_seconds,
         cache_max_entries=key.tenant.cache_max_entries,
+        screening=policy_from_model(ScreeningPolicy.objects.filter(tenant_id=key.tenant_id).first()),
     )
 
 

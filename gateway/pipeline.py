@@ -1,7 +1,7 @@
 """POST /v1/chat/completions, top to bottom.
 
     authenticate → validate → allowlist → route → admit (limits, budgets, blocks: one Redis step)
-    → cache (exact, then semantic) → call the chain (stream or not) → respond
+    → screen input → cache (exact, then semantic) → call the chain (stream or not) → screen output → respond
     → finish (settle the admission, hand off the ledger) → store the answer in the cache
 
 Each stage is a small function; the view only turns the Reply into an HTTP response.
@@ -35,6 +35,7 @@ from gateway.errors import GatewayError
 from gateway.failures import UpstreamError
 from gateway.routing import ModelRoute, Target, available_models, order_for_request, route_for
 from gateway.schemas import ChatRequest, parse_chat_request
+from gateway.screening import engine as screening
 from gateway.transport import Event
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class Call:
     cache_tier: str = "bypass"
     cache_embedding: object = None
     upstream_seconds: float = 0.0  # waiting on providers (calls, backoff); the rest is the gateway's
+    screening: screening.Screening | None = None  # what the tenant's safety screening did
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.started) * 1000)
@@ -130,6 +132,7 @@ async def chat_completions(headers, raw_body: bytes) -> Reply:
             raise GatewayError(
                 503, "configuration_changing", "Configuration is changing; retry.", headers={"retry-after": "1"}
             )
+        await screening.screen_input(call)  # may block, or redact call.body before the cache sees it
         hit = await consult_cache(call, route)
         if hit is not None:
             return await serve_from_cache(call, hit)
@@ -330,6 +333,7 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool):
 
 async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
     response = await call_chain(call, chain, stream=False)
+    await screening.screen_response(call, response)
     usage = response.get("usage") or {}
     cost, price_id = await cost_of(call.target, usage)
     headers = response_headers(call, cost)
@@ -340,6 +344,7 @@ async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
 
 async def stream_from_chain(call: Call, chain: list[Target]) -> Reply:
     first, rest = await call_chain(call, chain, stream=True)
+    first, rest = screening.screen_stream(call, first, rest)
     call.ttft_ms = call.elapsed_ms()
     headers = response_headers(call, None)
     headers["content-type"] = "text/event-stream"
@@ -534,6 +539,7 @@ def ledger_record(
         latency_ms=call.elapsed_ms(),
         ttft_ms=call.ttft_ms,
         fallbacks=call.fallbacks,
+        screening=screening.summary(call),
     )
 
 

@@ -28,7 +28,10 @@ _PERSON = (
     r"colleague|classmate|boss|wife|husband|girlfriend|boyfriend|ex|partner|mother|father|mom|dad|brother|sister|"
     r"family|witness|landlord|roommate|friend|son|daughter|student|students|people|person|crowd|politician))"
 )
-_MAKE = r"(?:cook(?:ing)?|mak(?:e|ing)|synthesi[sz](?:e|ing)|manufactur(?:e|ing)|produc(?:e|ing)|brew(?:ing)?|extract(?:ing)?)"
+_MAKE = (
+    r"(?:cook(?:ing)?|mak(?:e|ing)|synthesi[sz](?:e|ing)|manufactur(?:e|ing)|produc(?:e|ing)|brew(?:ing)?|"
+    r"extract(?:ing)?)"
+)
 _HOW = (
     r"(?:how\s+(?:do\s+i|can\s+i|to|would\s+i|should\s+i)|help\s+me|teach\s+me\s+(?:how\s+)?to|best\s+way\s+to|"
     r"(?:most\s+\w+|easiest|quickest)\s+way\s+to|step[- ]by[- ]step(?:\s+(?:guide|instructions))?\s+(?:to|for)|"
@@ -79,6 +82,7 @@ _CATEGORIES: dict[str, str] = {
         r"|\b(?:synthesi[sz]e|weaponi[sz]e)\s+(?:sarin|vx|ricin|anthrax|smallpox|nerve\s+agents?)"
     ),
 }
+CATEGORIES = tuple(_CATEGORIES)
 _LOCAL = [(category, re.compile(pattern, re.IGNORECASE)) for category, pattern in _CATEGORIES.items()]
 
 
@@ -123,20 +127,19 @@ async def moderate(provider: ModerationProvider, text: str) -> list[str]:
             provider.timeout,
         )
         results = response.results
-        flagged = [
-            name
-            for result in results
-            if result.flagged
-            for name, value in (result.categories.model_dump() if hasattr(result.categories, "model_dump") else {})
-            .items()
-            if value
-        ]
-        if any(result.flagged for result in results) and not flagged:
-            flagged = ["flagged"]
+        flagged = []
+        for result in results:
+            categories = result.categories
+            if not isinstance(categories, dict):
+                categories = categories.model_dump(by_alias=True) if categories is not None else {}
+            # OpenAI's names (self-harm, sexual/minors); litellm adds snake_case copies of them.
+            flagged += [name for name, value in categories.items() if value and "_" not in name]
+            if result.flagged and not flagged:
+                flagged.append("flagged")
         return sorted(set(flagged))
     except asyncio.CancelledError:
         raise
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         raise ModerationUnavailable("timeout") from None
     except Exception as exc:  # noqa: BLE001 - any failure of the provider is an outage, by policy
         raise ModerationUnavailable(type(exc).__name__) from None

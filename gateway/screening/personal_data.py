@@ -201,9 +201,8 @@ def _is_personal_address(candidate: str) -> bool:
         return False
     if address.is_loopback or address.is_unspecified or address.is_multicast:
         return False
-    if address.version == 4 and candidate.startswith("255."):
-        return False  # a netmask (255.255.255.0) or the broadcast address
-    return True
+    # A netmask (255.255.255.0) or the broadcast address is no one's.
+    return not (address.version == 4 and candidate.startswith("255."))
 
 
 def _ip_addresses(text: str) -> list[Span]:
