@@ -93,6 +93,7 @@ HARM_MARKER = re.compile(r"\[\[harm:([a-z/-]+)\]\]")
 HARM_WORDS = {"bloodbath": "violence/graphic", "massacre": "violence", "genocide": "hate/threatening"}
 
 REFUSAL_TRIGGER = "[[refuse]]"
+ECHO_TRIGGER = "[[echo]]"  # the answer is the prompt's text after the marker, a word per token
 REFUSAL_TEXT = "I'm sorry, but I can't help with that request."
 
 
@@ -182,6 +183,8 @@ def answer_tokens(prompt: str, n_tokens: int) -> list[str]:
     if REFUSAL_TRIGGER in prompt:
         words = REFUSAL_TEXT.split()
         return [words[0]] + [" " + w for w in words[1:]]
+    if ECHO_TRIGGER in prompt:
+        return re.findall(r"\s*\S+", prompt.split(ECHO_TRIGGER, 1)[1].strip())[:n_tokens]
     tokens = [f"mock-{digest[:4].hex()}"]
     stream = digest
     while len(tokens) < n_tokens:
