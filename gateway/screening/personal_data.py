@@ -68,7 +68,7 @@ EMAIL, PHONE, CARD, IBAN, NATIONAL_ID, IP_ADDRESS, SECRET = (
     "ip_address",
     "secret",
 )
-KINDS = (SECRET, CARD, IBAN, NATIONAL_ID, EMAIL, PHONE, IP_ADDRESS)  # also the order overlaps are settled in
+KINDS = (SECRET, CARD, IBAN, NATIONAL_ID, EMAIL, IP_ADDRESS, PHONE)  # also the order overlaps are settled in
 _PRIORITY = {kind: rank for rank, kind in enumerate(KINDS)}
 
 
