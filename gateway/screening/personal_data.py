@@ -121,18 +121,30 @@ def _phones(text: str, region: str) -> list[Span]:
 
 # --- payment cards -----------------------------------------------------------------------------
 
-_CARD_RUN = re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![\w]|-\d)")
-# Visa, Mastercard (51-55, 2221-2720), Amex, Diners, Discover, JCB, UnionPay, Maestro.
-_CARD_PREFIX = re.compile(
-    r"4|5[1-5]|2(?:2[2-9]|[3-6]\d|7[01]|720)|3[47]|30[0-5]|3[689]|35(?:2[89]|[3-8]\d)|6011|64[4-9]|65|62|5018|5020|5038|6304"
+_CARD_RUN = re.compile(r"(?<![\w-])\d(?:[ -]?\d){11,18}(?![\w]|-\d)")
+# Card networks: number prefix and lengths (Visa, Mastercard 51-55 and 2221-2720, Amex, Diners,
+# JCB, Discover, UnionPay, Maestro).
+_CARD_NETWORKS = (
+    (re.compile(r"4"), frozenset({13, 16, 19})),
+    (re.compile(r"5[1-5]|2(?:2[2-9]|[3-6]\d|7[01]|720)"), frozenset({16})),
+    (re.compile(r"3[47]"), frozenset({15})),
+    (re.compile(r"30[0-5]|3[689]"), frozenset({14, 15, 16, 17, 18, 19})),
+    (re.compile(r"35(?:2[89]|[3-8]\d)"), frozenset({16, 17, 18, 19})),
+    (re.compile(r"6011|64[4-9]|65"), frozenset({16, 17, 18, 19})),
+    (re.compile(r"62"), frozenset({16, 17, 18, 19})),
+    (re.compile(r"5018|5020|5038|6304|6759|676[1-3]"), frozenset(range(12, 20))),
 )
+
+
+def _card_network_fits(digits: str) -> bool:
+    return any(prefix.match(digits) and len(digits) in lengths for prefix, lengths in _CARD_NETWORKS)
 
 
 def _cards(text: str) -> list[Span]:
     spans = []
     for run in _CARD_RUN.finditer(text):
         digits = re.sub(r"\D", "", run.group())
-        if 13 <= len(digits) <= 19 and _CARD_PREFIX.match(digits) and luhn.is_valid(digits):
+        if _card_network_fits(digits) and luhn.is_valid(digits):
             spans.append(Span(CARD, run.start(), run.end()))
     return spans
 
