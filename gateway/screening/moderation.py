@@ -82,14 +82,90 @@ _CATEGORIES: dict[str, str] = {
         r"|\b(?:synthesi[sz]e|weaponi[sz]e)\s+(?:sarin|vx|ricin|anthrax|smallpox|nerve\s+agents?)"
     ),
 }
+# A category's pattern is only tried on text that holds one of its words (a substring search each),
+# so a long prompt about something else costs microseconds.
+_ANCHORS = {
+    "violence": (
+        "kill",
+        "murder",
+        "poison",
+        "stab",
+        "strangl",
+        "shoot",
+        "behead",
+        "tortur",
+        "kidnap",
+        "assassinat",
+        "hurt",
+        "maim",
+        "crippl",
+        "beat",
+        "bomb",
+        "explosive",
+        "ied",
+        "molotov",
+        "grenade",
+        "terrorist",
+    ),
+    "self-harm": ("myself", "suicide", "overdose", "die", "end it all", "my life", "alive", "oneself", "yourself"),
+    "sexual/minors": (
+        "nude",
+        "naked",
+        "erotic",
+        "porn",
+        "sexy",
+        "sext",
+        "undress",
+        "sexual",
+        "explicit",
+        "sex",
+        "csam",
+    ),
+    "hate": (
+        "jews",
+        "muslims",
+        "christians",
+        "blacks",
+        "whites",
+        "asians",
+        "arabs",
+        "immigrants",
+        "gays",
+        "women",
+        "men",
+        "mexicans",
+        "refugees",
+        "hindus",
+    ),
+    "illicit": (
+        "meth",
+        "fentanyl",
+        "heroin",
+        "cocaine",
+        "sarin",
+        "vx",
+        "nerve agent",
+        "ricin",
+        "anthrax",
+        "mustard gas",
+        "chemical weapon",
+        "bioweapon",
+        "smallpox",
+    ),
+}
 CATEGORIES = tuple(_CATEGORIES)
-_LOCAL = [(category, re.compile(pattern, re.IGNORECASE)) for category, pattern in _CATEGORIES.items()]
+_LOCAL = [
+    (category, _ANCHORS[category], re.compile(pattern, re.IGNORECASE)) for category, pattern in _CATEGORIES.items()
+]
 
 
 def find(text: str) -> list[Span]:
     """Spans the local check flags (the span's check is the category, e.g. `self-harm`)."""
     spans = []
-    for category, pattern in _LOCAL:
+    lowered = text.lower()
+    for category, anchors, pattern in _LOCAL:
+        if not any(anchor in lowered for anchor in anchors):
+            continue
         match = pattern.search(text)
         if match:
             spans.append(Span(category, match.start(), match.end()))
