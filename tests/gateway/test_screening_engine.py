@@ -241,3 +241,28 @@ def test_screening_eval_rejects_a_bad_file(tmp_path):
 
 def test_engine_constants_cover_every_check():
     assert set(engine.MODERATION_CATEGORIES) == set(moderation.CATEGORIES)
+
+
+def test_the_policy_survives_the_key_cache_in_redis():
+    from dataclasses import asdict
+
+    import orjson
+
+    from gateway.auth import KeyInfo
+
+    policy = Policy(input=(("email", "redact"), ("guardrail", "block")), guardrail_url="https://g.example/check")
+    info = KeyInfo(
+        key_id=1,
+        digest="d",
+        key_name="k",
+        tenant_id=2,
+        tenant_slug="t",
+        key_active=True,
+        tenant_active=True,
+        expires_at=None,
+        allowed_models=None,
+        screening=policy,
+    )
+    again = KeyInfo.from_json(orjson.loads(orjson.dumps(asdict(info))))
+    assert again == info and again.screening.action("email") == "redact"
+    assert "secret" not in orjson.dumps(asdict(info)).decode()  # no guardrail secret in the shared copy
