@@ -1,9 +1,10 @@
 """Personal data and secrets in text: where they are (spans), never what they are.
 
 Libraries do the judging, a regular expression only proposes candidates:
-- phone numbers: Google's libphonenumber (`phonenumbers`), leniency VALID, on digit runs only (its
-  matcher over a whole long text costs milliseconds; over the few candidate runs, microseconds);
-- payment cards: `python-stdnum`'s Luhn check plus the card networks' number prefixes;
+- phone numbers: Google's libphonenumber (`phonenumbers`): valid in the tenant's region, or of a
+  possible length when written with a country code; on digit runs only (its matcher over a whole
+  long text costs milliseconds, over the few candidate runs microseconds);
+- payment cards: `python-stdnum`'s Luhn check plus the card networks' prefixes and lengths;
 - IBANs and national IDs: `python-stdnum` (country lengths, mod-97, each ID's own checksum): US SSN,
   Canadian SIN, Spanish DNI/NIE, Italian codice fiscale, French NIR, Brazilian CPF, Indian Aadhaar,
   Swedish personnummer; the UK National Insurance number has no checksum and no stdnum module, so it
@@ -17,10 +18,12 @@ Libraries do the judging, a regular expression only proposes candidates:
   they do not find addresses in text), which leaves out file names like icon@2x.png and SSH remotes
   like git@github.com:org/repo.
 
-Tried and left out: Microsoft Presidio (needs a spaCy language model, a download this gateway's
-machines cannot make, and its pattern recognizers add nothing to the above), scrubadub (unmaintained
-since 2023; its detectors are regular expressions without checksums), llm-guard (its scanners wrap
-Presidio and detect-secrets, and load Hugging Face models at run time).
+Installed and used: phonenumbers, python-stdnum, detect-secrets (all offline, pure Python).
+Looked at and left out: Microsoft Presidio (its wheel read, not installed: the analyzer's default
+configuration loads spaCy's en_core_web_lg, which spaCy downloads from GitHub, out of reach here,
+and PyPI has only unofficial re-uploads; its pattern recognizers for these kinds add no checksum
+stdnum lacks), scrubadub (unmaintained since 2023; regular expressions without checksums), llm-guard
+(its scanners wrap Presidio and detect-secrets, and load Hugging Face models at run time).
 """
 
 from __future__ import annotations
