@@ -101,7 +101,7 @@ class ScreeningPolicyAdmin(admin.ModelAdmin):
         if form.cleaned_data.get("guardrail_secret"):
             obj.set_guardrail_secret(form.cleaned_data["guardrail_secret"])
         super().save_model(request, obj, form, change)
-        announce_change()
+        announce_change()  # every process re-reads the keys' settings, which carry the policy
 
     def delete_model(self, request, obj):
         super().delete_model(request, obj)

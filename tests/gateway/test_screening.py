@@ -144,6 +144,18 @@ def test_injection_and_local_moderation_block(screened, mock_provider):
     assert rows[1].screening["categories"] == ["violence"]
 
 
+def test_a_changed_policy_applies_from_the_next_request(screened, mock_provider):
+    from gateway.localstate import announce_change
+
+    client, alias, provider, tenant = screened(email="log")
+    assert ask(client, alias, f"first, to {EMAIL}").status_code == 200  # the key's settings are now cached
+    ScreeningPolicy.objects.filter(tenant=tenant).update(email="block")
+    announce_change()  # as the admin does on save
+    with pytest.raises(openai.BadRequestError):
+        ask(client, alias, f"second, to {EMAIL}")
+    assert mock_provider.stats(provider)["calls"] == 1
+
+
 def test_a_tenant_without_a_policy_is_not_screened(client, model, mock_provider, tenant):
     alias, (provider,) = model
     assert ask(client, alias, f"Mail {EMAIL}").status_code == 200
