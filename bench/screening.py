@@ -5,7 +5,8 @@
 Times `gateway.screening.engine.screen_input` (every local check on: personal data of every kind,
 injection, moderation; no outside service) per request, for short prompts (the labeled set's 376
 prompts, one user message each) and long ones (conversations of about 4,000 characters: a system
-prompt and six turns, drawn from the whole set or from its clean texts only), each with the checks
+prompt and six turns, drawn from the whole set or from its clean texts only) and chat requests in
+between (a system prompt and three short turns, about 1,000 characters), each with the checks
 redacting and with them only logging; the same for
 each family of checks alone; a tenant without a policy; and screening a streamed 40-chunk answer.
 Pure CPU: no server is called. Prints a table; writes bench/results/screening.json.
@@ -57,7 +58,9 @@ def policy(checks: dict[str, str]):
     return Policy(input=tuple(checks.items()))
 
 
-def conversations(texts: list[str], count: int, rng: random.Random) -> list[list[dict]]:
+def conversations(
+    texts: list[str], count: int, rng: random.Random, *, turns: int = 6, texts_per_turn: int = 6
+) -> list[list[dict]]:
     system = (
         "You are the support assistant of a mid-sized online shop. Answer politely and briefly, in the "
         "customer's language. Never promise refunds; explain the return policy instead: items can be "
@@ -66,8 +69,8 @@ def conversations(texts: list[str], count: int, rng: random.Random) -> list[list
     result = []
     for _ in range(count):
         messages = [{"role": "system", "content": system}]
-        for turn in range(6):
-            parts = rng.sample(texts, 6)
+        for turn in range(turns):
+            parts = rng.sample(texts, texts_per_turn)
             messages.append({"role": "user" if turn % 2 == 0 else "assistant", "content": " ".join(parts)})
         result.append(messages)
     return result
@@ -130,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     # personal data); long ones from its clean texts are closer to a document or a code review.
     long = conversations(texts, 20 if args.quick else 100, rng)
     long_clean = conversations([e["text"] for e in examples if not e["labels"]], 20 if args.quick else 100, rng)
+    chat = conversations(texts, 50 if args.quick else 300, rng, turns=3, texts_per_turn=2)
     every = {**dict.fromkeys(PERSONAL_DATA, "redact"), "injection": "log", "moderation": "log"}
     logging_only = dict.fromkeys((*PERSONAL_DATA, "injection", "moderation"), "log")
     scenarios = [
@@ -139,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         ("short, personal data only", dict.fromkeys(PERSONAL_DATA, "redact"), short),
         ("short, injection only", {"injection": "log"}, short),
         ("short, moderation only", {"moderation": "log"}, short),
+        ("chat ~1k chars, all checks (redact)", every, chat),
         ("long ~4k chars, all checks (redact)", every, long),
         ("long ~4k chars, all checks (log)", logging_only, long),
         ("long ~4k chars of clean text, all checks", every, long_clean),

@@ -107,7 +107,7 @@ _VALID = phonenumbers.Leniency.VALID
 _POSSIBLE = phonenumbers.Leniency.POSSIBLE
 
 
-def _phones(text: str, region: str) -> list[Span]:
+def _phones(text: str, region: str, found: list[Span]) -> list[Span]:
     """Numbers valid in the tenant's region, and numbers written with a country code (+44 ..., 0044
     ...) whose length is possible there: the code is signal enough, and it spares an up-to-date
     number plan (new ranges, ranges reserved for fiction) from deciding."""
@@ -116,6 +116,8 @@ def _phones(text: str, region: str) -> list[Span]:
         digits = sum(c.isdigit() for c in run.group())
         if not 7 <= digits <= 15:
             continue
+        if any(span.start <= run.start() and run.end() <= span.end for span in found):
+            continue  # inside a card number, IBAN, ...: a phone number there would lose the overlap anyway
         leniency = _POSSIBLE if run.group().startswith(("+", "00")) else _VALID
         for match in phonenumbers.PhoneNumberMatcher(run.group(), region, leniency=leniency):
             spans.append(Span(PHONE, run.start() + match.start, run.start() + match.end))
@@ -322,13 +324,11 @@ def find(text: str, kinds: frozenset[str] | tuple[str, ...], *, region: str = "U
     spans: list[Span] = []
     has_digit = any(c.isdigit() for c in text)
     for kind in kinds:
-        if kind == PHONE:
-            if has_digit:
-                spans.extend(_phones(text, region))
-        elif kind in (CARD, NATIONAL_ID) and not has_digit:
+        if kind == PHONE or (kind in (CARD, NATIONAL_ID) and not has_digit):
             continue
-        else:
-            spans.extend(_FINDERS[kind](text))
+        spans.extend(_FINDERS[kind](text))
+    if PHONE in kinds and has_digit:  # last: it skips digit runs the other kinds already claimed
+        spans.extend(_phones(text, region, spans))
     if len(spans) < 2:
         return spans
     spans.sort(key=lambda s: (s.start - s.end, _PRIORITY[s.check], s.start))
