@@ -27,6 +27,8 @@ in user messages. A tenant without a policy costs one attribute test.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from gateway import metrics
@@ -35,6 +37,7 @@ from gateway.screening import guardrail, injection, moderation, personal_data, r
 from gateway.screening.personal_data import Span
 from gateway.screening.policy import GUARDRAIL, INJECTION, MODERATION, Policy
 
+log = logging.getLogger(__name__)
 OFF, LOG, REDACT, BLOCK = "off", "log", "redact", "block"
 IN, OUT = "in", "out"
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -71,10 +74,20 @@ class Screening:
         self.fired[key] = action
         metrics.screening_decision(self.tenant, check, direction, action)
 
-    def outage(self, check: str, direction: str, fail_open: bool) -> None:
+    def outage(self, check: str, direction: str, fail_open: bool, error: BaseException) -> None:
         outcome = "open" if fail_open else "closed"
         self.outages.append((check, direction, outcome))
         metrics.screening_outage(self.tenant, check, direction, outcome)
+        # The reason's kind only (timeout, status 500, ConnectionError): never the text screened.
+        reason = (
+            str(error) if isinstance(error, moderation.ModerationUnavailable | guardrail.GuardrailUnavailable) else ""
+        )
+        log.warning(
+            "screening: %s unavailable, failing %s",
+            check,
+            outcome,
+            extra={"tenant": self.tenant, "direction": direction, "reason": reason or type(error).__name__},
+        )
 
     def summary(self) -> dict:
         result: dict = {"in": self.ran_in}
@@ -236,7 +249,7 @@ async def _screen_input_remotely(call, policy: Policy, record: Screening, texts:
     """The moderation provider and the guardrail, concurrently, on the redacted text."""
     provider = await resources.moderation_provider(policy) if moderation_action != OFF else None
     moderated = "\n\n".join(text for _, _, role, text in texts if role in MODERATION_ROLES)
-    jobs: dict[str, asyncio.Future] = {}
+    jobs: dict[str, Awaitable] = {}
     if provider is not None and moderated:
         jobs[MODERATION] = moderation.moderate(provider, moderated)
     if policy.guardrail_url and texts:
@@ -256,7 +269,7 @@ async def _screen_input_remotely(call, policy: Policy, record: Screening, texts:
     outage: str | None = None
     flagged = results.get(MODERATION)
     if isinstance(flagged, BaseException):
-        record.outage(MODERATION, IN, policy.moderation_input_fail_open)
+        record.outage(MODERATION, IN, policy.moderation_input_fail_open, flagged)
         outage = None if policy.moderation_input_fail_open else MODERATION
     elif flagged:
         record.categories.update(flagged)
@@ -266,7 +279,7 @@ async def _screen_input_remotely(call, policy: Policy, record: Screening, texts:
             refusals.append(MODERATION)
     answer = results.get(GUARDRAIL)
     if isinstance(answer, BaseException):
-        record.outage(GUARDRAIL, IN, policy.guardrail_fail_open)
+        record.outage(GUARDRAIL, IN, policy.guardrail_fail_open, answer)
         outage = outage or (None if policy.guardrail_fail_open else GUARDRAIL)
     elif answer is not None:
         verdict, elapsed = answer
@@ -359,8 +372,8 @@ async def screen_response(call, response: dict) -> None:
         return
     try:
         flagged = await moderation.moderate(provider, "\n\n".join(c["message"]["content"] for c in delivered))
-    except moderation.ModerationUnavailable:
-        record.outage(MODERATION, OUT, policy.moderation_output_fail_open)
+    except moderation.ModerationUnavailable as error:
+        record.outage(MODERATION, OUT, policy.moderation_output_fail_open, error)
         if not policy.moderation_output_fail_open:
             for choice in delivered:
                 withhold(choice)

@@ -89,12 +89,12 @@ async def consult(
     except TimeoutError:
         outcome = "timeout"
         raise GuardrailUnavailable("timeout") from None
-    except aiohttp.ClientError as exc:
-        outcome = "error"
-        raise GuardrailUnavailable(type(exc).__name__) from None
     except GuardrailUnavailable:
         outcome = "malformed" if outcome == "ok" else outcome
         raise
+    except Exception as exc:  # noqa: BLE001 - connection refused, a bad URL, ...: all are outages, by policy
+        outcome = "error"
+        raise GuardrailUnavailable(type(exc).__name__) from None
     finally:
         elapsed = time.perf_counter() - started
         metrics.guardrail_call(outcome, elapsed)

@@ -266,3 +266,30 @@ def test_the_policy_survives_the_key_cache_in_redis():
     again = KeyInfo.from_json(orjson.loads(orjson.dumps(asdict(info))))
     assert again == info and again.screening.action("email") == "redact"
     assert "secret" not in orjson.dumps(asdict(info)).decode()  # no guardrail secret in the shared copy
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b'{"verdict": "allow"}',
+        b'{"action": "maybe"}',
+        b'{"action": "redact"}',
+        b'{"action": "redact", "redactions": [{"id": 0, "start": 3, "end": 99}]}',
+        b'{"action": "redact", "redactions": [{"id": 5, "start": 0, "end": 1}]}',
+    ],
+)
+def test_a_guardrail_answer_that_makes_no_sense_is_an_outage(raw):
+    from gateway.screening.guardrail import GuardrailUnavailable, _verdict
+
+    with pytest.raises(GuardrailUnavailable):
+        _verdict(raw, [10])
+
+
+def test_guardrail_verdicts():
+    from gateway.screening.guardrail import Verdict, _verdict
+
+    assert _verdict(b'{"action": "allow"}', [10]) == Verdict("allow")
+    assert _verdict(b'{"action": "redact", "redactions": [{"id": 0, "start": 2, "end": 5}]}', [10]) == Verdict(
+        "redact", ((0, 2, 5),)
+    )
