@@ -1,5 +1,6 @@
-"""Screening policies in the admin (edited by superusers and the tenant's admins) and the screening
-report: decisions and outages per tenant and check."""
+"""Screening policies in the console (a tenant's admins see and edit their tenant's; the moderation
+provider, an operator's account, is picked by superusers) and the screening report: decisions and
+outages per tenant and check."""
 
 from datetime import timedelta
 
@@ -12,6 +13,7 @@ from django.utils import timezone
 from gateway.localstate import announce_change
 from gateway.screening.models import ScreeningPolicy, ScreeningReport
 from gateway.screening.selectors import screening_decisions, screening_outages
+from sentinel.console.scoping import TenantFilter, TenantScopedAdmin
 from tenants.selectors import MANAGE, tenant_ids_for, tenants_for
 
 REPORT_DAYS = (1, 7, 30, 90)
@@ -41,12 +43,14 @@ class ScreeningPolicyForm(forms.ModelForm):
 
 
 @admin.register(ScreeningPolicy)
-class ScreeningPolicyAdmin(admin.ModelAdmin):
+class ScreeningPolicyAdmin(TenantScopedAdmin):
+    view_roles = MANAGE
     form = ScreeningPolicyForm
     list_display = ["tenant", "enabled", "email", "payment_card", "secret", "injection", "moderation", "guardrail"]
-    list_filter = ["enabled"]
+    list_filter = ["enabled", TenantFilter]
     list_select_related = ["tenant"]
-    autocomplete_fields = ["tenant", "moderation_provider"]
+    search_fields = ["tenant__name", "tenant__slug"]
+    autocomplete_fields = ["tenant"]
     fieldsets = [
         (None, {"fields": ["tenant", "enabled"]}),
         (
@@ -89,13 +93,9 @@ class ScreeningPolicyAdmin(admin.ModelAdmin):
     def guardrail(self, obj):
         return bool(obj.guardrail_url)
 
-    def get_queryset(self, request):
-        return super().get_queryset(request).filter(tenant__in=tenants_for(request.user, MANAGE))
-
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        if db_field.name == "tenant":
-            kwargs["queryset"] = tenants_for(request.user, MANAGE)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+    def get_readonly_fields(self, request, obj=None):
+        # Providers are operators' accounts: tenants' admins see which one screens them, not the list.
+        return [] if request.user.is_superuser else ["moderation_provider"]
 
     def save_model(self, request, obj, form, change):
         if form.cleaned_data.get("guardrail_secret"):

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from billing.models import LedgerEntry
 from gateway.models import CacheEntry
+from gateway.screening.models import ScreeningPolicy
 from tenants.models import Budget, BudgetAlert, Membership, VirtualKey, WebhookDelivery, WebhookEndpoint
 from tenants.services import key_create
 from tests.conftest import unique
@@ -66,6 +67,7 @@ def _objects(tenancy, tenant, member, marker: str, side: str) -> dict:
             cost_usd=0,
             expires_at=timezone.now(),
         ),
+        "screeningpolicy": ScreeningPolicy.objects.create(tenant=tenant),
     }
 
 

@@ -70,6 +70,38 @@ def test_viewers_and_finance_do_not_see_the_report(tenancy):
     assert as_user(tenancy.finance).get(REPORT).status_code == 403
 
 
+def policy_form(tenant) -> dict:
+    return {
+        "tenant": tenant.pk,
+        "enabled": "on",
+        **dict.fromkeys(("email", "phone", "iban", "output_personal_data"), "redact"),
+        **dict.fromkeys(
+            ("payment_card", "national_id", "secret", "injection", "moderation", "output_moderation"), "block"
+        ),
+        "ip_address": "log",
+        "phone_region": "US",
+        "stream_window": 64,
+        "moderation_model": "omni-moderation-latest",
+        "moderation_timeout_ms": 2000,
+        "moderation_input_outage": "closed",
+        "moderation_output_outage": "open",
+        "guardrail_timeout_ms": 300,
+        "guardrail_outage": "closed",
+    }
+
+
+def test_a_tenant_admin_sets_their_own_tenants_policy_only(tenancy):
+    web = as_user(tenancy.owner)
+    refused = web.post("/admin/screening/screeningpolicy/add/", policy_form(tenancy.other))
+    assert refused.status_code == 200 and "tenant" in refused.context["adminform"].form.errors
+    assert not ScreeningPolicy.objects.filter(tenant=tenancy.other).exists()
+    page = web.get("/admin/screening/screeningpolicy/add/")
+    assert 'name="moderation_provider"' not in page.content.decode()  # providers are for operators to pick
+    assert web.post("/admin/screening/screeningpolicy/add/", policy_form(tenancy.tenant)).status_code == 302
+    assert ScreeningPolicy.objects.get(tenant=tenancy.tenant).payment_card == "block"
+    assert as_user(tenancy.viewer).get("/admin/screening/screeningpolicy/").status_code == 403
+
+
 def test_a_policy_saved_in_the_admin_keeps_its_guardrail_secret_encrypted(tenancy):
     web = as_user(tenancy.superuser)
     form = {
