@@ -1,7 +1,8 @@
 """Personal data and secrets in text: where they are (spans), never what they are.
 
 Libraries do the judging, a regular expression only proposes candidates:
-- phone numbers: Google's libphonenumber (`phonenumbers`): valid in the tenant's region, or of a
+- phone numbers: Google's libphonenumber (`phonenumbers`): valid in the tenant's region (or, right
+  after a word such as "call" or "mobile", in another common region), or of a
   possible length when written with a country code; on digit runs only (its matcher over a whole
   long text costs milliseconds, over the few candidate runs microseconds);
 - payment cards: `python-stdnum`'s Luhn check plus the card networks' prefixes and lengths;
@@ -105,6 +106,14 @@ def _emails(text: str) -> list[Span]:
 _PHONE_RUN = re.compile(r"(?<![\w.+/-])(?:\+|00)?\(?\d(?:[\d \-.()/]{5,22})\d(?![\w/]|\.\d|-\d)")
 _VALID = phonenumbers.Leniency.VALID
 _POSSIBLE = phonenumbers.Leniency.POSSIBLE
+# A national number of another country (no country code) counts only with a word that says "phone"
+# just before it: valid in some region is true of many order numbers and references.
+_OTHER_REGIONS = ("GB", "AU", "CA", "IE", "NZ", "IN", "DE", "FR", "ES", "IT", "NL")
+_PHONE_CUE = re.compile(
+    r"\b(?:call|calls|calling|phone|phones|mobile|cell|tel|telephone|text|sms|whatsapp|reach|dial|ring|landline)\b"
+    r"[^.\n]{0,30}$",
+    re.IGNORECASE,
+)
 
 
 def _phones(text: str, region: str, found: list[Span]) -> list[Span]:
@@ -118,9 +127,20 @@ def _phones(text: str, region: str, found: list[Span]) -> list[Span]:
             continue
         if any(span.start <= run.start() and run.end() <= span.end for span in found):
             continue  # inside a card number, IBAN, ...: a phone number there would lose the overlap anyway
-        leniency = _POSSIBLE if run.group().startswith(("+", "00")) else _VALID
-        for match in phonenumbers.PhoneNumberMatcher(run.group(), region, leniency=leniency):
-            spans.append(Span(PHONE, run.start() + match.start, run.start() + match.end))
+        candidate, shift = run.group(), 0
+        if candidate.startswith("00"):
+            # 00 is the international prefix almost everywhere (the tenant's region may use another).
+            candidate, shift = "+" + candidate[2:], 1
+        leniency = _POSSIBLE if candidate.startswith("+") else _VALID
+        matches = list(phonenumbers.PhoneNumberMatcher(candidate, region, leniency=leniency))
+        if not matches and leniency is _VALID and _PHONE_CUE.search(text[max(0, run.start() - 40) : run.start()]):
+            for other in _OTHER_REGIONS:
+                matches = list(phonenumbers.PhoneNumberMatcher(run.group(), other, leniency=_VALID))
+                if matches:
+                    break
+        for match in matches:
+            start = run.start() + (match.start + shift if match.start else 0)  # "+" stood for "00"
+            spans.append(Span(PHONE, start, run.start() + shift + match.end))
     return spans
 
 
