@@ -317,6 +317,12 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool):
                     raise as_client_error(error) from None
                 call.attempts.append(Attempt(target, "fail", probe))
                 last_error = error
+                if error.code == "upstream_timeout" and remaining <= (
+                    target.first_token_timeout if stream else target.timeout
+                ):
+                    # This attempt was given what was left of the deadline, and used it up (timers
+                    # may fire a hair early, so the clock alone cannot be trusted to say so).
+                    raise all_failed(last_error, deadline_hit=True) from None
                 if probe or error.code == "upstream_timeout" or retry == target.max_retries:
                     break
                 delay = breakers.backoff_seconds(retry, error.retry_after)
