@@ -25,6 +25,7 @@ import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
+from psycopg.types.json import Jsonb
 
 from billing.models import LedgerEntry, RollupDue
 from sentinel.redis_clients import async_redis, sync_redis
@@ -63,6 +64,7 @@ class LedgerRecord:
     route: str = ""
     route_reason: str = ""
     escalated_from: str = ""
+    screening: dict | None = None  # checks that ran, fired and what was done (gateway.screening), never text
 
     def encode(self) -> bytes:
         # orjson serializes dataclasses itself, ~30x faster than through asdict(): this is on the request path.
@@ -102,6 +104,7 @@ def _ensure_group(client: redis.Redis) -> None:
 # The record's fields are the ledger table's columns (tests hold the two together).
 COLUMNS = tuple(f.name for f in fields(LedgerRecord))
 _CONVERT = {
+    "screening": lambda value: Jsonb(value) if value is not None else None,
     "id": uuid.UUID,
     "created_at": lambda stamp: datetime.fromtimestamp(stamp, UTC),
     "cost_usd": Decimal,
@@ -112,6 +115,7 @@ _CONVERT = {
 def _row(message_fields: dict) -> tuple:
     """A queued record as a row of the ledger table; raises on a record that cannot be one."""
     data = orjson.loads(message_fields[b"r"])
+    data.setdefault("screening", None)  # records queued before the field existed
     return tuple(_CONVERT[name](data[name]) if name in _CONVERT else data[name] for name in COLUMNS)
 
 

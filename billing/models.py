@@ -62,6 +62,9 @@ class LedgerEntry(models.Model):
     escalated_from = models.CharField(
         max_length=120, blank=True, help_text="The deployment whose refusal was retried on the smart model."
     )
+    screening = models.JSONField(
+        null=True, blank=True, help_text="Safety screening: checks that ran, what fired and what was done (no text)."
+    )
 
     class Meta:
         ordering = ["-created_at"]

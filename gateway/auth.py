@@ -19,6 +19,7 @@ from redis import exceptions as redis_errors
 
 from gateway.errors import GatewayError
 from gateway.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker, current_generation
+from gateway.screening.policy import Policy, policy_from_model
 from sentinel.redis_clients import async_redis
 from tenants.models import Budget, Tenant, VirtualKey
 from tenants.services import key_digest
@@ -53,6 +54,7 @@ class KeyInfo:
     auto_fast_model: str = "fast"  # where model "auto" sends simple prompts
     auto_smart_model: str = "smart"  # ... and demanding ones; refusals escalate to it
     escalate_refusals: bool = False
+    screening: Policy | None = None  # None: the tenant is not screened
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -64,6 +66,8 @@ class KeyInfo:
             data["allowed_models"] = tuple(data["allowed_models"])
         for name in ("key_limits", "tenant_limits", "budgets"):
             data[name] = tuple(tuple(item) for item in data[name])
+        if data.get("screening") is not None:
+            data["screening"] = Policy.from_json(data["screening"])
         return cls(**data)
 
 
@@ -83,6 +87,8 @@ def effective_allowlist(tenant_models: list[str], key_models: list[str]) -> tupl
 
 
 def _load_from_db(digest: str) -> KeyInfo | None:
+    from gateway.screening.models import ScreeningPolicy
+
     key = VirtualKey.objects.select_related("tenant__tier", "tier").filter(digest=digest).first()
     if key is None:
         return None
@@ -117,6 +123,7 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         auto_fast_model=key.tenant.auto_fast_model,
         auto_smart_model=key.tenant.auto_smart_model,
         escalate_refusals=key.tenant.escalate_refusals,
+        screening=policy_from_model(ScreeningPolicy.objects.filter(tenant_id=key.tenant_id).first()),
     )
 
 

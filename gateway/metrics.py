@@ -18,6 +18,9 @@ Recording, for the rest of the gateway:
     admission_rejected(limit)           a request refused by one limit: a RateLimit policy name
                                         (key-rpm, tenant-tpm, model-concurrency, ...), key-budget,
                                         tenant-budget, or local (counted while Redis is unreachable)
+    screening_decision(tenant, check, direction, action)  a screening check fired (gateway.screening)
+    screening_outage(tenant, check, direction, outcome)   a screening service gave no answer
+    guardrail_call(outcome, seconds)    one call to a tenant's HTTP guardrail
 
 Breaker states are not recorded but read from Redis when /metrics is scraped (BreakerStates): the
 breakers live there, and a process that saw a breaker open must not keep saying so after another
@@ -97,6 +100,24 @@ ADMISSION_REJECTIONS = Counter(
     ("limit",),
 )
 
+SCREENING_DECISIONS = Counter(
+    "sentinel_screening_decisions",
+    "Screening checks that fired, by tenant, check, direction (in, out) and what was done (log, redact, block).",
+    ("tenant", "check", "direction", "action"),
+)
+SCREENING_OUTAGES = Counter(
+    "sentinel_screening_outages",
+    "Screening services (moderation provider, guardrail) that gave no answer, by what followed: open "
+    "(let through) or closed (refused or withheld).",
+    ("tenant", "check", "direction", "outcome"),
+)
+GUARDRAIL_SECONDS = Histogram(
+    "sentinel_guardrail_duration_seconds",
+    "Calls to tenants' HTTP guardrails, by outcome (ok, timeout, status, error, malformed).",
+    ("outcome",),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
 # Forced states count as what they force.
 BREAKER_VALUES = {"closed": 0, "forced_closed": 0, "half_open": 1, "open": 2, "forced_open": 2}
 
@@ -139,7 +160,14 @@ class BreakerStates(Collector):
 
 # Exported metric names (as a scrape shows them), for alert rules and tests to check against.
 EXPORTED = (REQUEST_SECONDS, TTFT_SECONDS, OVERHEAD_SECONDS, REQUESTS, UPSTREAM_ATTEMPTS, TOKENS, COST, SAVED)
-EXPORTED += (CACHE, BREAKER_TRANSITIONS, ADMISSION_REJECTIONS)
+EXPORTED += (
+    CACHE,
+    BREAKER_TRANSITIONS,
+    ADMISSION_REJECTIONS,
+    SCREENING_DECISIONS,
+    SCREENING_OUTAGES,
+    GUARDRAIL_SECONDS,
+)
 
 
 BREAKER_REGISTRY = CollectorRegistry(auto_describe=False)
@@ -229,3 +257,15 @@ def breaker_transition(deployment: str, state: str) -> None:
 
 def admission_rejected(limit: str) -> None:
     _child(ADMISSION_REJECTIONS, limit).inc()
+
+
+def screening_decision(tenant: str, check: str, direction: str, action: str) -> None:
+    _child(SCREENING_DECISIONS, tenant, check, direction, action).inc()
+
+
+def screening_outage(tenant: str, check: str, direction: str, outcome: str) -> None:
+    _child(SCREENING_OUTAGES, tenant, check, direction, outcome).inc()
+
+
+def guardrail_call(outcome: str, seconds: float) -> None:
+    _child(GUARDRAIL_SECONDS, outcome).observe(seconds)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 
@@ -72,7 +73,27 @@ _VOCAB = [
     "tulip",
 ]
 
+# Moderation (/v1/moderations): flags a marker `[[harm:<category>]]` or a word from a small list.
+MODERATION_CATEGORIES = (
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/intent",
+    "self-harm/instructions",
+    "sexual",
+    "sexual/minors",
+    "violence",
+    "violence/graphic",
+)
+HARM_MARKER = re.compile(r"\[\[harm:([a-z/-]+)\]\]")
+HARM_WORDS = {"bloodbath": "violence/graphic", "massacre": "violence", "genocide": "hate/threatening"}
+
 REFUSAL_TRIGGER = "[[refuse]]"
+ECHO_TRIGGER = "[[echo]]"  # the answer is the prompt's text after the marker, a word per token
 REFUSAL_TEXT = "I'm sorry, but I can't help with that request."
 
 
@@ -112,6 +133,8 @@ class ProviderState:
     last_model: str | None = None
     last_key_digest: str | None = None
     last_request_id: str | None = None  # the x-request-id header a gateway sent
+    last_body: str | None = None  # the last request body received (chat or moderation), as text
+    moderation_calls: int = 0
     _error_accumulator: float = 0.0
 
     def should_fail(self) -> bool:
@@ -137,6 +160,8 @@ class ProviderState:
             "last_model": self.last_model,
             "last_key_digest": self.last_key_digest,
             "last_request_id": self.last_request_id,
+            "last_body": self.last_body,
+            "moderation_calls": self.moderation_calls,
             "faults": asdict(self.faults),
         }
 
@@ -159,6 +184,8 @@ def answer_tokens(prompt: str, n_tokens: int, *, refuses: bool = True) -> list[s
     if refuses and REFUSAL_TRIGGER in prompt:
         words = REFUSAL_TEXT.split()
         return [words[0]] + [" " + w for w in words[1:]]
+    if ECHO_TRIGGER in prompt:
+        return re.findall(r"\s*\S+", prompt.split(ECHO_TRIGGER, 1)[1].strip())[:n_tokens]
     tokens = [f"mock-{digest[:4].hex()}"]
     stream = digest
     while len(tokens) < n_tokens:
@@ -194,6 +221,8 @@ class MockProvider:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/p/{provider}/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/moderations", self.moderations)
+        app.router.add_post("/p/{provider}/v1/moderations", self.moderations)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/p/{provider}/v1/models", self.models)
         app.router.add_get("/_control", self.control_get)
@@ -220,7 +249,7 @@ class MockProvider:
         try:
             values = await request.json()
             if values.pop("reset_counters", False):
-                state.calls = state.errors = state.completed = state.max_in_flight = 0
+                state.calls = state.errors = state.completed = state.max_in_flight = state.moderation_calls = 0
             state.faults.update(values)
         except (ValueError, TypeError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
@@ -237,8 +266,10 @@ class MockProvider:
         auth = request.headers.get("Authorization", "")
         state.last_key_digest = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else None
         state.last_request_id = request.headers.get("x-request-id")
+        raw = await request.read()
+        state.last_body = raw.decode(errors="replace")
         try:
-            body = orjson.loads(await request.read())
+            body = orjson.loads(raw)
             messages = body["messages"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return _error(400, "invalid_request_error", "malformed request body")
@@ -305,6 +336,47 @@ class MockProvider:
             )
         finally:
             state.in_flight -= 1
+
+    async def moderations(self, request: web.Request) -> web.Response:
+        """OpenAI's moderation endpoint, deterministic; the provider's fault switches apply (stall,
+        error rate, slowness)."""
+        state = self.state(request.match_info.get("provider", DEFAULT_PROVIDER))
+        faults = state.faults
+        state.moderation_calls += 1
+        raw = await request.read()
+        state.last_body = raw.decode(errors="replace")
+        try:
+            body = orjson.loads(raw)
+            inputs = body["input"]
+            inputs = [inputs] if isinstance(inputs, str) else [str(item) for item in inputs]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return _error(400, "invalid_request_error", "malformed request body")
+        if faults.stall_ms:
+            await asyncio.sleep(faults.stall_ms / 1000)
+        if state.should_fail():
+            state.errors += 1
+            return _error(faults.error_status, "server_error", faults.error_message, code=faults.error_code)
+        if faults.slow_ms:
+            await asyncio.sleep(faults.slow_ms / 1000)
+        results = []
+        for text in inputs:
+            flagged = {m.group(1) for m in HARM_MARKER.finditer(text) if m.group(1) in MODERATION_CATEGORIES}
+            lowered = text.lower()
+            flagged |= {category for word, category in HARM_WORDS.items() if word in lowered}
+            results.append(
+                {
+                    "flagged": bool(flagged),
+                    "categories": {name: name in flagged for name in MODERATION_CATEGORIES},
+                    "category_scores": {name: 0.99 if name in flagged else 0.001 for name in MODERATION_CATEGORIES},
+                    "category_applied_input_types": {
+                        name: ["text"] if name in flagged else [] for name in MODERATION_CATEGORIES
+                    },
+                }
+            )
+        model = body.get("model") or "omni-moderation-latest"
+        return web.json_response(
+            {"id": "modr-mock-" + hashlib.sha256(raw).hexdigest()[:20], "model": model, "results": results}
+        )
 
     async def _stream(
         self,

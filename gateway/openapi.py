@@ -185,7 +185,8 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
                     **_error_responses(
                         {
                             400: "Malformed body: `invalid_json`, `missing_required_parameter`, `invalid_type`, "
-                            "`invalid_value`, or a request the provider refused as invalid.",
+                            "`invalid_value`, or a request the provider refused as invalid; "
+                            "`content_policy_violation`: the tenant's screening policy blocked it.",
                             401: "`invalid_api_key`: missing, unknown, revoked or expired key.",
                             402: "`budget_exceeded`: a budget that applies is spent.",
                             403: "`model_not_allowed` or `tenant_suspended`.",
@@ -195,7 +196,9 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
                             429: "`rate_limit_exceeded`, or the provider's rate limit.",
                             502: "The provider failed in a way no fallback could fix.",
                             503: "`all_providers_unavailable`: every deployment in the chain failed; "
-                            "`overloaded`: every deployment is at its concurrency limit (with Retry-After).",
+                            "`overloaded`: every deployment is at its concurrency limit (with Retry-After); "
+                            "`screening_unavailable`: the tenant's moderation provider or guardrail could not "
+                            "screen the request.",
                             504: "The provider did not answer in time.",
                         }
                     ),

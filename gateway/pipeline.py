@@ -2,7 +2,8 @@
 
     authenticate → validate → pick the model ("auto": the classifier) → allowlist → route
     → admit (limits, budgets, blocks, breakers, spend caps, a deployment slot: one Redis step)
-    → cache (exact, then semantic) → call the chain (stream or not) → escalate a refusal → respond
+    → screen input → cache (exact, then semantic) → call the chain (stream or not) → screen output
+    → escalate a refusal → respond
     → finish (settle the admission, hand off the ledger) → store the answer in the cache
 
 Each stage is a small function; the view only turns the Reply into an HTTP response. Batch items
@@ -38,6 +39,7 @@ from gateway.errors import GatewayError
 from gateway.failures import UpstreamError
 from gateway.routing import ModelRoute, Target, available_models, order_for_request, route_for
 from gateway.schemas import ChatRequest, parse_chat_request
+from gateway.screening import engine as screening
 from gateway.transport import Event
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ class Call:
     upstream_seconds: float = 0.0  # waiting on providers (calls, backoff); the rest is the gateway's
     paid: dict[int, Decimal] = field(default_factory=dict)  # provider id → cost, for its daily spend cap
     escalated_from: Target | None = None  # the deployment whose refusal went to the smart model
+    screening: screening.Screening | None = None  # what the tenant's safety screening did
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.started) * 1000)
@@ -166,6 +169,7 @@ async def chat_completions(headers, raw_body: bytes, *, queued: Queued | None = 
             raise GatewayError(
                 503, "configuration_changing", "Configuration is changing; retry.", headers={"retry-after": "1"}
             )
+        await screening.screen_input(call)  # may block, or redact call.body before the cache sees it
         hit = await consult_cache(call, route)
         if hit is not None:
             return await serve_from_cache(call, hit)
@@ -404,6 +408,12 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool):
                     raise as_client_error(error) from None
                 call.attempts.append(Attempt(target, "fail", probe))
                 last_error = error
+                if error.code == "upstream_timeout" and remaining <= (
+                    target.first_token_timeout if stream else target.timeout
+                ):
+                    # This attempt was given what was left of the deadline, and used it up (timers
+                    # may fire a hair early, so the clock alone cannot be trusted to say so).
+                    raise all_failed(last_error, deadline_hit=True) from None
                 if probe or error.code == "upstream_timeout" or retry == target.max_retries:
                     break
                 delay = breakers.backoff_seconds(retry, error.retry_after)
@@ -420,6 +430,7 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool):
 
 async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
     response = await call_chain(call, chain, stream=False)
+    await screening.screen_response(call, response)
     usage = response.get("usage") or {}
     cost, price_id = await charge(call, usage)
     if call.key.escalate_refusals and is_refusal(response):
@@ -427,6 +438,7 @@ async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
         if escalated is not None:
             # The refused answer was paid for too: the record bills both calls.
             response = escalated
+            await screening.screen_response(call, response)
             first_usage, usage = usage, escalated.get("usage") or {}
             more, price_id = await charge(call, usage)
             cost += more
@@ -476,6 +488,7 @@ async def escalate(call: Call) -> dict | None:
 
 async def stream_from_chain(call: Call, chain: list[Target]) -> Reply:
     first, rest = await call_chain(call, chain, stream=True)
+    first, rest = screening.screen_stream(call, first, rest)
     call.ttft_ms = call.elapsed_ms()
     headers = response_headers(call, None)
     headers["content-type"] = "text/event-stream"
@@ -688,6 +701,7 @@ def ledger_record(
         route=call.route.route if call.route else "",
         route_reason=call.route.reason if call.route else "",
         escalated_from=call.escalated_from.deployment if call.escalated_from else "",
+        screening=screening.summary(call),
     )
     if call.queued is not None:
         record.id = call.queued.record_id

@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "channels",
     "tenants",
     "gateway",
+    "gateway.screening",
     "billing",
     "sentinel.console",
     "sentinel",

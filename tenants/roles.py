@@ -46,8 +46,17 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "gateway.view_cacheentry",
         "gateway.delete_cacheentry",
         "gateway.view_batch",
+        "screening.view_screeningpolicy",
+        "screening.add_screeningpolicy",
+        "screening.change_screeningpolicy",
+        "screening.delete_screeningpolicy",
+        "screening.view_screeningreport",
     ],
 }
+
+
+# Apps migrated after the role groups were created, whose own migration calls role_groups_sync again.
+_SYNCED_BY_OWN_MIGRATION = frozenset({"screening"})
 
 
 def role_groups_sync(*, apps=django_apps) -> None:
@@ -60,16 +69,30 @@ def role_groups_sync(*, apps=django_apps) -> None:
         wanted = []
         for dotted in ROLE_PERMISSIONS[role]:
             app_label, codename = dotted.split(".")
-            found = Permission.objects.filter(content_type__app_label=app_label, codename=codename).first()
-            if found is None:
+            permission = Permission.objects.filter(content_type__app_label=app_label, codename=codename).first()
+            if permission is None:
+                if app_label in _SYNCED_BY_OWN_MIGRATION:
+                    continue  # that app's models do not exist yet at this migration: its own migration syncs again
                 try:
                     apps.get_model(app_label, codename.split("_", 1)[1])
                 except LookupError:
                     continue  # a model of a later migration, which syncs the groups again
                 raise LookupError(f"no permission {dotted}")
-            wanted.append(found)
+            wanted.append(permission)
         group.permissions.set(wanted)
 
 
 def role_group_names(roles: set[str]) -> set[str]:
     return {ROLE_GROUPS[role] for role in roles}
+
+
+def role_groups_sync_in_migration(apps, schema_editor) -> None:
+    """For a RunPython step: permissions are normally created after all migrations ran; the groups
+    need them now."""
+    from django.contrib.auth.management import create_permissions
+
+    for app_config in apps.get_app_configs():
+        app_config.models_module = True
+        create_permissions(app_config, apps=apps, verbosity=0)
+        app_config.models_module = None
+    role_groups_sync(apps=apps)

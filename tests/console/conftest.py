@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from billing.models import LedgerEntry
 from gateway.models import Batch, BatchFile, CacheEntry
+from gateway.screening.models import ScreeningPolicy
 from tenants.models import Budget, BudgetAlert, Membership, VirtualKey, WebhookDelivery, WebhookEndpoint
 from tenants.services import key_create
 from tests.conftest import unique
@@ -78,6 +79,7 @@ def _objects(tenancy, tenant, member, marker: str, side: str) -> dict:
             status=Batch.Status.IN_PROGRESS,
             expires_at=timezone.now(),
         ),
+        "screeningpolicy": ScreeningPolicy.objects.create(tenant=tenant),
     }
 
 

@@ -26,9 +26,10 @@ SCOPED = {
     "ledgerentry": ("billing", {"admin"}, False, None),
     "cacheentry": ("gateway", {"admin"}, False, None),
     "batch": ("gateway", {"admin"}, False, None),
+    "screeningpolicy": ("screening", {"admin"}, True, "Tenant "),
 }
 # Not lists of rows: pages scoped on their own terms (tests/billing/test_admin.py).
-PAGES = {"spendreport"}
+PAGES = {"spendreport", "screeningreport"}
 
 
 def url(model: str, action: str, *args) -> str:

@@ -81,6 +81,36 @@ def test_prompts_and_answers_are_never_logged(chatty_gateway, make_key, tenant, 
     assert {r["request_id"] for r in records if r["message"] == "request finished"} >= set(ids)
 
 
+def test_screened_text_is_never_logged(chatty_gateway, make_key, make_tenant, make_model, mock_provider):
+    """Blocked and redacted text, and text sent to a moderation provider through litellm, stay out of
+    the log even with Sentinel and litellm at DEBUG."""
+    from gateway.models import Provider
+    from gateway.screening.models import ScreeningPolicy
+
+    moderation = Provider(name=f"mod-{uuid.uuid4().hex[:8]}", kind="openai")
+    moderation.api_base = mock_provider.api_base(moderation.name)
+    moderation.save()
+    tenant = make_tenant()
+    ScreeningPolicy.objects.create(tenant=tenant, email="redact", moderation_provider=moderation)
+    alias, _ = make_model()
+    key = make_key(tenant)
+    marker = uuid.uuid4().hex[:12]
+    redacted, blocked = f"mail me at x{marker}@example.com", f"card 4111 1111 1111 1111 {marker}"
+    statuses = []
+    for prompt in (redacted, blocked):
+        response = httpx.post(
+            f"{chatty_gateway.base_url}/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": alias, "messages": [{"role": "user", "content": prompt}]},
+            timeout=30,
+        )
+        statuses.append(response.status_code)
+    assert statuses == [200, 400]
+    time.sleep(0.3)
+    text = "\n".join(chatty_gateway.log_lines())
+    assert marker not in text and "4111 1111" not in text
+
+
 def test_litellm_loggers_go_through_sentinels_handlers():
     library = logging.getLogger("sentinel-test-library")
     library.addHandler(logging.StreamHandler())

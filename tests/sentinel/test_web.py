@@ -15,13 +15,28 @@ def workers_of(gateway) -> list[psutil.Process]:
     return psutil.Process(gateway.process.pid).children()
 
 
+def listeners(gateway) -> list[psutil.Process]:
+    port = int(gateway.base_url.split(":")[2].split("/")[0])
+    found = []
+    for worker in workers_of(gateway):
+        try:
+            sockets = worker.net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in sockets):
+            found.append(worker)
+    return found
+
+
 def test_a_killed_worker_is_replaced_while_the_other_serves(test_database_name, api_key, model):
     gateway = start_gateway(test_database_name, workers=2)
     try:
+        # Both workers started and each listening on its own SO_REUSEPORT socket (a worker that is
+        # still importing has no socket yet, and killing the only listener would refuse the next call).
         deadline = time.monotonic() + 30
-        while len(workers_of(gateway)) < 2 and time.monotonic() < deadline:
+        while len(listening := listeners(gateway)) != 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        first, second = workers_of(gateway)
+        first, second = listening
         os.kill(first.pid, signal.SIGKILL)
         # Connections the kernel had already queued on the dead worker's socket are reset (clients
         # retry those); once it is gone, the other worker's socket takes every new connection.

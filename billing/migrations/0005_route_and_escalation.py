@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('billing', '0003_rollups'),
+        ('billing', '0004_ledger_screening'),
     ]
 
     operations = [

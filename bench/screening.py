@@ -1,0 +1,181 @@
+"""Screening benchmark: what the local checks add to a request.
+
+    python -m bench.screening [--rounds 5] [--quick]
+
+Times `gateway.screening.engine.screen_input` (every local check on: personal data of every kind,
+injection, moderation; no outside service) per request, for short prompts (the labeled set's 376
+prompts, one user message each) and long ones (conversations of about 4,000 characters: a system
+prompt and six turns, drawn from the whole set or from its clean texts only) and chat requests in
+between (a system prompt and three short turns, about 1,000 characters), each with the checks
+redacting and with them only logging; the same for
+each family of checks alone; a tenant without a policy; and screening a streamed 40-chunk answer.
+Pure CPU: no server is called. Prints a table; writes bench/results/screening.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+RESULTS = BASE_DIR / "bench" / "results" / "screening.json"
+DATA = BASE_DIR / "tests" / "data" / "screening_eval.jsonl"
+PERSONAL_DATA = ("email", "phone", "payment_card", "iban", "national_id", "ip_address", "secret")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def setup_django() -> None:
+    os.environ.setdefault("SENTINEL_DATA_DIR", str(BASE_DIR / ".data" / "bench"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
+    import django
+
+    django.setup()
+
+
+def run_to_end(coro) -> None:
+    """Drive a coroutine that never waits (no outside service is configured) without an event loop,
+    so the loop's own overhead is not counted."""
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    raise RuntimeError("screen_input waited on something: the benchmark must not call services")
+
+
+def policy(checks: dict[str, str]):
+    from gateway.screening.policy import Policy
+
+    return Policy(input=tuple(checks.items()))
+
+
+def conversations(
+    texts: list[str], count: int, rng: random.Random, *, turns: int = 6, texts_per_turn: int = 6
+) -> list[list[dict]]:
+    system = (
+        "You are the support assistant of a mid-sized online shop. Answer politely and briefly, in the "
+        "customer's language. Never promise refunds; explain the return policy instead: items can be "
+        "returned within 30 days, unused, with the receipt. Shipping takes 3 to 5 working days in the EU. "
+    ) * 2
+    result = []
+    for _ in range(count):
+        messages = [{"role": "system", "content": system}]
+        for turn in range(turns):
+            parts = rng.sample(texts, texts_per_turn)
+            messages.append({"role": "user" if turn % 2 == 0 else "assistant", "content": " ".join(parts)})
+        result.append(messages)
+    return result
+
+
+def time_input(checks: dict[str, str] | None, bodies: list[list[dict]], rounds: int) -> list[float]:
+    from gateway.screening.engine import screen_input
+
+    screening = policy(checks) if checks is not None else None
+    key = SimpleNamespace(screening=screening, tenant_slug="bench", tenant_id=0)
+    samples = []
+    for _ in range(rounds):
+        for messages in bodies:
+            call = SimpleNamespace(
+                key=key, body={"messages": [dict(m) for m in messages]}, request_id="bench", screening=None
+            )
+            started = time.perf_counter_ns()
+            run_to_end(screen_input(call))
+            samples.append((time.perf_counter_ns() - started) / 1e6)
+    return samples
+
+
+def time_stream(texts: list[str], rounds: int) -> list[float]:
+    """Screening a whole streamed answer of 40 chunks (output personal data and moderation on)."""
+    from gateway.screening.engine import Screening
+    from gateway.screening.policy import Policy
+    from gateway.screening.streaming import StreamScreen
+
+    samples = []
+    for _ in range(rounds):
+        for text in texts:
+            words = (text + " ") * 3
+            pieces = [words[i : i + 8] for i in range(0, min(len(words), 320), 8)][:40]
+            screen = StreamScreen(
+                Policy(output_personal_data="redact", output_moderation="block"), Screening(tenant="bench")
+            )
+            chunks = [
+                {"id": "c", "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]} for p in pieces
+            ]
+            chunks.append({"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            started = time.perf_counter_ns()
+            for chunk in chunks:
+                screen.feed(chunk)
+            samples.append((time.perf_counter_ns() - started) / 1e6)
+    return samples
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="Times each prompt is screened.")
+    parser.add_argument("--quick", action="store_true", help="One round, fewer long conversations.")
+    args = parser.parse_args(argv)
+    rounds = 1 if args.quick else args.rounds
+    setup_django()
+    examples = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+    texts = [example["text"] for example in examples]
+    rng = random.Random(7)
+    short = [[{"role": "user", "content": text}] for text in texts]
+    # Long conversations from the labeled set are dense with findings (about one text in two carries
+    # personal data); long ones from its clean texts are closer to a document or a code review.
+    long = conversations(texts, 20 if args.quick else 100, rng)
+    long_clean = conversations([e["text"] for e in examples if not e["labels"]], 20 if args.quick else 100, rng)
+    chat = conversations(texts, 50 if args.quick else 300, rng, turns=3, texts_per_turn=2)
+    every = {**dict.fromkeys(PERSONAL_DATA, "redact"), "injection": "log", "moderation": "log"}
+    logging_only = dict.fromkeys((*PERSONAL_DATA, "injection", "moderation"), "log")
+    scenarios = [
+        ("no policy", None, short),
+        ("short, all checks (redact)", every, short),
+        ("short, all checks (log)", logging_only, short),
+        ("short, personal data only", dict.fromkeys(PERSONAL_DATA, "redact"), short),
+        ("short, injection only", {"injection": "log"}, short),
+        ("short, moderation only", {"moderation": "log"}, short),
+        ("chat ~1k chars, all checks (redact)", every, chat),
+        ("long ~4k chars, all checks (redact)", every, long),
+        ("long ~4k chars, all checks (log)", logging_only, long),
+        ("long ~4k chars of clean text, all checks", every, long_clean),
+    ]
+    time_input(every, short[:50], 1)  # warm up (regex compilation, phonenumbers metadata)
+    rows = []
+    for name, checks, bodies in scenarios:
+        samples = time_input(checks, bodies, rounds)
+        chars = sum(len(m["content"]) for body in bodies for m in body) / len(bodies)
+        rows.append({"scenario": name, "n": len(samples), "chars": round(chars), **stats(samples)})
+    samples = time_stream(texts[:100], rounds)
+    rows.append({"scenario": "stream, 40 chunks, output checks", "n": len(samples), "chars": 320, **stats(samples)})
+
+    print(f"{'scenario':<40}{'n':>7}{'chars':>7}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
+    for row in rows:
+        print(
+            f"{row['scenario']:<40}{row['n']:>7}{row['chars']:>7}{row['p50_ms']:>9.3f}{row['p99_ms']:>9.3f}{row['max_ms']:>9.3f}"
+        )
+    result = {"python": sys.version.split()[0], "rounds": rounds, "scenarios": rows}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2))
+    print(f"\nwritten to {RESULTS.relative_to(BASE_DIR)}")
+    return result
+
+
+def stats(samples: list[float]) -> dict:
+    return {
+        "p50_ms": round(percentile(samples, 0.50), 4),
+        "p99_ms": round(percentile(samples, 0.99), 4),
+        "max_ms": round(max(samples), 4),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,399 @@
+"""Safety screening: personal data, prompt injection and moderation, on the way in and on the way out,
+each check doing what the tenant's policy says (log, redact or block).
+
+Where the pipeline calls it:
+    screen_input(call)              after admission, before the cache: may block (400
+                                    content_policy_violation, naming the checks, never the text) or
+                                    rewrite call.body's messages (redacted spans become [EMAIL],
+                                    [PAYMENT_CARD], ...), so the cache key, the cache entry and the
+                                    provider only ever see the redacted text
+    screen_response(call, response) a non-streamed answer: redacts in place, or withholds it
+                                    (content "" and finish_reason "content_filter", as Azure OpenAI
+                                    does; such an answer is never cached)
+    screen_stream(call, first, rest) a stream: see gateway.screening.streaming (bounded holdback)
+
+Local checks (gateway.screening.personal_data, .injection, .moderation) are plain CPU work of tens
+of microseconds on a typical prompt and run inline; the outside services (a moderation provider
+through litellm, the tenant's HTTP guardrail) run concurrently, on the already-redacted text, and
+only when no local check blocked. Their outages follow the tenant's settings: by default input that
+cannot be screened is refused (503 screening_unavailable) and an answer already generated is
+delivered; both are counted (metrics, ledger).
+
+Which messages: personal data in every message but the system/developer prompt (the tenant's own);
+injection in user and tool messages (tool results are how injections arrive indirectly); moderation
+in user messages. A tenant without a policy costs one attribute test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+
+from gateway import metrics
+from gateway.errors import GatewayError
+from gateway.screening import guardrail, injection, moderation, personal_data, resources
+from gateway.screening.personal_data import Span
+from gateway.screening.policy import GUARDRAIL, INJECTION, MODERATION, Policy
+
+log = logging.getLogger(__name__)
+OFF, LOG, REDACT, BLOCK = "off", "log", "redact", "block"
+IN, OUT = "in", "out"
+SYSTEM_ROLES = frozenset({"system", "developer"})
+INJECTION_ROLES = frozenset({"user", "tool", "function"})
+MODERATION_ROLES = frozenset({"user"})
+MODERATION_CATEGORIES = frozenset(moderation.CATEGORIES)
+CONTENT_FILTER = "content_filter"
+
+
+def placeholder(check: str) -> str:
+    return "[REDACTED]" if check == GUARDRAIL else f"[{check.upper()}]"
+
+
+@dataclass
+class Screening:
+    """What screening did for one request, as its ledger row keeps it: check names, actions and
+    moderation categories, never the text."""
+
+    tenant: str
+    ran_in: list[str] = field(default_factory=list)
+    ran_out: list[str] = field(default_factory=list)
+    fired: dict[tuple[str, str], str] = field(default_factory=dict)  # (check, direction) -> action
+    categories: set[str] = field(default_factory=set)
+    outages: list[tuple[str, str, str]] = field(default_factory=list)  # (check, direction, open|closed)
+    guardrail_ms: int | None = None
+
+    def fire(self, check: str, direction: str, action: str) -> None:
+        """Once per check and direction per request (a stream rescans its window, a prompt may
+        hold several e-mail addresses: one decision). Blocking outranks redacting outranks logging."""
+        key = (check, direction)
+        previous = self.fired.get(key)
+        if previous is not None and _RANK[previous] >= _RANK[action]:
+            return
+        self.fired[key] = action
+        metrics.screening_decision(self.tenant, check, direction, action)
+
+    def outage(self, check: str, direction: str, fail_open: bool, error: BaseException) -> None:
+        outcome = "open" if fail_open else "closed"
+        self.outages.append((check, direction, outcome))
+        metrics.screening_outage(self.tenant, check, direction, outcome)
+        # The reason's kind only (timeout, status 500, ConnectionError): never the text screened.
+        reason = (
+            str(error) if isinstance(error, moderation.ModerationUnavailable | guardrail.GuardrailUnavailable) else ""
+        )
+        log.warning(
+            "screening: %s unavailable, failing %s",
+            check,
+            outcome,
+            extra={"tenant": self.tenant, "direction": direction, "reason": reason or type(error).__name__},
+        )
+
+    def summary(self) -> dict:
+        result: dict = {"in": self.ran_in}
+        if self.ran_out:
+            result["out"] = self.ran_out
+        if self.fired:
+            result["fired"] = [[check, direction, action] for (check, direction), action in self.fired.items()]
+        if self.categories:
+            result["categories"] = sorted(self.categories)
+        if self.outages:
+            result["outages"] = [list(item) for item in self.outages]
+        if self.guardrail_ms is not None:
+            result["guardrail_ms"] = self.guardrail_ms
+        return result
+
+
+_RANK = {LOG: 0, REDACT: 1, BLOCK: 2}
+
+
+def summary(call) -> dict | None:
+    """The ledger's `screening` field for a request (None when it was not screened)."""
+    return call.screening.summary() if call.screening is not None else None
+
+
+# --- text in messages --------------------------------------------------------------------------
+
+
+def segments(messages: list) -> list[tuple[int, int | None, str, str]]:
+    """Every text in the messages: (message index, content part index or None, role, text)."""
+    found = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        role, content = message.get("role", ""), message.get("content")
+        if isinstance(content, str):
+            if content:
+                found.append((i, None, role, content))
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                if isinstance(part, dict) and isinstance(part.get("text"), str) and part["text"]:
+                    found.append((i, j, role, part["text"]))
+    return found
+
+
+def _write(messages: list, i: int, j: int | None, text: str) -> None:
+    if j is None:
+        messages[i]["content"] = text
+    else:
+        messages[i]["content"][j]["text"] = text
+
+
+def _param(i: int, j: int | None) -> str:
+    return f"messages[{i}].content" if j is None else f"messages[{i}].content[{j}].text"
+
+
+def mask(text: str, spans: list[Span], cut: int | None = None) -> tuple[str, int]:
+    """`text` with each span replaced by its placeholder; also where `cut` (a position in `text`)
+    lands in the result (past a placeholder that straddles it)."""
+    cut = len(text) if cut is None else cut
+    pieces, position, new_cut = [], 0, None
+    for span in sorted(spans, key=lambda s: s.start):
+        if span.start < position:
+            continue  # overlaps one already masked
+        if new_cut is None and cut <= span.start:
+            new_cut = sum(map(len, pieces)) + (cut - position)
+        pieces.append(text[position : span.start])
+        pieces.append(placeholder(span.check))
+        position = span.end
+        if new_cut is None and cut < span.end:
+            new_cut = sum(map(len, pieces))
+    if new_cut is None:
+        new_cut = sum(map(len, pieces)) + max(cut - position, 0)
+    pieces.append(text[position:])
+    return "".join(pieces), new_cut
+
+
+def local_spans(
+    text: str, *, kinds: tuple[str, ...], injection_on: bool, moderation_on: bool, region: str
+) -> list[Span]:
+    """Every local check's findings in one text. Moderation findings keep their category as
+    `check` (violence, self-harm, ...)."""
+    spans = personal_data.find(text, kinds, region=region) if kinds else []
+    if injection_on:
+        spans.extend(injection.find(text))
+    if moderation_on:
+        spans.extend(moderation.find(text))
+    return spans
+
+
+def check_of(span: Span) -> str:
+    return MODERATION if span.check in MODERATION_CATEGORIES else span.check
+
+
+# --- input -------------------------------------------------------------------------------------
+
+
+def blocked(checks: list[str], param: str | None) -> GatewayError:
+    names = ", ".join(dict.fromkeys(checks))
+    where = f" in {param}" if param else ""
+    return GatewayError(
+        400,
+        "content_policy_violation",
+        f"This request was blocked by the tenant's content policy (check: {names}){where}.",
+        param=param,
+    )
+
+
+def unavailable(check: str) -> GatewayError:
+    return GatewayError(
+        503,
+        "screening_unavailable",
+        f"The {check} service could not screen this request, and this tenant's policy refuses input it "
+        "cannot screen. Retry later.",
+        headers={"retry-after": "1"},
+    )
+
+
+async def screen_input(call) -> None:
+    """Screen the request's messages before the cache and the provider see them (see the module)."""
+    policy: Policy | None = call.key.screening
+    if policy is None:
+        return
+    record = call.screening = Screening(tenant=call.key.tenant_slug)
+    kinds = policy.personal_data_kinds
+    injection_action, moderation_action = policy.action(INJECTION), policy.action(MODERATION)
+    record.ran_in = [name for name, _ in policy.input]
+    messages = call.body["messages"]
+    texts = segments(messages)
+    blocks: list[tuple[str, str]] = []
+    for index, (i, j, role, text) in enumerate(texts):
+        spans = local_spans(
+            text,
+            kinds=() if role in SYSTEM_ROLES else kinds,
+            injection_on=injection_action != OFF and role in INJECTION_ROLES,
+            moderation_on=moderation_action != OFF and role in MODERATION_ROLES,
+            region=policy.phone_region,
+        )
+        redact = []
+        for span in spans:
+            check = check_of(span)
+            if check == MODERATION:
+                record.categories.add(span.check)
+            action = policy.action(check)
+            record.fire(check, IN, action)
+            if action == BLOCK:
+                blocks.append((check, _param(i, j)))
+            elif action == REDACT:
+                redact.append(Span(check, span.start, span.end))
+        if redact:
+            text, _ = mask(text, redact)
+            _write(messages, i, j, text)
+            texts[index] = (i, j, role, text)
+    if blocks:
+        raise blocked([check for check, _ in blocks], blocks[0][1])
+    await _screen_input_remotely(call, policy, record, texts, moderation_action)
+
+
+async def _screen_input_remotely(call, policy: Policy, record: Screening, texts: list, moderation_action: str) -> None:
+    """The moderation provider and the guardrail, concurrently, on the redacted text."""
+    provider = await resources.moderation_provider(policy) if moderation_action != OFF else None
+    moderated = "\n\n".join(text for _, _, role, text in texts if role in MODERATION_ROLES)
+    jobs: dict[str, Awaitable] = {}
+    if provider is not None and moderated:
+        jobs[MODERATION] = moderation.moderate(provider, moderated)
+    if policy.guardrail_url and texts:
+        secret = await resources.guardrail_secret(call.key.tenant_id)
+        jobs[GUARDRAIL] = guardrail.consult(
+            url=policy.guardrail_url,
+            secret=secret,
+            timeout=policy.guardrail_timeout,
+            request_id=call.request_id,
+            tenant=call.key.tenant_slug,
+            texts=[(role, text) for _, _, role, text in texts],
+        )
+    if not jobs:
+        return
+    results = dict(zip(jobs, await asyncio.gather(*jobs.values(), return_exceptions=True), strict=True))
+    refusals: list[str] = []
+    outage: str | None = None
+    flagged = results.get(MODERATION)
+    if isinstance(flagged, BaseException):
+        record.outage(MODERATION, IN, policy.moderation_input_fail_open, flagged)
+        outage = None if policy.moderation_input_fail_open else MODERATION
+    elif flagged:
+        record.categories.update(flagged)
+        action = BLOCK if moderation_action == REDACT else moderation_action  # a verdict has no span
+        record.fire(MODERATION, IN, action)
+        if action == BLOCK:
+            refusals.append(MODERATION)
+    answer = results.get(GUARDRAIL)
+    if isinstance(answer, BaseException):
+        record.outage(GUARDRAIL, IN, policy.guardrail_fail_open, answer)
+        outage = outage or (None if policy.guardrail_fail_open else GUARDRAIL)
+    elif answer is not None:
+        verdict, elapsed = answer
+        record.guardrail_ms = int(elapsed * 1000)
+        if verdict.action == "block":
+            record.fire(GUARDRAIL, IN, BLOCK)
+            refusals.append(GUARDRAIL)
+        elif verdict.action == "redact" and verdict.redactions:
+            record.fire(GUARDRAIL, IN, REDACT)
+            _apply_guardrail_redactions(call.body["messages"], texts, verdict)
+    if refusals:
+        raise blocked(refusals, None)
+    if outage:
+        raise unavailable(outage)
+
+
+def _apply_guardrail_redactions(messages: list, texts: list, verdict: guardrail.Verdict) -> None:
+    by_text: dict[int, list[Span]] = {}
+    for text_id, start, end in verdict.redactions:
+        by_text.setdefault(text_id, []).append(Span(GUARDRAIL, start, end))
+    for text_id, spans in by_text.items():
+        i, j, role, text = texts[text_id]
+        text, _ = mask(text, spans)
+        _write(messages, i, j, text)
+        texts[text_id] = (i, j, role, text)
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def output_spans(policy: Policy, text: str) -> list[Span]:
+    return local_spans(
+        text,
+        kinds=personal_data.KINDS if policy.output_personal_data != OFF else (),
+        injection_on=False,
+        moderation_on=policy.output_moderation != OFF,
+        region=policy.phone_region,
+    )
+
+
+def output_action(policy: Policy, check: str) -> str:
+    action = policy.output_moderation if check == MODERATION else policy.output_personal_data
+    return action
+
+
+def withhold(choice: dict) -> None:
+    message = choice.get("message")
+    if isinstance(message, dict):
+        message["content"] = ""
+    choice["finish_reason"] = CONTENT_FILTER
+
+
+async def screen_response(call, response: dict) -> None:
+    """Screen a non-streamed answer in place: redact spans, or withhold an answer a block fired on."""
+    policy: Policy | None = call.key.screening
+    if policy is None or not policy.screens_output:
+        return
+    record = call.screening or Screening(tenant=call.key.tenant_slug)
+    call.screening = record
+    record.ran_out = [
+        name
+        for name, on in (("personal_data", policy.output_personal_data), (MODERATION, policy.output_moderation))
+        if on != OFF
+    ]
+    choices = [c for c in response.get("choices") or () if isinstance(c, dict)]
+    delivered = []
+    for choice in choices:
+        message = choice.get("message") or {}
+        content = message.get("content")
+        if not isinstance(content, str) or not content:
+            continue
+        redact, block = [], False
+        for span in output_spans(policy, content):
+            check = check_of(span)
+            if check == MODERATION:
+                record.categories.add(span.check)
+            action = output_action(policy, check)
+            record.fire(check, OUT, action)
+            block = block or action == BLOCK
+            if action == REDACT:
+                redact.append(Span(check, span.start, span.end))
+        if block:
+            withhold(choice)
+            continue
+        if redact:
+            message["content"], _ = mask(content, redact)
+        delivered.append(choice)
+    provider = await resources.moderation_provider(policy) if policy.output_moderation != OFF else None
+    if provider is None or not delivered:
+        return
+    try:
+        flagged = await moderation.moderate(provider, "\n\n".join(c["message"]["content"] for c in delivered))
+    except moderation.ModerationUnavailable as error:
+        record.outage(MODERATION, OUT, policy.moderation_output_fail_open, error)
+        if not policy.moderation_output_fail_open:
+            for choice in delivered:
+                withhold(choice)
+        return
+    if flagged:
+        record.categories.update(flagged)
+        action = LOG if policy.output_moderation == LOG else BLOCK
+        record.fire(MODERATION, OUT, action)
+        if action == BLOCK:
+            for choice in delivered:
+                withhold(choice)
+
+
+def screen_stream(call, first, rest):
+    """(first, rest) of a stream, screened as it goes when the tenant screens answers."""
+    policy: Policy | None = call.key.screening
+    if policy is None or not policy.screens_output:
+        return first, rest
+    from gateway.screening.streaming import StreamScreen
+
+    if call.screening is None:
+        call.screening = Screening(tenant=call.key.tenant_slug)
+    return StreamScreen(policy, call.screening).screened(first, rest)

@@ -1,0 +1,183 @@
+"""Prompt injection and jailbreak attempts: a hand-written, conservative set of patterns.
+
+No well-kept library does this offline: llm-guard and Rebuff classify with a Hugging Face model
+(a download at run time) or a hosted API, and the embedding model this gateway ships (MiniLM) costs
+3-6 ms a prompt, over the 2 ms budget of the local checks. The patterns cover the families that
+show up in public jailbreak collections: orders to ignore or override the instructions, attempts to
+extract the system prompt, role-play escapes (DAN, "developer mode", "no restrictions"), forged
+chat-template tokens, and payloads hidden in base64 or hex that decode to any of these. They match
+phrases, not topics, so talk about prompt injection is only flagged when it quotes an attack.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from gateway.screening.personal_data import Span
+
+INJECTION = "injection"
+
+_W = r"(?:\s+\w+){0,5}\s+"  # a few words between the parts of a phrase
+# (anchors, pattern): a pattern is only tried on text that contains one of its anchors (lowercase),
+# which keeps a long prompt to a few substring searches instead of 23 regular expressions.
+_PATTERNS: tuple[tuple[tuple[str, ...], re.Pattern], ...] = tuple(
+    (anchors, re.compile(pattern, re.IGNORECASE))
+    for anchors, pattern in (
+        # Ignore / disregard / forget the instructions (in English, German, French, Spanish, Italian).
+        (
+            ("ignor", "disregard", "forget", "skip", "overrid", "bypass", "drop", "abandon"),
+            r"\b(?:ignore|disregard|forget|skip|override|bypass|drop|abandon)\s+(?:all\s+|any\s+|every\s+|the\s+|"
+            r"your\s+|my\s+|these\s+|those\s+)*(?:previous|prior|above|earlier|preceding|former|original|initial|"
+            r"system|developer|safety|existing|old)\s+(?:\w+\s+)?(?:instructions?|prompts?|rules|directions|"
+            r"guidelines|directives|commands|messages|context|programming|constraints|guardrails|policies)",
+        ),
+        (
+            ("ignor", "disregard", "forget"),
+            r"\b(?:ignore|disregard|forget)\s+(?:all|everything)\s+(?:you\s+were\s+told|(?:that\s+)?(?:was\s+)?"
+            r"(?:said|written)\s+(?:above|before))",
+        ),
+        (
+            ("ignor", "disregard", "forget"),
+            r"\b(?:ignore|disregard|forget)\s+(?:all\s+)?(?:of\s+)?(?:the\s+|everything\s+)?(?:above|previous|preceding)"
+            r"\s*(?:and|,|\.|;)",
+        ),
+        (
+            ("instructions", "rules", "guidelines", "directives"),
+            r"\b(?:previous|prior|earlier|original|initial|above|old)\s+(?:instructions|rules|guidelines|directives)\s+"
+            r"(?:no\s+longer\s+apply|are\s+(?:void|cancel+ed|revoked|obsolete|over(?:ridden)?|null))",
+        ),
+        (
+            ("no longer", "have to", "need to"),
+            r"\byou\s+(?:no\s+longer\s+(?:have\s+to|need\s+to|must)|don'?t\s+(?:have|need)\s+to\s+(?:follow|obey))"
+            r"\s+(?:follow\s+|obey\s+)?(?:any\s+|your\s+|the\s+)?(?:\w+\s+)?(?:rules|guidelines|policies|"
+            r"instructions|restrictions|content\s+policy)",
+        ),
+        (
+            ("ignorier",),
+            r"\bignorier(?:e|en\s+sie)\s+(?:alle\s+)?(?:vorherigen|bisherigen|obigen)\s+(?:anweisungen|befehle|regeln)",
+        ),
+        (
+            ("ignore",),
+            r"\bignore[zr]?\s+(?:toutes\s+)?les\s+instructions\s+(?:précédentes|precedentes|ci-dessus)",
+        ),
+        (
+            ("ignora",),
+            r"\bignora\s+(?:todas\s+)?(?:las\s+|le\s+)?(?:instrucciones|istruzioni)\s+(?:anteriores|precedenti)",
+        ),
+        # Reveal the system prompt.
+        (
+            ("prompt", "instruction", "system message"),
+            r"\b(?:reveal|print|show|display|repeat|output|leak|dump|recite|echo|spell\s+out|tell\s+me|give\s+me|"
+            r"write\s+out|share|paste)" + _W + r"?(?:(?:your|the)\s+)?(?:full\s+|entire\s+|exact\s+|original\s+|"
+            r"hidden\s+|secret\s+|initial\s+)*(?:system\s+(?:prompt|message|instructions)|(?:initial|hidden|"
+            r"secret|original|developer)\s+(?:prompt|instructions))",
+        ),
+        (
+            ("prompt", "instruction"),
+            r"\bwhat\s+(?:is|was|were|are)\s+(?:your|the)\s+(?:exact\s+|full\s+|original\s+|initial\s+|hidden\s+)*"
+            r"(?:system\s+prompt|(?:initial|hidden|original|secret)\s+instructions)",
+        ),
+        (
+            ("above",),
+            r"\brepeat\s+(?:the\s+)?(?:words|text|everything)\s+above\b",
+        ),
+        (
+            ("verbatim", "word for word"),
+            r"\b(?:everything|all\s+the\s+text)\s+(?:above|before)\s+this\s+(?:line|message)\b.{0,40}"
+            r"\b(?:verbatim|word\s+for\s+word)",
+        ),
+        # Role-play escapes.
+        (
+            ("dan", "stan", "dude", "aim", "unfiltered", "uncensored", "unrestricted", "jailbroken", "evil"),
+            r"\b(?:you\s+are|you're)\s+(?:now\s+)?(?:(?:DAN|STAN|DUDE|AIM)\b|an?\s+(?:unfiltered|uncensored|unrestricted|"
+            r"jailbroken|evil)\b)",
+        ),
+        (
+            ("anything now",),
+            r"\bdo\s+anything\s+now\b",
+        ),
+        (
+            (" mode",),
+            r"\b(?:developer|god|jailbreak|unrestricted|dan)\s+mode\s+(?:enabled|activated|on)\b",
+        ),
+        (
+            (" mode",),
+            r"\b(?:enable|activate|enter|switch\s+to)\s+(?:developer|god|jailbreak|unrestricted|dan)\s+mode\b",
+        ),
+        (
+            ("restriction", "filter", "rules", "guideline", "limit", "ethic", "moral", "censor", "polic"),
+            r"\b(?:pretend|imagine|act\s+as\s+if|roleplay|role-play|act\s+like)\b.{0,80}?\b(?:no|without|free\s+"
+            r"(?:of|from)|don't\s+have\s+(?:any\s+)?)\s*(?:any\s+)?(?:restrictions|filters|rules|guidelines|limits|"
+            r"limitations|ethic(?:s|al\s+guidelines)|moral(?:s|ity)|censorship|content\s+polic(?:y|ies))",
+        ),
+        (
+            ("from now on",),
+            r"\bfrom\s+now\s+on,?\s+you\s+(?:will|are|must|shall)\b.{0,80}?\b(?:ignore|no\s+longer|not\s+follow|"
+            r"without\s+(?:any\s+)?(?:restrictions|filters|rules))",
+        ),
+        (
+            ("freed", "released", "liberated"),
+            r"\b(?:you\s+(?:are|have\s+been)\s+)?(?:freed|released|liberated)\s+from\s+(?:your\s+|the\s+|all\s+)*"
+            r"(?:restrictions|rules|guidelines|programming|constraints|openai)",
+        ),
+        (
+            ("bypass", "disable", "turn off", "deactivate", "circumvent"),
+            r"\b(?:bypass|disable|turn\s+off|deactivate|circumvent)\s+(?:your\s+|the\s+|all\s+|its\s+|their\s+|own\s+)*"
+            r"(?:safety|content)"
+            r"\s+(?:filters?|guidelines|polic(?:y|ies)|restrictions|measures|protocols)",
+        ),
+        (
+            ("instruction",),
+            r"\bnew\s+(?:system\s+)?instructions?\s*:",
+        ),
+        # Forged chat-template and role tokens.
+        (
+            ("<|", "[inst", "[/inst", "<<sys", "#"),
+            r"<\|im_start\|>\s*system|<\|system\|>|<\|start_header_id\|>\s*system|\[/?INST\]|<<SYS>>|"
+            r"<\|endoftext\|>|(?:^|\n)\s*#{2,}\s*(?:system|new\s+instructions?)\s*:?\s*(?:\n|$)",
+        ),
+        # Instructions hidden in an encoding.
+        (
+            ("base64", "b64", "rot13", "hex", "binary"),
+            r"\b(?:decode|decrypt|translate)\s+(?:this|the\s+following)\s+(?:base64|b64|rot13|hex|binary)\b.{0,60}?"
+            r"\b(?:follow|execute|obey|do\s+what\s+it\s+says|carry\s+out|run)\b",
+        ),
+    )
+)
+_BASE64 = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{24,}={0,2}(?![A-Za-z0-9+/=])")
+_HEX = re.compile(r"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}){16,}(?![0-9A-Fa-f])")
+
+
+def _decoded(text: str) -> list[tuple[int, int, str]]:
+    """Text hidden in base64 or hex runs: (start, end, decoded), printable decodings only."""
+    found = []
+    for pattern, decode in ((_BASE64, base64.b64decode), (_HEX, bytes.fromhex)):
+        for match in pattern.finditer(text):
+            raw = match.group()
+            try:
+                value = decode(raw + "=" * (-len(raw) % 4) if decode is base64.b64decode else raw).decode()
+            except (binascii.Error, ValueError, UnicodeDecodeError):
+                continue
+            if value.isprintable() and sum(c.isalpha() or c == " " for c in value) >= 0.8 * len(value):
+                found.append((match.start(), match.end(), value))
+    return found
+
+
+def _matches(text: str) -> list[re.Match]:
+    lowered = text.lower()
+    found = []
+    for anchors, pattern in _PATTERNS:
+        if any(anchor in lowered for anchor in anchors):
+            found.extend(pattern.finditer(text))
+    return found
+
+
+def find(text: str) -> list[Span]:
+    spans = [Span(INJECTION, m.start(), m.end()) for m in _matches(text)]
+    if len(text) >= 24:
+        for start, end, decoded in _decoded(text):
+            if _matches(decoded):
+                spans.append(Span(INJECTION, start, end))
+    return spans

@@ -1,0 +1,360 @@
+"""Personal data and secrets in text: where they are (spans), never what they are.
+
+Libraries do the judging, a regular expression only proposes candidates:
+- phone numbers: Google's libphonenumber (`phonenumbers`): valid in the tenant's region (or, right
+  after a word such as "call" or "mobile", in another common region), or of a
+  possible length when written with a country code; on digit runs only (its matcher over a whole
+  long text costs milliseconds, over the few candidate runs microseconds);
+- payment cards: `python-stdnum`'s Luhn check plus the card networks' prefixes and lengths;
+- IBANs and national IDs: `python-stdnum` (country lengths, mod-97, each ID's own checksum): US SSN,
+  Canadian SIN, Spanish DNI/NIE, Italian codice fiscale, French NIR, Brazilian CPF, Indian Aadhaar,
+  Swedish personnummer; the UK National Insurance number has no checksum and no stdnum module, so it
+  is a hand-written pattern with HMRC's prefix rules;
+- IP addresses: the standard library's `ipaddress` (loopback, unspecified and netmasks are not data
+  about anyone);
+- secrets: detect-secrets' own detector patterns (AWS, GitHub, GitLab, Slack, Stripe, JWT, private
+  keys, ...), plus hand-written ones for keys it does not know (current OpenAI and Anthropic keys,
+  Google API keys, Hugging Face tokens, Sentinel's own) and a password stated in prose;
+- e-mail addresses: a hand-written pattern (validators such as email-validator check one address,
+  they do not find addresses in text), which leaves out file names like icon@2x.png and SSH remotes
+  like git@github.com:org/repo.
+
+Installed and used: phonenumbers, python-stdnum, detect-secrets (all offline, pure Python).
+Looked at and left out: Microsoft Presidio (its wheel read, not installed: the analyzer's default
+configuration loads spaCy's en_core_web_lg, which spaCy downloads from GitHub, out of reach here,
+and PyPI has only unofficial re-uploads; its pattern recognizers for these kinds add no checksum
+stdnum lacks), scrubadub (unmaintained since 2023; regular expressions without checksums), llm-guard
+(its scanners wrap Presidio and detect-secrets, and load Hugging Face models at run time).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+import phonenumbers
+from detect_secrets.plugins.artifactory import ArtifactoryDetector
+from detect_secrets.plugins.aws import AWSKeyDetector
+from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
+from detect_secrets.plugins.basic_auth import BasicAuthDetector
+from detect_secrets.plugins.discord import DiscordBotTokenDetector
+from detect_secrets.plugins.github_token import GitHubTokenDetector
+from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
+from detect_secrets.plugins.jwt import JwtTokenDetector
+from detect_secrets.plugins.mailchimp import MailchimpDetector
+from detect_secrets.plugins.npm import NpmDetector
+from detect_secrets.plugins.openai import OpenAIDetector
+from detect_secrets.plugins.private_key import PrivateKeyDetector
+from detect_secrets.plugins.pypi_token import PypiTokenDetector
+from detect_secrets.plugins.sendgrid import SendGridDetector
+from detect_secrets.plugins.slack import SlackDetector
+from detect_secrets.plugins.square_oauth import SquareOAuthDetector
+from detect_secrets.plugins.stripe import StripeDetector
+from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
+from detect_secrets.plugins.twilio import TwilioKeyDetector
+from stdnum import iban, luhn
+from stdnum.br import cpf
+from stdnum.ca import sin
+from stdnum.es import dni, nie
+from stdnum.fr import nir
+from stdnum.in_ import aadhaar
+from stdnum.it import codicefiscale
+from stdnum.se import personnummer
+from stdnum.us import ssn
+
+EMAIL, PHONE, CARD, IBAN, NATIONAL_ID, IP_ADDRESS, SECRET = (
+    "email",
+    "phone",
+    "payment_card",
+    "iban",
+    "national_id",
+    "ip_address",
+    "secret",
+)
+KINDS = (SECRET, CARD, IBAN, NATIONAL_ID, EMAIL, IP_ADDRESS, PHONE)  # also the order overlaps are settled in
+_PRIORITY = {kind: rank for rank, kind in enumerate(KINDS)}
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    check: str
+    start: int
+    end: int
+
+
+# --- e-mail ------------------------------------------------------------------------------------
+
+_EMAIL = re.compile(
+    r"(?<![\w.%+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+"
+    r"([A-Za-z]{2,24})(?![\w-]|\.\w|:[\w~/]|\()"
+)
+# Not top-level domains here but file extensions (icon@2x.png) and attributes in code (x@w.shape).
+_NOT_TLD = frozenset(
+    "png jpg jpeg gif svg webp ico bmp tif tiff css scss js jsx ts tsx md txt json yaml yml xml html htm lock toml ini"
+    " cfg conf log csv pdf zip gz tar py rb go rs java kt swift php sh bat exe dll so dylib shape dtype".split()
+)
+
+
+def _emails(text: str) -> list[Span]:
+    return [Span(EMAIL, m.start(), m.end()) for m in _EMAIL.finditer(text) if m.group(1).lower() not in _NOT_TLD]
+
+
+# --- phone numbers -----------------------------------------------------------------------------
+
+# A run that could be a phone number: optional +, then 7 to 15 digits with the usual separators.
+_PHONE_RUN = re.compile(r"(?<![\w.+/-])(?:\+|00)?\(?\d(?:[\d \-.()/]{5,22})\d(?![\w/]|\.\d|-\d)")
+_VALID = phonenumbers.Leniency.VALID
+_POSSIBLE = phonenumbers.Leniency.POSSIBLE
+# A national number of another country (no country code) counts only with a word that says "phone"
+# just before it: valid in some region is true of many order numbers and references.
+_OTHER_REGIONS = ("GB", "AU", "CA", "IE", "NZ", "IN", "DE", "FR", "ES", "IT", "NL")
+_PHONE_CUE = re.compile(
+    r"\b(?:call|calls|calling|phone|phones|mobile|cell|tel|telephone|text|sms|whatsapp|reach|dial|ring|landline)\b"
+    r"[^.\n]{0,30}$",
+    re.IGNORECASE,
+)
+
+
+def _phones(text: str, region: str, found: list[Span]) -> list[Span]:
+    """Numbers valid in the tenant's region, and numbers written with a country code (+44 ..., 0044
+    ...) whose length is possible there: the code is signal enough, and it spares an up-to-date
+    number plan (new ranges, ranges reserved for fiction) from deciding."""
+    spans = []
+    for run in _PHONE_RUN.finditer(text):
+        digits = sum(c.isdigit() for c in run.group())
+        if not 7 <= digits <= 15:
+            continue
+        if any(span.start <= run.start() and run.end() <= span.end for span in found):
+            continue  # inside a card number, IBAN, ...: a phone number there would lose the overlap anyway
+        candidate, shift = run.group(), 0
+        if candidate.startswith("00"):
+            # 00 is the international prefix almost everywhere (the tenant's region may use another).
+            candidate, shift = "+" + candidate[2:], 1
+        leniency = _POSSIBLE if candidate.startswith("+") else _VALID
+        matches = list(phonenumbers.PhoneNumberMatcher(candidate, region, leniency=leniency))
+        if not matches and leniency is _VALID and _PHONE_CUE.search(text[max(0, run.start() - 40) : run.start()]):
+            for other in _OTHER_REGIONS:
+                matches = list(phonenumbers.PhoneNumberMatcher(run.group(), other, leniency=_VALID))
+                if matches:
+                    break
+        for match in matches:
+            start = run.start() + (match.start + shift if match.start else 0)  # "+" stood for "00"
+            spans.append(Span(PHONE, start, run.start() + shift + match.end))
+    return spans
+
+
+# --- payment cards -----------------------------------------------------------------------------
+
+_CARD_RUN = re.compile(r"(?<![\w-])\d(?:[ -]?\d){11,18}(?![\w]|-\d)")
+# Card networks: number prefix and lengths (Visa, Mastercard 51-55 and 2221-2720, Amex, Diners,
+# JCB, Discover, UnionPay, Maestro).
+_CARD_NETWORKS = (
+    (re.compile(r"4"), frozenset({13, 16, 19})),
+    (re.compile(r"5[1-5]|2(?:2[2-9]|[3-6]\d|7[01]|720)"), frozenset({16})),
+    (re.compile(r"3[47]"), frozenset({15})),
+    (re.compile(r"30[0-5]|3[689]"), frozenset({14, 15, 16, 17, 18, 19})),
+    (re.compile(r"35(?:2[89]|[3-8]\d)"), frozenset({16, 17, 18, 19})),
+    (re.compile(r"6011|64[4-9]|65"), frozenset({16, 17, 18, 19})),
+    (re.compile(r"62"), frozenset({16, 17, 18, 19})),
+    (re.compile(r"5018|5020|5038|6304|6759|676[1-3]"), frozenset(range(12, 20))),
+)
+
+
+def _card_network_fits(digits: str) -> bool:
+    return any(prefix.match(digits) and len(digits) in lengths for prefix, lengths in _CARD_NETWORKS)
+
+
+def _cards(text: str) -> list[Span]:
+    spans = []
+    for run in _CARD_RUN.finditer(text):
+        digits = re.sub(r"\D", "", run.group())
+        if _card_network_fits(digits) and luhn.is_valid(digits):
+            spans.append(Span(CARD, run.start(), run.end()))
+    return spans
+
+
+# --- IBANs -------------------------------------------------------------------------------------
+
+_IBAN_RUN = re.compile(r"(?<![\w])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}(?![\w])", re.IGNORECASE)
+
+
+def _ibans(text: str) -> list[Span]:
+    spans = []
+    for run in _IBAN_RUN.finditer(text):
+        candidate = run.group()
+        # The run may have swallowed a following word: try the longest prefix that is an IBAN.
+        end = len(candidate)
+        while end >= 15:
+            if iban.is_valid(candidate[:end].upper()):
+                spans.append(Span(IBAN, run.start(), run.start() + end))
+                break
+            end = candidate.rfind(" ", 0, end)
+            if end < 0:
+                break
+    return spans
+
+
+# --- national IDs ------------------------------------------------------------------------------
+
+_NINO_BAD_PREFIXES = frozenset({"BG", "GB", "NK", "KN", "TN", "NT", "ZZ"})
+_NATIONAL_IDS: tuple[tuple[re.Pattern, object], ...] = (
+    (re.compile(r"(?<![\w-])\d{3}-\d{2}-\d{4}(?![\w-])"), ssn.is_valid),
+    (re.compile(r"(?<![\w-])\d{3}[ -]\d{3}[ -]\d{3}(?![\w-])"), sin.is_valid),
+    (re.compile(r"(?<![\w-])\d{8}-?[A-Z](?!\w)"), dni.is_valid),
+    (re.compile(r"(?<![\w-])[XYZ]-?\d{7}-?[A-Z](?!\w)"), nie.is_valid),
+    (re.compile(r"(?<!\w)[A-Z]{6}\d{2}[A-Z]\d{2}[A-Z]\d{3}[A-Z](?!\w)", re.IGNORECASE), codicefiscale.is_valid),
+    (re.compile(r"(?<![\w-])[12] ?\d{2} ?\d{2} ?(?:\d{2}|2[AB]) ?\d{3} ?\d{3} ?\d{2}(?![\w-])"), nir.is_valid),
+    (re.compile(r"(?<![\w.-])\d{3}\.\d{3}\.\d{3}-\d{2}(?![\w-])"), cpf.is_valid),
+    (re.compile(r"(?<![\w-])[2-9]\d{3}[ -]\d{4}[ -]\d{4}(?![\w-])"), aadhaar.is_valid),
+    (re.compile(r"(?<![\w-])(?:19|20)?\d{6}[-+]\d{4}(?![\w-])"), personnummer.is_valid),
+    (
+        re.compile(r"(?<!\w)([A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z]) ?\d{2} ?\d{2} ?\d{2} ?[A-D](?!\w)"),
+        lambda value: value[:2].upper() not in _NINO_BAD_PREFIXES,
+    ),
+)
+
+
+def _national_ids(text: str) -> list[Span]:
+    spans = []
+    for pattern, valid in _NATIONAL_IDS:
+        for match in pattern.finditer(text):
+            if valid(match.group()):
+                spans.append(Span(NATIONAL_ID, match.start(), match.end()))
+    return spans
+
+
+# --- IP addresses ------------------------------------------------------------------------------
+
+_IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w]|\.\d|/\d)")  # a /prefix is a network
+_IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{1,4}:|:){2,7}(?:[0-9A-Fa-f]{1,4}|:)(?![\w:])")
+_VERSION_BEFORE = re.compile(r"(?:\bv|version\s*|release\s*|build\s*)$", re.IGNORECASE)
+
+
+def _is_personal_address(candidate: str) -> bool:
+    try:
+        address = ipaddress.ip_address(candidate)
+    except ValueError:
+        return False
+    if address.is_loopback or address.is_unspecified or address.is_multicast:
+        return False
+    # A netmask (255.255.255.0) or the broadcast address is no one's.
+    return not (address.version == 4 and candidate.startswith("255."))
+
+
+def _ip_addresses(text: str) -> list[Span]:
+    spans = []
+    for match in _IPV4.finditer(text):
+        if not _VERSION_BEFORE.search(text, max(0, match.start() - 10), match.start()) and _is_personal_address(
+            match.group()
+        ):
+            spans.append(Span(IP_ADDRESS, match.start(), match.end()))
+    if "::" in text or text.count(":") >= 7:
+        for match in _IPV6.finditer(text):
+            value = match.group()
+            if sum(c.isalnum() for c in value) >= 4 and _is_personal_address(value):
+                spans.append(Span(IP_ADDRESS, match.start(), match.end()))
+    return spans
+
+
+# --- secrets -----------------------------------------------------------------------------------
+
+_DETECT_SECRETS = (
+    ArtifactoryDetector,
+    AWSKeyDetector,
+    AzureStorageKeyDetector,
+    BasicAuthDetector,
+    DiscordBotTokenDetector,
+    GitHubTokenDetector,
+    GitLabTokenDetector,
+    MailchimpDetector,
+    NpmDetector,
+    OpenAIDetector,
+    PypiTokenDetector,
+    SendGridDetector,
+    SlackDetector,
+    SquareOAuthDetector,
+    StripeDetector,
+    TelegramBotTokenDetector,
+    TwilioKeyDetector,
+)
+_SECRET_PATTERNS: tuple[re.Pattern, ...] = tuple(
+    pattern for detector in _DETECT_SECRETS for pattern in detector().denylist
+) + (
+    re.compile(r"\bsk-(?:proj-|svcacct-|admin-|ant-(?:api|admin)\d\d-|sen-)?[A-Za-z0-9_-]{20,}"),
+    re.compile(r"\bAIza[0-9A-Za-z_-]{35}"),
+    re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
+    re.compile(r"\bxai-[A-Za-z0-9]{40,}"),
+    re.compile(r"\b(?:sk|rk)_(?:live|test)_[0-9a-zA-Z]{24,}"),
+)
+_JWT = JwtTokenDetector()
+_JWT_PATTERN = _JWT.denylist[0]
+_PRIVATE_KEY_BEGIN = re.compile(
+    "|".join(re.escape(p.pattern) for p in PrivateKeyDetector().denylist) + r"|BEGIN ENCRYPTED PRIVATE KEY"
+)
+_PRIVATE_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
+# "my password is hunter2", "pwd: P@ss-1234": a value with a digit or a symbol, so "password is
+# required" or "password: at least 12 characters" are not one.
+_STATED_PASSWORD = re.compile(
+    r"\b(?:password|passwd|passphrase|passcode|pwd|pin code)\s*(?:is|was|=|:)\s*[\"'`]?"
+    r"((?=[^\s\"'`]*[A-Za-z])(?=[^\s\"'`]*[\d!@#$%^&*_+=?~])[^\s\"'`]{6,64})",
+    re.IGNORECASE,
+)
+
+
+def _secrets(text: str) -> list[Span]:
+    spans = []
+    for pattern in _SECRET_PATTERNS:
+        for match in pattern.finditer(text):
+            start, end = match.span(1) if pattern.groups and match.group(1) else match.span()
+            spans.append(Span(SECRET, start, end))
+    if "eyJ" in text:
+        for match in _JWT_PATTERN.finditer(text):
+            if match.group().count(".") >= 2 and _JWT.is_formally_valid(match.group()):
+                spans.append(Span(SECRET, match.start(), match.end()))
+    if "PRIVATE KEY" in text or "PuTTY" in text:
+        for match in _PRIVATE_KEY_BEGIN.finditer(text):
+            start = text.rfind("-----", 0, match.start())
+            start = start if start >= 0 and match.start() - start <= 5 else match.start()
+            end = _PRIVATE_KEY_END.search(text, match.end())
+            spans.append(Span(SECRET, start, end.end() if end else len(text)))
+    for match in _STATED_PASSWORD.finditer(text):
+        spans.append(Span(SECRET, *match.span(1)))
+    return spans
+
+
+# --- all of them -------------------------------------------------------------------------------
+
+_FINDERS = {
+    EMAIL: _emails,
+    CARD: _cards,
+    IBAN: _ibans,
+    NATIONAL_ID: _national_ids,
+    IP_ADDRESS: _ip_addresses,
+    SECRET: _secrets,
+}
+
+
+def find(text: str, kinds: frozenset[str] | tuple[str, ...], *, region: str = "US") -> list[Span]:
+    """Spans of the given kinds in `text`, without overlaps, in text order. Of two overlapping
+    spans the longer wins (+34 612 345 678 is a phone number, not the 9-digit ID inside it), then
+    the kind earlier in KINDS."""
+    if not text:
+        return []
+    spans: list[Span] = []
+    has_digit = any(c.isdigit() for c in text)
+    for kind in kinds:
+        if kind == PHONE or (kind in (CARD, NATIONAL_ID) and not has_digit):
+            continue
+        spans.extend(_FINDERS[kind](text))
+    if PHONE in kinds and has_digit:  # last: it skips digit runs the other kinds already claimed
+        spans.extend(_phones(text, region, spans))
+    if len(spans) < 2:
+        return spans
+    spans.sort(key=lambda s: (s.start - s.end, _PRIORITY[s.check], s.start))
+    kept: list[Span] = []
+    for span in spans:
+        if all(span.end <= other.start or span.start >= other.end for other in kept):
+            kept.append(span)
+    kept.sort(key=lambda s: s.start)
+    return kept

@@ -1,0 +1,151 @@
+"""Screening a streamed answer as it flows, holding back at most a bounded window.
+
+Each choice's content is relayed with its last `window` characters (the policy's stream_window,
+64 by default, 32 to 1024) held back: a finding that starts before the held-back part has, by then,
+`window` characters after its start in view, so any card number, IBAN, phone number or e-mail
+address no longer than the window is caught whole even when it arrives split across chunks, and
+the client never receives a piece of it. The text is never delayed by more than the window (and
+is released in full with the finish reason). Longer findings (a PEM private key) can be cut: their
+start is masked, what lies beyond the window may not be.
+
+A block (the policy's output action) ends the choice there with finish_reason "content_filter";
+what the provider still sends is read (for its usage, which is billed) and dropped. Provider
+moderation does not run on streams (it would need the whole answer); the local checks do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from gateway.screening.engine import (
+    BLOCK,
+    CONTENT_FILTER,
+    MODERATION,
+    OUT,
+    REDACT,
+    Screening,
+    check_of,
+    mask,
+    output_action,
+)
+from gateway.screening.engine import output_spans as find_output_spans
+from gateway.screening.personal_data import Span
+from gateway.screening.policy import Policy
+from gateway.transport import Event
+
+CONTEXT = 32  # characters already released, kept as context for patterns that look behind
+
+
+@dataclass
+class _Choice:
+    pending: str = ""  # received, not yet released
+    context: str = ""  # the end of what was released
+    blocked: bool = False
+
+
+class StreamScreen:
+    def __init__(self, policy: Policy, record: Screening) -> None:
+        self.policy = policy
+        self.record = record
+        self.window = policy.stream_window
+        self.choices: dict[int, _Choice] = {}
+        record.ran_out = [
+            name
+            for name, on in (("personal_data", policy.output_personal_data), (MODERATION, policy.output_moderation))
+            if on != "off"
+        ]
+
+    def screened(self, first: Event, rest: AsyncIterator[Event]) -> tuple[Event, AsyncIterator[Event]]:
+        """The first event becomes a role-only chunk (its content, if any, joins the window)."""
+        head = {k: v for k, v in first.data.items() if k not in ("choices", "usage")}
+        head["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+        return Event(head), self._run(first, rest)
+
+    async def _run(self, first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
+        try:
+            chunk = self.feed(first.data)
+            if chunk is not None:
+                yield Event(chunk)
+            last = first.data
+            async for event in rest:
+                last = event.data
+                chunk = self.feed(event.data)
+                if chunk is not None:
+                    yield Event(chunk)
+            tail = self.flush(last)
+            if tail is not None:
+                yield Event(tail)
+        finally:
+            await rest.aclose()
+
+    def feed(self, data: dict) -> dict | None:
+        """One provider chunk in; the chunk to relay (None when there is nothing to relay yet)."""
+        out_choices = []
+        for choice in data.get("choices") or ():
+            index = choice.get("index", 0)
+            state = self.choices.setdefault(index, _Choice())
+            if state.blocked:
+                continue
+            delta = dict(choice.get("delta") or {})
+            finish = choice.get("finish_reason")
+            state.pending += delta.pop("content", None) or ""
+            delta.pop("role", None)
+            released = self._release(state, final=finish is not None)
+            if state.blocked:
+                out_choices.append({"index": index, "delta": {}, "finish_reason": CONTENT_FILTER})
+                continue
+            if released:
+                delta["content"] = released
+            if delta or finish is not None:
+                out_choices.append({**choice, "delta": delta, "finish_reason": finish})
+        if out_choices:
+            return {**data, "choices": out_choices}
+        if data.get("usage"):
+            return {**data, "choices": []}
+        return None
+
+    def flush(self, last: dict) -> dict | None:
+        """The stream ended without a finish reason: release what is held."""
+        out_choices = []
+        for index, state in self.choices.items():
+            if state.blocked or not state.pending:
+                continue
+            released = self._release(state, final=True)
+            if state.blocked:
+                out_choices.append({"index": index, "delta": {}, "finish_reason": CONTENT_FILTER})
+            elif released:
+                out_choices.append({"index": index, "delta": {"content": released}, "finish_reason": None})
+        if not out_choices:
+            return None
+        return {k: v for k, v in last.items() if k not in ("choices", "usage")} | {"choices": out_choices}
+
+    def _release(self, state: _Choice, *, final: bool) -> str:
+        """Scan the held-back text and release all but the window (everything when final)."""
+        text = state.pending
+        if not text:
+            return ""
+        cut = len(text) if final else max(0, len(text) - self.window)
+        if cut == 0:
+            return ""
+        offset = len(state.context)
+        redact = []
+        for span in find_output_spans(self.policy, state.context + text):
+            start, end = span.start - offset, span.end - offset
+            if end <= 0 or start >= cut:
+                continue  # already released, or not complete enough to judge yet
+            check = check_of(span)
+            if check == MODERATION:
+                self.record.categories.add(span.check)
+            action = output_action(self.policy, check)
+            self.record.fire(check, OUT, action)
+            if action == BLOCK:
+                state.blocked, state.pending = True, ""
+                return ""
+            if action == REDACT:
+                redact.append(Span(check, max(start, 0), end))
+        if redact:
+            text, cut = mask(text, redact, cut)
+        released, state.pending = text[:cut], text[cut:]
+        state.context = (state.context + released)[-CONTEXT:]
+        return released
