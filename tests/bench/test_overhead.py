@@ -8,37 +8,11 @@ import os
 import re
 import subprocess
 import sys
-import urllib.parse
 
-import psutil
-import pytest
-import redis
-
+from tests.bench.conftest import processes_with_redis
 from tests.servers import BASE_DIR, database_url_for
 
-BENCH_REDIS_DB = 7
 LOADS = ["c1-nonstream", "c1-stream", "c32-nonstream", "c32-stream", "realistic-c32-stream"]
-
-
-def processes_with_redis(url: str) -> list[psutil.Process]:
-    """Processes started with this REDIS_URL: only the bench run's own have it."""
-    found = []
-    for process in psutil.process_iter():
-        try:
-            if process.environ().get("REDIS_URL") == url:
-                found.append(process)
-        except psutil.Error:
-            continue
-    return found
-
-
-@pytest.fixture
-def bench_redis_url():
-    """The session's Valkey, another database number: the run's queued ledger records, rate logs and
-    breaker state stay out of the other tests' way, and are dropped afterwards."""
-    url = urllib.parse.urlsplit(os.environ["REDIS_URL"])._replace(path=f"/{BENCH_REDIS_DB}").geturl()
-    yield url
-    redis.Redis.from_url(url).flushdb()
 
 
 def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, test_database_name, bench_redis_url):
