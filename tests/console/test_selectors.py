@@ -64,11 +64,14 @@ def test_figures_cover_the_window_and_the_tenants_asked_for(tenancy):
     assert sum(point["requests"] for point in data.series) == 6
     assert sum(point["errors"] for point in data.series) == 1
     (spend,) = data.spend
-    old = now - timedelta(hours=2)
-    window_cost = Decimal("0.01")  # A's rows in the window; the older row counts where it shares the day or month
+    # A's rows: 0.01 ten minutes ago and 0.01 two hours ago; each counts where it shares today's UTC date or
+    # month with now (a run just after midnight puts even the ten-minute-old rows on yesterday).
+    rows = [(at, Decimal("0.01")), (now - timedelta(hours=2), Decimal("0.01"))]
     assert spend.tenant == a
-    assert spend.today == window_cost + (Decimal("0.01") if old.date() == now.date() else 0)
-    assert spend.month == window_cost + (Decimal("0.01") if (old.year, old.month) == (now.year, now.month) else 0)
+    assert spend.today == sum((cost for when, cost in rows if when.date() == now.date()), Decimal(0))
+    assert spend.month == sum(
+        (cost for when, cost in rows if (when.year, when.month) == (now.year, now.month)), Decimal(0)
+    )
     assert (spend.daily_budget, spend.monthly_budget) == (Decimal("1"), Decimal("5"))
 
     day = dashboard(tenant_ids=[a.pk], spend_tenants=None, window="24h", now=now)
