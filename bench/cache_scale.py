@@ -2,15 +2,17 @@
 
     python -m bench cache_scale [--sizes 10000,100000,1000000] [--queries 400] [--keep] [--quick]
 
-For each size, a twin of `gateway_cacheentry` (same columns, storage and indexes) is filled with
+For each size, a twin of `gateway_cacheentry` (same columns, storage and indexes, and the partition
+HNSW indexes beat would give it: gateway/cache/indexes.py) is filled with
 synthetic entries (bench/cache_data.py: real prompt embeddings of a few topics, mixed and jittered, so a
 partition's entries crowd together as one application's prompts do), spread over 100 tenants of
 Zipf-like sizes and their partitions (applications, features, conversations). Lookups are 80 %
 paraphrases of a stored entry and 20 % new prompts of the partition's topic, an equal share per
-partition-size bucket. Each is asked as the gateway asks it (partition filter, HNSW with iterative
-scans, `limit CANDIDATES`) with several `hnsw.ef_search` values, through the HNSW index alone, with
-iterative scans off, and as an exact search (the partition's btree, every distance computed); recall@1
-is against brute force over the partition in numpy. Then: embedding time per 20-word prompt (the
+partition-size bucket. Each is asked as the gateway asks it (partition filter, `limit CANDIDATES`,
+planned with the partition's value: its own HNSW index if it has one, else its btree and every
+distance) with several `hnsw.ef_search` values, and as a plain exact search; then, for comparison,
+through one HNSW index over the whole table (the design this replaced) with and without iterative
+scans. Recall@1 is against brute force over the partition in numpy. Then: embedding time per 20-word prompt (the
 ONNX export the gateway serves; `--torch` adds sentence-transformers as the reference for precision)
 and exact and semantic hits at the client through a running gateway.
 
@@ -36,7 +38,7 @@ from bench.stack import add_stack_arguments, setup_django
 SCENARIO = "cache_scale"
 SIZES = (10_000, 100_000, 1_000_000)
 TENANTS = 100
-DATA_VERSION = 1  # bump when the generated data changes, so kept tables are rebuilt
+DATA_VERSION = 2  # bump when the generated data changes, so kept tables are rebuilt
 
 
 def connect(**settings: str | int) -> psycopg.Connection:
@@ -133,7 +135,13 @@ COLUMNS = (
 
 
 def create_table(
-    conn: psycopg.Connection, table: str, corpus: Corpus, prompts: list[str], seed: int, storage: str = ""
+    conn: psycopg.Connection,
+    table: str,
+    corpus: Corpus,
+    prompts: list[str],
+    seed: int,
+    index_rows: int,
+    storage: str = "",
 ) -> dict:
     """The cache table's twin (same columns, storage and indexes as gateway_cacheentry), filled with the
     corpus by COPY, indexes built afterwards (each timed). Returns the build's figures."""
@@ -170,7 +178,7 @@ def create_table(
                 )
             )
     figures = {"copy_s": round(time.monotonic() - started, 1)}
-    figures.update(build_indexes(conn, table))
+    figures.update(build_indexes(conn, table, index_rows))
     return figures
 
 
@@ -179,9 +187,11 @@ INDEX_NAMES: dict[str, str] = {}  # twin index → the real one it copies
 
 def twin_indexes(conn: psycopg.Connection, table: str) -> list[tuple[str, str]]:
     """The real table's indexes, as its migrations define them, renamed for the twin (the real names,
-    prefixed, would pass PostgreSQL's 63 characters): (twin name, its definition)."""
+    prefixed, would pass PostgreSQL's 63 characters): (twin name, its definition). Not the partition
+    indexes of the real table's own entries."""
     definitions = conn.execute(
-        "select indexname, indexdef from pg_indexes where tablename = 'gateway_cacheentry' order by indexname"
+        "select indexname, indexdef from pg_indexes where tablename = 'gateway_cacheentry' "
+        "and indexname not like 'cache\\_hnsw\\_p\\_%' order by indexname"
     ).fetchall()
     found = []
     for number, (name, definition) in enumerate(definitions):
@@ -193,44 +203,88 @@ def twin_indexes(conn: psycopg.Connection, table: str) -> list[tuple[str, str]]:
     return found
 
 
-def build_indexes(conn: psycopg.Connection, table: str) -> dict:
-    """The real table's indexes on the twin, the HNSW one timed apart."""
-    conn.execute("set maintenance_work_mem = '4GB'")
+def partition_prefix(table: str) -> str:
+    return f"{table}_p"
+
+
+def global_index(table: str) -> str:
+    return f"{table}_global_hnsw"
+
+
+def build_indexes(conn: psycopg.Connection, table: str, index_rows: int) -> dict:
+    """The real table's indexes on the twin, then the partition HNSW indexes beat's task would build
+    (gateway/cache/indexes.py, the same code, here not CONCURRENTLY), each kind timed."""
+    from gateway.cache.indexes import index_partitions
+
+    conn.execute("set maintenance_work_mem = '1GB'")
     conn.execute("set max_parallel_maintenance_workers = 2")
-    figures = {"btree_build_s": 0.0}
+    started = time.monotonic()
     for _, sql in twin_indexes(conn, table):
-        started = time.monotonic()
         conn.execute(sql)
-        spent = time.monotonic() - started
-        if "hnsw" in sql:
-            figures["hnsw_build_s"] = round(spent, 1)
-        else:
-            figures["btree_build_s"] += spent
-    figures["btree_build_s"] = round(figures["btree_build_s"], 1)
+    figures = {"btree_build_s": round(time.monotonic() - started, 1)}
+    conn.execute(f"vacuum (analyze) {table}")
+    started = time.monotonic()
+    outcome = index_partitions(
+        rows=index_rows, table=table, prefix=partition_prefix(table), concurrently=False, using=conn
+    )
+    figures["partition_hnsw_build_s"] = round(time.monotonic() - started, 1)
+    figures["partition_indexes"] = len(outcome.created)
     started = time.monotonic()
     conn.execute(f"vacuum (analyze) {table}")
     figures["vacuum_analyze_s"] = round(time.monotonic() - started, 1)
     return figures
 
 
+def build_global_index(conn: psycopg.Connection, table: str) -> float:
+    """One HNSW index over the whole twin, as the cache had before partition indexes (for comparison)."""
+    conn.execute("set maintenance_work_mem = '1GB'")
+    conn.execute("set max_parallel_maintenance_workers = 2")
+    started = time.monotonic()
+    conn.execute(
+        f"create index if not exists {global_index(table)} on {table} using hnsw (embedding vector_cosine_ops) "
+        "with (m = 16, ef_construction = 64)"
+    )
+    conn.execute(f"analyze {table}")
+    return round(time.monotonic() - started, 1)
+
+
+def name_indexes(conn: psycopg.Connection, table: str) -> list[str]:
+    """Register the twin's HNSW indexes under readable names for the plans; returns the partition ones."""
+    from gateway.cache.indexes import partition_indexes
+
+    with conn.cursor() as cursor:
+        found = sorted(partition_indexes(cursor, table=table, prefix=partition_prefix(table)))
+    for name in found:
+        INDEX_NAMES[name] = "partition HNSW"
+    INDEX_NAMES[global_index(table)] = "table-wide HNSW"
+    return found
+
+
 def sizes_of(conn: psycopg.Connection, table: str) -> dict:
-    hnsw = next(twin for twin, sql in twin_indexes(conn, table) if "hnsw" in sql)
+    partials = name_indexes(conn, table)
     row = conn.execute(
         "select pg_relation_size(c.oid), coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0), "
-        "pg_relation_size(%s::regclass) from pg_class c where c.oid = %s::regclass",
-        (hnsw, table),
+        "coalesce(pg_relation_size(to_regclass(%s)), 0) from pg_class c where c.oid = %s::regclass",
+        (global_index(table), table),
     ).fetchone()
-    return {"heap_mb": round(row[0] / 2**20), "toast_mb": round(row[1] / 2**20), "hnsw_mb": round(row[2] / 2**20)}
+    partial = sum(conn.execute("select pg_relation_size(%s::regclass)", (name,)).fetchone()[0] for name in partials)
+    return {
+        "heap_mb": round(row[0] / 2**20),
+        "toast_mb": round(row[1] / 2**20),
+        "partition_hnsw_mb": round(partial / 2**20),
+        "partition_indexes": len(partials),
+        **({"global_hnsw_mb": round(row[2] / 2**20)} if row[2] else {}),
+    }
 
 
 # --- lookups -----------------------------------------------------------------------------------
 
 SELECT = "select id, prompt, answer, cost_usd, 1 - (embedding <=> %(q)s) as similarity from {table} "
 FILTER = "where partition = %(p)s and expires_at > now() and embedding is not null "
-# As gateway/cache's semantic lookup asks it: the planner chooses between the HNSW index (filtered
-# by the partition, iterative scan) and the partition's btree (then a sort).
+# As gateway/cache's semantic lookup asks it: planned with the partition's value, the planner takes
+# the partition's own HNSW index if it has one, else the partition's btree (then a sort).
 AS_SHIPPED = SELECT + FILTER + "order by embedding <=> %(q)s limit {limit}"
-# The HNSW index only: the filters compared through expressions no btree can serve.
+# The table-wide HNSW index only: the filters compared through expressions no other index can serve.
 HNSW_ONLY = (
     SELECT + "where (partition || '') = %(p)s and (expires_at + interval '0 s') > now() and embedding is not null "
     "order by embedding <=> %(q)s limit {limit}"
@@ -495,20 +549,32 @@ TIMEOUT_MS = 2000  # generous for the benchmark (the gateway gives up sooner and
 
 
 def strategies(limit: int) -> list[dict]:
-    """What each size is measured with: the query as shipped at several ef_search values (the planner
-    picks the partition's btree or the HNSW index), the HNSW index alone (with and without iterative
-    scans), and exact search."""
+    """What each size is measured with: the query as shipped at several ef_search values (partition
+    HNSW index or partition btree, as the planner picks), exact search, then (`"global": 1`, once a
+    table-wide HNSW index is built) that index alone, with and without iterative scans."""
     found = []
     for ef in EF_SEARCH:
         found.append({"name": f"as shipped, ef_search {ef}", "sql": AS_SHIPPED, "ef": ef, "iterative": "relaxed_order"})
+    found.append({"name": "exact (partition btree + sort)", "sql": EXACT, "ef": SHIPPED_EF, "iterative": "off"})
     for ef in EF_SEARCH:
         found.append(
-            {"name": f"HNSW only, ef_search {ef}", "sql": HNSW_ONLY, "ef": ef, "iterative": "relaxed_order", "only": 1}
+            {
+                "name": f"table-wide HNSW, ef_search {ef}",
+                "sql": HNSW_ONLY,
+                "ef": ef,
+                "iterative": "relaxed_order",
+                "global": 1,
+            }
         )
     found.append(
-        {"name": "HNSW only, no iterative scan", "sql": HNSW_ONLY, "ef": SHIPPED_EF, "iterative": "off", "only": 1}
+        {
+            "name": "table-wide HNSW, no iterative scan",
+            "sql": HNSW_ONLY,
+            "ef": SHIPPED_EF,
+            "iterative": "off",
+            "global": 1,
+        }
     )
-    found.append({"name": "exact (partition btree + sort)", "sql": EXACT, "ef": SHIPPED_EF, "iterative": "off"})
     for s in found:
         s["limit"] = limit
     return found
@@ -526,8 +592,10 @@ def run_strategy(table: str, strategy: dict, corpus: Corpus, queries: list[Query
             "hnsw.ef_search": strategy["ef"],
             "statement_timeout": TIMEOUT_MS,
             "jit": "off",
-            # HNSW only: a sequential scan would be cheaper for the planner on small tables; forbid it.
-            **({"enable_seqscan": "off"} if strategy.get("only") else {}),
+            # As the gateway's pool sets it: every lookup planned with its partition's value.
+            "plan_cache_mode": "force_custom_plan",
+            # Table-wide HNSW: a sequential scan would be cheaper for the planner on small tables; forbid it.
+            **({"enable_seqscan": "off"} if strategy.get("global") else {}),
         }
     )
     try:
@@ -548,12 +616,8 @@ def run_strategy(table: str, strategy: dict, corpus: Corpus, queries: list[Query
             bucket["t"].append(spent)
             bucket["ok"] += right
         plans: dict[str, dict[str, int]] = {}
-        seen: dict[str, int] = {}
         for key, q in zip(keys, queries, strict=True):
             name = cache_data.bucket_name(corpus.partitions[q.partition].size)
-            if seen.get(name, 0) >= 5:
-                continue
-            seen[name] = seen.get(name, 0) + 1
             plan = plan_of(conn, sql, key, q.vector)
             plans.setdefault(name, {})[plan] = plans.setdefault(name, {}).get(plan, 0) + 1
     finally:
@@ -594,12 +658,14 @@ def measure_size(size: int, pool: np.ndarray, labels: np.ndarray, prompts: list[
     result["corpus_s"] = round(time.monotonic() - started, 1)
     conn = connect()
     try:
+        marker += f" index rows {args.index_rows}"
         if table_ready(conn, table, marker):
-            result["build"] = "kept from an earlier run"
+            result["build"] = {"kept": "from an earlier run"}
         else:
             print(f"  {size:,} entries: filling {table} and building its indexes ...", flush=True)
-            result["build"] = create_table(conn, table, corpus, prompts, seed=size)
+            result["build"] = create_table(conn, table, corpus, prompts, seed=size, index_rows=args.index_rows)
             conn.execute(f"comment on table {table} is '{marker}'")
+        conn.execute(f"drop index if exists {global_index(table)}")  # as shipped: partition indexes only
         result["storage"] = sizes_of(conn, table)
     finally:
         conn.close()
@@ -611,6 +677,16 @@ def measure_size(size: int, pool: np.ndarray, labels: np.ndarray, prompts: list[
     }
     result["strategies"] = []
     for strategy in strategies(args.candidates):
+        if strategy.get("global") and size in args.skip_global:
+            continue
+        if strategy.get("global") and "global_hnsw_build_s" not in result["build"]:
+            print(f"  {size:,} entries: building one HNSW index over the whole table, for comparison ...", flush=True)
+            conn = connect()
+            try:
+                result["build"]["global_hnsw_build_s"] = build_global_index(conn, table)
+                result["storage"] = sizes_of(conn, table)
+            finally:
+                conn.close()
         row = run_strategy(table, strategy, corpus, queries)
         print(
             f"  {size:>9,}  {row['strategy']:<34} p50 {report.fmt(row['p50_ms']):>7} ms  "
@@ -622,6 +698,12 @@ def measure_size(size: int, pool: np.ndarray, labels: np.ndarray, prompts: list[
         drop = connect()
         try:
             drop.execute(f"drop table if exists {table}")
+        finally:
+            drop.close()
+    else:
+        drop = connect()
+        try:
+            drop.execute(f"drop index if exists {global_index(table)}")  # not part of what is kept
         finally:
             drop.close()
     return result
@@ -639,14 +721,13 @@ def embed_pool(count: int) -> tuple[list[str], np.ndarray, np.ndarray]:
 def plot(result: dict, path) -> None:
     plt = report.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    sizes = [s["entries"] for s in result["sizes"]]
-    names = [s["strategy"] for s in result["sizes"][0]["strategies"]] if result["sizes"] else []
+    names = list(dict.fromkeys(r["strategy"] for s in result["sizes"] for r in s["strategies"]))
     for name in names:
-        p99 = [next(r["p99_ms"] for r in s["strategies"] if r["strategy"] == name) for s in result["sizes"]]
-        recall = [next(r["recall_at_1"] for r in s["strategies"] if r["strategy"] == name) for s in result["sizes"]]
+        measured = [(s["entries"], r) for s in result["sizes"] for r in s["strategies"] if r["strategy"] == name]
+        sizes = [entries for entries, _ in measured]
         style = "-o" if name.startswith("as shipped") else "--."
-        axes[0].plot(sizes, p99, style, label=name)
-        axes[1].plot(sizes, recall, style, label=name)
+        axes[0].plot(sizes, [r["p99_ms"] for _, r in measured], style, label=name)
+        axes[1].plot(sizes, [r["recall_at_1"] for _, r in measured], style, label=name)
     axes[0].axhline(5, color="red", lw=0.8, ls=":", label="target p99 5 ms")
     axes[1].axhline(0.98, color="red", lw=0.8, ls=":", label="target recall@1 0.98")
     for ax, title in ((axes[0], "semantic lookup p99 (ms, log)"), (axes[1], "recall@1 vs exact search")):
@@ -668,18 +749,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=400, help="lookups per size and strategy (default 400)")
     parser.add_argument("--candidates", type=int, default=0, help="rows a lookup returns (default: the gateway's)")
     parser.add_argument("--keep", action="store_true", help="keep the filled tables for the next run")
+    parser.add_argument(
+        "--skip-global",
+        default="",
+        help="sizes not compared with a table-wide HNSW index (its build takes long at 1M), e.g. 1000000",
+    )
+    parser.add_argument(
+        "--index-rows",
+        type=int,
+        default=0,
+        help="entries from which a partition gets its own HNSW index (default: SENTINEL_CACHE_PARTITION_INDEX_ROWS)",
+    )
     parser.add_argument("--torch", action="store_true", help="also time sentence-transformers on torch (precision)")
     parser.add_argument("--skip-hits", action="store_true", help="do not start a gateway for the hits at the client")
     parser.add_argument("--quick", action="store_true", help="10k and 100k entries, 100 lookups, 2 hit rounds")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.replace("_", "").split(",") if s.strip()]
+    args.skip_global = {int(s) for s in args.skip_global.replace("_", "").split(",") if s.strip()}
     if args.quick:
         sizes, args.queries = [s for s in sizes if s <= 100_000] or [10_000], min(args.queries, 100)
     setup_django(args.data_dir)
+    from django.conf import settings
+
     from gateway.cache import CANDIDATES
 
     args.candidates = args.candidates or CANDIDATES
+    args.index_rows = args.index_rows or settings.CACHE_PARTITION_INDEX_ROWS
     result = report.envelope(SCENARIO, quick=args.quick)
     result["config"] = {
         "sizes": sizes,
@@ -687,7 +783,8 @@ def main(argv: list[str] | None = None) -> int:
         "queries": args.queries,
         "candidates": args.candidates,
         "statement_timeout_ms": TIMEOUT_MS,
-        "hnsw": "m 16, ef_construction 64, vector_cosine_ops (as gateway_cacheentry)",
+        "hnsw": "m 16, ef_construction 64, vector_cosine_ops (as gateway/cache/indexes.py)",
+        "partition_index_rows": args.index_rows,
     }
     started = time.monotonic()
     prompts, pool, labels = embed_pool(3000)

@@ -7,7 +7,7 @@ import os
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
-from pgvector.django import HnswIndex, VectorField
+from pgvector.django import VectorField
 
 from sentinel.crypto import decrypt, encrypt
 
@@ -289,13 +289,8 @@ class CacheEntry(models.Model):
         verbose_name_plural = "cache entries"
         indexes = [
             models.Index(fields=["tenant", "last_hit_at"], name="cache_tenant_lru"),
-            HnswIndex(
-                name="cache_embedding_hnsw",
-                fields=["embedding"],
-                m=16,
-                ef_construction=64,
-                opclasses=["vector_cosine_ops"],
-            ),
+            # No HNSW index over the whole table: large partitions get their own partial ones, kept by
+            # beat (gateway/cache/indexes.py); small ones are searched exactly through the btree.
         ]
 
     def __str__(self) -> str:

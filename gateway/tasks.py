@@ -3,6 +3,7 @@
 from celery import shared_task
 
 from gateway.batches import tasks as batch_tasks  # noqa: F401
+from gateway.cache.indexes import index_partitions
 from gateway.cache.services import cache_prune_expired
 
 
@@ -10,3 +11,10 @@ from gateway.cache.services import cache_prune_expired
 def prune_cache() -> int:
     """Remove expired cache entries (beat runs this every few minutes)."""
     return cache_prune_expired()
+
+
+@shared_task(ignore_result=True)
+def index_cache_partitions() -> dict:
+    """Give large semantic-cache partitions their own HNSW index; drop those of shrunk ones."""
+    outcome = index_partitions()
+    return {"created": len(outcome.created), "dropped": len(outcome.dropped), "indexed": outcome.indexed}

@@ -246,6 +246,15 @@ CELERY_BEAT_SCHEDULE = {
         ),
         "options": {"expires": 300},
     },
+    "index-cache-partitions": {
+        "task": "gateway.tasks.index_cache_partitions",
+        "schedule": envfloat(
+            "SENTINEL_CACHE_PARTITION_INDEX_SECONDS",
+            120.0,
+            "How often beat gives large semantic-cache partitions their own HNSW index (and drops shrunk ones').",
+        ),
+        "options": {"expires": 600},
+    },
     "publish-live-console": {
         "task": "sentinel.console.tasks.publish_live",
         "schedule": envfloat(
@@ -300,6 +309,11 @@ CACHE_DATABASE_URL = envstr(
 EMBEDDER_THREADS = envint("SENTINEL_EMBEDDER_THREADS", 1, "onnxruntime threads per web process for prompt embeddings.")
 CACHE_EF_SEARCH = envint(
     "SENTINEL_CACHE_EF_SEARCH", 100, "pgvector hnsw.ef_search for semantic lookups (recall versus speed)."
+)
+CACHE_PARTITION_INDEX_ROWS = envint(
+    "SENTINEL_CACHE_PARTITION_INDEX_ROWS",
+    1000,
+    "Entries from which a semantic-cache partition gets its own HNSW index; smaller ones are searched exactly.",
 )
 SHED_WAIT_MS = envint(
     "SENTINEL_SHED_WAIT_MS",

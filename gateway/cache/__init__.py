@@ -1,6 +1,7 @@
-"""The semantic cache: an exact tier (in-process LRU, then Redis) and a semantic tier (pgvector HNSW,
-cosine, searched strictly inside the request's partition, every candidate verified before it is
-served). It fails open: an embedder or database that errs or is slow sends the request upstream.
+"""The semantic cache: an exact tier (in-process LRU, then Redis) and a semantic tier (pgvector,
+cosine, searched strictly inside the request's partition: exactly in a small one, through the
+partition's own HNSW index in a large one (gateway/cache/indexes.py); every candidate verified before
+it is served). It fails open: an embedder or database that errs or is slow sends the request upstream.
 New entries are embedded and stored after the response, off the request path.
 """
 
@@ -125,6 +126,8 @@ async def _configure(connection) -> None:
 
     await register_vector_async(connection)
     await connection.execute("set hnsw.iterative_scan = relaxed_order")
+    # Plan each lookup with its partition's value, so the planner can pick that partition's own index.
+    await connection.execute("set plan_cache_mode = force_custom_plan")
     await connection.execute(f"set hnsw.ef_search = {int(settings.CACHE_EF_SEARCH)}")
     await connection.execute(f"set statement_timeout = {int(settings.CACHE_LOOKUP_TIMEOUT_MS)}")
 
