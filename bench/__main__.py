@@ -32,6 +32,7 @@ REGISTRY = [
     Scenario("soak", "bench.soak", "fixed rate for 10 minutes: RSS of every process at start and end, errors"),
     Scenario("durability", "bench.durability", "kill -9 a web process and a worker mid-load: ledger rows vs answers"),
     Scenario("ledger", "bench.ledger", "the ledger's write path under load"),
+    Scenario("screening", "bench.screening", "the local safety checks' time per request: short, chat and long prompts"),
     Scenario("routing", "bench.routing", 'model "auto": the local classifier\'s time per prompt on the labeled set'),
     Scenario("profile", "bench.profile", "py-spy flame graphs of a web worker at c=32 (on demand)", in_all=False),
 ]

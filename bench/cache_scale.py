@@ -252,6 +252,7 @@ def name_indexes(conn: psycopg.Connection, table: str) -> list[str]:
     """Register the twin's HNSW indexes under readable names for the plans; returns the partition ones."""
     from gateway.cache.indexes import partition_indexes
 
+    twin_indexes(conn, table)  # the copies of the real table's indexes, named as the real ones
     with conn.cursor() as cursor:
         found = sorted(partition_indexes(cursor, table=table, prefix=partition_prefix(table)))
     for name in found:

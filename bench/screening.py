@@ -1,6 +1,6 @@
 """Screening benchmark: what the local checks add to a request.
 
-    python -m bench.screening [--rounds 5] [--quick]
+    python -m bench screening [--rounds 5] [--quick] [--out DIR]
 
 Times `gateway.screening.engine.screen_input` (every local check on: personal data of every kind,
 injection, moderation; no outside service) per request, for short prompts (the labeled set's 376
@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-RESULTS = BASE_DIR / "bench" / "results" / "screening.json"
+RESULTS = BASE_DIR / "bench" / "results"
 DATA = BASE_DIR / "tests" / "data" / "screening_eval.jsonl"
 PERSONAL_DATA = ("email", "phone", "payment_card", "iban", "national_id", "ip_address", "secret")
 
@@ -118,10 +118,11 @@ def time_stream(texts: list[str], rounds: int) -> list[float]:
     return samples
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="Times each prompt is screened.")
     parser.add_argument("--quick", action="store_true", help="One round, fewer long conversations.")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where results go (default bench/results)")
     args = parser.parse_args(argv)
     rounds = 1 if args.quick else args.rounds
     setup_django()
@@ -163,10 +164,10 @@ def main(argv: list[str] | None = None) -> dict:
             f"{row['scenario']:<40}{row['n']:>7}{row['chars']:>7}{row['p50_ms']:>9.3f}{row['p99_ms']:>9.3f}{row['max_ms']:>9.3f}"
         )
     result = {"python": sys.version.split()[0], "rounds": rounds, "scenarios": rows}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
-    print(f"\nwritten to {RESULTS.relative_to(BASE_DIR)}")
-    return result
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "screening.json").write_text(json.dumps(result, indent=2))
+    print(f"\nwritten to {args.out / 'screening.json'}")
+    return 0
 
 
 def stats(samples: list[float]) -> dict:
@@ -178,4 +179,4 @@ def stats(samples: list[float]) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -312,7 +312,7 @@ CACHE_EF_SEARCH = envint(
 )
 CACHE_PARTITION_INDEX_ROWS = envint(
     "SENTINEL_CACHE_PARTITION_INDEX_ROWS",
-    1000,
+    500,
     "Entries from which a semantic-cache partition gets its own HNSW index; smaller ones are searched exactly.",
 )
 SHED_WAIT_MS = envint(
