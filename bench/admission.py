@@ -89,7 +89,7 @@ def settled_spend(tenant_id: int) -> Decimal:
     return LedgerEntry.objects.filter(tenant_id=tenant_id).aggregate(total=Sum("cost_usd"))["total"] or Decimal(0)
 
 
-def step_latency(samples: int) -> dict:
+def step_latency(samples: int, model: str) -> dict:
     """The admission step and its settlement (which also queues the ledger record), in-process
     against the same Redis, for a real key with limits on key, tenant and model and two budgets
     (microseconds). The records are real ones, at zero cost, for a tenant of their own."""
@@ -121,15 +121,18 @@ def step_latency(samples: int) -> dict:
                 continue  # this process's first look at the configuration generation (as the pipeline does)
 
     async def measure() -> tuple[list[float], list[float]]:
+        from gateway.routing import route_for
+
+        route = await route_for(model, info.tenant_id)  # the prepared model's chain, as the pipeline has it
         admit_times, settle_times = [], []
         for i in range(samples):
             request_id = f"step-{i}-{uuid.uuid4().hex}"
             started = time.perf_counter()
             ticket = await admit(
                 key=info,
-                model="bench-step",
+                model=model,
                 model_limits={"rpm": 10**7, "tpm": 10**9, "concurrency": 10**6},
-                deployment_ids=[10**9, 10**9 + 1],
+                deployments=list(route.targets),
                 request_id=request_id,
                 tokens=400,
                 worst_cost=Decimal("0.001"),
@@ -140,7 +143,7 @@ def step_latency(samples: int) -> dict:
                 request_id=request_id,
                 tenant_id=info.tenant_id,
                 key_id=info.key_id,
-                model_requested="bench-step",
+                model_requested=model,
                 status_code=200,
             )
             await admission.settle(ticket, attempts=[], tokens_used=300, cost=Decimal(0), ledger_record=record.encode())
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             "settled_spend_usd": str(spend),
             "overspend_usd": str(max(Decimal(0), spend - Decimal("1.00"))),
         }
-        result["step_latency"] = step_latency(200 if args.quick else 3000)
+        result["step_latency"] = step_latency(200 if args.quick else 3000, setup["model"])
     print(
         report.table(
             ["check", "sent", "admitted", "rejected", "over limit"],

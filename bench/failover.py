@@ -175,7 +175,32 @@ def run_faults(stack, model: str, rate: float, phase: float) -> dict:
             "p99_ms": round(sorted(ok)[int(0.99 * (len(ok) - 1))], 2) if ok else None,
         }
 
+    def while_open(start: str, end: str) -> dict:
+        """The requests of a phase sent while the breaker was open (not closed, not half-open)."""
+        intervals, opened = [], None
+        for at, _, new in transitions:
+            if new == "open" and opened is None:
+                opened = at
+            elif new != "open" and opened is not None:
+                intervals.append((opened, at))
+                opened = None
+        if opened is not None:
+            intervals.append((opened, float("inf")))
+        samples = [
+            s
+            for s in timeline.between(start, end)
+            if any(a <= wall_start + s.sent < b for a, b in intervals) and s.status == 200
+        ]
+        latencies = [s.latency * 1000 for s in samples]
+        return {
+            "requests": len(samples),
+            "served_by_primary": sum(1 for s in samples if s.provider == PRIMARY),
+            "p50_ms": round(statistics.median(latencies), 2) if latencies else None,
+        }
+
     return {
+        "open_503": while_open("error", "error_cleared"),
+        "open_stall": while_open("stall", "stall_cleared"),
         "phases": {
             "healthy": phase_stats("healthy", "error"),
             "503": phase_stats("error", "error_cleared"),
@@ -189,6 +214,10 @@ def run_faults(stack, model: str, rate: float, phase: float) -> dict:
         "seconds_to_close_after_stall": first_transition("closed", "stall_cleared"),
         "transitions": [{"at_s": round(t - wall_start, 3), "from": old, "to": new} for t, old, new in transitions],
     }
+
+
+def added(p50: float | None, baseline: float | None) -> float | None:
+    return round(p50 - baseline, 2) if p50 is not None and baseline is not None else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,8 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         "client_visible_failures": sum(p["failures"] for p in on["phases"].values()),
         "seconds_to_open_on_503": on["seconds_to_open_on_503"],
         "seconds_to_open_on_stall": on["seconds_to_open_on_stall"],
-        "added_p50_ms_while_open_503": round(errored["p50_ms"] - healthy["p50_ms"], 2) if errored["p50_ms"] else None,
-        "added_p50_ms_while_open_stall": round(stalled["p50_ms"] - healthy["p50_ms"], 2) if stalled["p50_ms"] else None,
+        "requests_while_open_503": on["open_503"]["requests"],
+        "added_p50_ms_while_open_503": added(on["open_503"]["p50_ms"], healthy["p50_ms"]),
+        "primary_calls_while_open_503": on["open_503"]["served_by_primary"],
+        "requests_while_open_stall": on["open_stall"]["requests"],
+        "added_p50_ms_while_open_stall": added(on["open_stall"]["p50_ms"], healthy["p50_ms"]),
+        "added_p50_ms_whole_503_phase": added(errored["p50_ms"], healthy["p50_ms"]),
+        "added_p50_ms_whole_stall_phase": added(stalled["p50_ms"], healthy["p50_ms"]),
         "seconds_to_recover_after_503": on["seconds_to_close_after_503"],
         "seconds_to_recover_after_stall": on["seconds_to_close_after_stall"],
     }

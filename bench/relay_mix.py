@@ -9,7 +9,11 @@ The mix comes from ../shared/eval/paraphrase_dev.jsonl, deterministically (seede
 - paraphrases (35%): the `b` of a paraphrase pair whose base was asked earlier;
 - exact repeats (45%): any prompt asked earlier, again.
 Every answer is checked: the mock's answer names the prompt it was made for, so a response is right
-when that is the prompt asked or a labeled paraphrase of it, and wrong otherwise.
+when that is the prompt asked or a labeled paraphrase of it, and wrong otherwise. The labels are the
+eval set's plus bench/relay_mix_labels.jsonl: pairs the eval set does not label (it asks "zoom - how
+to share screen" only as one side of a near-miss, never against "How do I share my screen in
+Zoom?"), each judged by reading it, true paraphrases and wrong answers alike. A pair labeled nowhere
+counts as wrong and is listed in the results for review.
 
     python -m bench relay_mix [--quick] [--requests N] [--concurrency C]
 """
@@ -29,6 +33,7 @@ from gateway.mock_provider import answer_text
 
 SCENARIO = "relay_mix"
 EVAL = Path(__file__).resolve().parents[2] / "shared" / "eval" / "paraphrase_dev.jsonl"
+EXTRA_LABELS = Path(__file__).resolve().parent / "relay_mix_labels.jsonl"
 SHARES = {"repeat": 0.45, "paraphrase": 0.35, "novel": 0.20}
 
 
@@ -93,6 +98,9 @@ class Checker:
         for pair in pairs:
             if pair["same"]:
                 self.group[self._root(pair["a"])] = self._root(pair["b"])
+        self.different = {
+            frozenset((self._root(pair["a"]), self._root(pair["b"]))) for pair in pairs if not pair["same"]
+        }
         self.wrong: list[dict] = []  # what was served for what, when it was wrong
 
     def _root(self, prompt: str) -> str:
@@ -105,8 +113,21 @@ class Checker:
         made_for = self.answer_for.get(text.split()[0] if text else "")
         ok = made_for is not None and self._root(made_for) == self._root(asked)
         if not ok:
-            self.wrong.append({"asked": asked, "answered_for": made_for})
+            labeled = made_for is not None and frozenset((self._root(made_for), self._root(asked))) in self.different
+            self.wrong.append({"asked": asked, "answered_for": made_for, "labeled": labeled})
         return ok
+
+    def distinct_wrong(self) -> list[dict]:
+        """Each wrong (asked, answered for) pair once, with how often it was served and whether a
+        label says it is a different question (else: labeled nowhere, to review)."""
+        counts: dict[tuple, int] = {}
+        for w in self.wrong:
+            key = (w["asked"], w["answered_for"], w["labeled"])
+            counts[key] = counts.get(key, 0) + 1
+        return [
+            {"asked": a, "answered_for": f, "times": n, "labeled_different": labeled}
+            for (a, f, labeled), n in sorted(counts.items(), key=lambda kv: -kv[1])
+        ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     total = 400 if args.quick else args.requests
     pairs = [json.loads(line) for line in EVAL.read_text().splitlines() if line.strip()]
     mix = build_mix(pairs, total)
-    checker = Checker(pairs, [item.prompt for item in mix])
+    extra = [json.loads(line) for line in EXTRA_LABELS.read_text().splitlines() if line.strip()]
+    checker = Checker(pairs + extra, [item.prompt for item in mix])
     result = report.envelope(SCENARIO, quick=args.quick)
     result["config"] = {
         "requests": total,
@@ -128,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         "mock": "realistic (120 ms to the first token, 8 ms per token, 40 tokens)",
         "mix": {kind: sum(1 for i in mix if i.kind == kind) for kind in SHARES},
         "pairs": str(EVAL),
+        "extra_labels": {
+            "file": str(EXTRA_LABELS),
+            "same": sum(p["same"] for p in extra),
+            "different": sum(not p["same"] for p in extra),
+        },
         "web_server": web_server(args),
     }
     runs = {}
@@ -174,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                 "wrong_answers_served": outcome.wrong,
                 "provider_calls": stack.mock_stats()["calls"] - calls_before,
                 "modeled_provider_spend_usd": round(sum(paid), 6),
-                "wrong_examples": checker.wrong[:20],
+                "wrong_served": checker.distinct_wrong(),
             }
             checker.wrong.clear()
     result["runs"] = runs

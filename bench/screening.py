@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,7 +33,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def setup_django() -> None:
+def setup_django(data_dir: Path | None = None) -> None:
+    if data_dir is not None:
+        os.environ["SENTINEL_DATA_DIR"] = str(data_dir)
     os.environ.setdefault("SENTINEL_DATA_DIR", str(BASE_DIR / ".data" / "bench"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
     import django
@@ -123,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="Times each prompt is screened.")
     parser.add_argument("--quick", action="store_true", help="One round, fewer long conversations.")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where results go (default bench/results)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="settings' data folder (default .data/bench)")
     args = parser.parse_args(argv)
     rounds = 1 if args.quick else args.rounds
-    setup_django()
+    setup_django(args.data_dir)
     examples = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
     texts = [example["text"] for example in examples]
     rng = random.Random(7)
@@ -163,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{row['scenario']:<40}{row['n']:>7}{row['chars']:>7}{row['p50_ms']:>9.3f}{row['p99_ms']:>9.3f}{row['max_ms']:>9.3f}"
         )
-    result = {"python": sys.version.split()[0], "rounds": rounds, "scenarios": rows}
+    from bench import report
+
+    result = {**report.envelope("screening", quick=args.quick), "rounds": rounds, "scenarios": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "screening.json").write_text(json.dumps(result, indent=2))
     print(f"\nwritten to {args.out / 'screening.json'}")

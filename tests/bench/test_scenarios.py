@@ -1,0 +1,105 @@
+"""Every benchmark scenario that starts servers runs end to end in CI in its `--quick` mode (overhead and
+cache_scale have their own tests): real storage, mock, gateway processes and load, and the figures a
+reader relies on are there and say what they should. Nothing is timed here; `make bench` gives the
+figures (README, Performance)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+
+from tests.bench.conftest import processes_with_redis
+from tests.servers import BASE_DIR, database_url_for
+
+
+def run_quick(scenario: str, tmp_path, database: str, redis_url: str, timeout: int = 240) -> dict:
+    from django.conf import settings
+
+    out = tmp_path / "results"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(DATABASE_URL=database_url_for(database), REDIS_URL=redis_url)
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", scenario, "--quick", "--out", str(out), "--data-dir", str(settings.DATA_DIR)],
+        cwd=BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert f"{scenario}: error" not in run.stdout, run.stdout[-3000:]
+    assert processes_with_redis(redis_url) == []  # everything it started has stopped
+    result = json.loads((out / f"{scenario}.json").read_text())
+    assert (result["scenario"], result["quick"]) == (scenario, True)
+    return result
+
+
+def test_admission_admits_exactly_the_limit_across_four_processes(tmp_path, test_database_name, bench_redis_url):
+    result = run_quick("admission", tmp_path, test_database_name, bench_redis_url)
+
+    assert result["rate_limit"] == {
+        "limit_per_minute": 100,
+        "sent": 500,
+        "admitted": 100,
+        "rejected_429": 400,
+        "over_admission": 0,
+    }
+    budget = result["budget"]
+    assert (budget["admitted"], budget["rejected_402"]) == (100, 200)
+    assert Decimal(budget["settled_spend_usd"]) == Decimal("1.00") and Decimal(budget["overspend_usd"]) == 0
+    step = result["step_latency"]
+    assert step["samples"] == 200 and 0 < step["admit_p50_us"] <= step["admit_p99_us"]
+
+
+def test_failover_serves_everything_and_spares_the_primary_while_open(tmp_path, test_database_name, bench_redis_url):
+    result = run_quick("failover", tmp_path, test_database_name, bench_redis_url)
+
+    summary = result["summary"]
+    assert summary["client_visible_failures"] == 0
+    assert summary["seconds_to_open_on_503"] is not None  # (2-second phases: shorter than it stays open)
+    # While the breaker is open, no request is served by (or waits for) the primary.
+    assert summary["requests_while_open_503"] > 0 and summary["primary_calls_while_open_503"] == 0
+    on = result["with_breaker"]
+    assert on["phases"]["503"]["served_by_primary"] == 0
+    assert on["transitions"][0]["to"] == "open"
+    # Without a breaker the primary is tried on every request of the 503 phase (and fails over).
+    assert result["without_breaker"]["phases"]["503"]["failures"] == 0
+
+
+def test_relay_mix_serves_from_the_cache_and_never_an_answer_labeled_wrong(
+    tmp_path, test_database_name, bench_redis_url
+):
+    result = run_quick("relay_mix", tmp_path, test_database_name, bench_redis_url)
+
+    off, on = result["runs"]["off"], result["runs"]["on"]
+    assert off["requests"] == on["requests"] == 400
+    assert off["errors"] == 0 and off["tiers"]["bypass"] == 400 and off["provider_calls"] == 400
+    assert on["errors"] == on["wrong_answers_served"] == sum(w["times"] for w in on["wrong_served"])
+    assert on["tiers"]["hit-exact"] > 0 and on["tiers"]["hit-semantic"] > 0
+    assert on["provider_calls"] == on["tiers"]["miss"]  # a hit never reaches the provider
+    assert not [w for w in on["wrong_served"] if w["labeled_different"]]
+    assert result["config"]["extra_labels"]["same"] > 0
+
+
+def test_durability_every_answer_has_exactly_one_ledger_row(tmp_path, test_database_name, bench_redis_url):
+    result = run_quick("durability", tmp_path, test_database_name, bench_redis_url)
+
+    figures = result["figures"]
+    assert figures["queue_drained"] is True
+    assert figures["answered_without_a_row"] == figures["rows_duplicated"] == 0
+    assert figures["rows_for_answers"] == figures["answered_200"] > 0
+    assert set(result["killed"]) == {"web_worker", "ledger_worker"}
+
+
+@pytest.mark.parametrize("scenario", ["screening"])
+def test_screening_times_every_scenario(tmp_path, test_database_name, bench_redis_url, scenario):
+    result = run_quick(scenario, tmp_path, test_database_name, bench_redis_url)
+
+    names = [row["scenario"] for row in result["scenarios"]]
+    assert names[0] == "no policy" and "long ~4k chars, all checks (redact)" in names
+    assert all(0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"] for row in result["scenarios"])
