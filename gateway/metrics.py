@@ -89,6 +89,12 @@ CACHE = Counter(
     "Answered requests (status 200) by cache tier: hit-exact, hit-semantic, miss or bypass.",
     ("tier",),
 )
+CACHE_FAILURES = Counter(
+    "sentinel_cache_failures",
+    "Cache lookups and stores that failed open (an error, or a lookup slower than its bound): the request "
+    "went upstream, or the answer was not kept. By stage: lookup or store.",
+    ("stage",),
+)
 BREAKER_TRANSITIONS = Counter(
     "sentinel_breaker_transitions",
     "Circuit breaker state changes per deployment, by the state entered.",
@@ -162,6 +168,7 @@ class BreakerStates(Collector):
 EXPORTED = (REQUEST_SECONDS, TTFT_SECONDS, OVERHEAD_SECONDS, REQUESTS, UPSTREAM_ATTEMPTS, TOKENS, COST, SAVED)
 EXPORTED += (
     CACHE,
+    CACHE_FAILURES,
     BREAKER_TRANSITIONS,
     ADMISSION_REJECTIONS,
     SCREENING_DECISIONS,
@@ -253,6 +260,10 @@ def upstream_attempt(provider: str, code: str) -> None:
 def breaker_transition(deployment: str, state: str) -> None:
     """A breaker entered `state` (closed, open, half_open, forced_open, forced_closed)."""
     _child(BREAKER_TRANSITIONS, deployment, state).inc()
+
+
+def cache_failure(stage: str) -> None:
+    _child(CACHE_FAILURES, stage).inc()
 
 
 def admission_rejected(limit: str) -> None:

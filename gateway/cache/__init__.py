@@ -195,17 +195,14 @@ async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: fl
                 found.hit = await _semantic(key, tenant_id, found.embedding, threshold or acceptance.DEFAULT_THRESHOLD)
     except Exception as exc:  # noqa: BLE001 - the cache must never fail a request
         log.warning("cache lookup failed open: %s: %s", type(exc).__name__, exc)
-        record_failure()
+        record_failure("lookup")
     return found
 
 
-def record_failure() -> None:
-    try:
-        from gateway import metrics
+def record_failure(stage: str) -> None:
+    from gateway import metrics
 
-        metrics.cache_failure()
-    except (ImportError, AttributeError):
-        pass
+    metrics.cache_failure(stage)
 
 
 async def _exact(key: CacheKey) -> Hit | None:
@@ -297,7 +294,7 @@ async def store(
             await _evict(conn, tenant_id, max_entries)
     except Exception as exc:  # noqa: BLE001 - a lost cache store costs a future miss, nothing more
         log.warning("cache store failed: %s: %s", type(exc).__name__, exc)
-        record_failure()
+        record_failure("store")
 
 
 async def _evict(conn, tenant_id: int, max_entries: int) -> None:

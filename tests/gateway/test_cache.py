@@ -15,7 +15,7 @@ from billing.ledger import drain
 from billing.models import LedgerEntry
 from gateway.mock_provider import REFUSAL_TEXT, answer_text
 from gateway.models import CacheEntry
-from tests.servers import start_gateway
+from tests.servers import scrape_metrics, start_gateway
 
 PARAPHRASES = [
     ("How do I reset my password?", "how can i reset my password"),
@@ -294,18 +294,33 @@ def test_hits_are_recorded_with_their_tier_and_saving(served, tenant, live_db):
 def test_fails_open_when_the_vector_store_is_unreachable(
     test_database_name, tenant, make_key, make_model, mock_provider, live_db
 ):
-    """The cache's own database connection points nowhere; requests still get answers."""
+    """The cache's own database connection points nowhere; requests still get answers, and every
+    failure is counted (metrics), the store's after the response and the lookup's before the call."""
     gateway = start_gateway(
-        test_database_name, env={"SENTINEL_CACHE_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+        test_database_name,
+        env={"SENTINEL_CACHE_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"},
     )
+
+    def failures(stage: str) -> float:
+        return scrape_metrics(gateway.url).value("sentinel_cache_failures_total", stage=stage)
+
     try:
         model, (provider,) = make_model()
         client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0)
-        for _ in range(2):
-            response = ask(client, model, "still answered")
-            assert response.parse().choices[0].message.content == answer_text("still answered")
+        response = ask(client, model, "still answered")
+        assert response.parse().choices[0].message.content == answer_text("still answered")
+        assert response.headers["x-sentinel-cache"] == "miss"
+        # The store (after the response) embeds the prompt, so the model is loaded once it has failed.
+        deadline = time.monotonic() + 60
+        while failures("store") < 1:
+            assert time.monotonic() < deadline, "the failed store was never counted"
+            time.sleep(0.2)
+        for prompt in ("still answered", "and this one too"):
+            response = ask(client, model, prompt)
+            assert response.parse().choices[0].message.content == answer_text(prompt)
             assert response.headers["x-sentinel-cache"] == "miss"
-        assert mock_provider.stats(provider)["calls"] == 2
+        assert failures("lookup") == 2  # both reached the semantic tier's database, and went upstream
+        assert mock_provider.stats(provider)["calls"] == 3
     finally:
         gateway.stop()
 
