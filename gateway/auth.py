@@ -54,6 +54,7 @@ class KeyInfo:
     auto_fast_model: str = "fast"  # where model "auto" sends simple prompts
     auto_smart_model: str = "smart"  # ... and demanding ones; refusals escalate to it
     escalate_refusals: bool = False
+    log_prompts: bool = False  # the request log carries messages and answers
     screening: Policy | None = None  # None: the tenant is not screened
 
     def may_use(self, model: str) -> bool:
@@ -123,6 +124,7 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         auto_fast_model=key.tenant.auto_fast_model,
         auto_smart_model=key.tenant.auto_smart_model,
         escalate_refusals=key.tenant.escalate_refusals,
+        log_prompts=key.tenant.log_prompts,
         screening=policy_from_model(ScreeningPolicy.objects.filter(tenant_id=key.tenant_id).first()),
     )
 

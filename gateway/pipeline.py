@@ -101,6 +101,7 @@ class Call:
     paid: dict[int, Decimal] = field(default_factory=dict)  # provider id → cost, for its daily spend cap
     escalated_from: Target | None = None  # the deployment whose refusal went to the smart model
     screening: screening.Screening | None = None  # what the tenant's safety screening did
+    answer_text: str | None = None  # what the client was answered (for a tenant that logs prompts)
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.started) * 1000)
@@ -292,6 +293,7 @@ async def serve_from_cache(call: Call, hit: cache.Hit) -> Reply:
     if hit.similarity is not None:
         headers["x-sentinel-cache-similarity"] = f"{hit.similarity:.4f}"
     usage = hit.answer.get("usage") or {}
+    call.answer_text = hit.answer.get("content")
     await finish(call, ledger_record(call, 200, usage=usage, saved=hit.cost_usd))
     if call.request.stream:
         headers["content-type"] = "text/event-stream"
@@ -444,6 +446,7 @@ async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
             cost += more
             usage = {name: int(usage.get(name) or 0) + int(first_usage.get(name) or 0) for name in TOKEN_FIELDS}
     headers = response_headers(call, cost)
+    call.answer_text = (answer_from_response(response) or {}).get("content")
     await finish(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
     if call.escalated_from is None:  # an escalated answer is not the asked-for model's to cache
         remember(call, answer_from_response(response), cost)
@@ -517,6 +520,7 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
             yield event.raw or sse(chunk)
         recorded = True
         record = await stream_record(call, 200, "", usage)
+        call.answer_text = "".join(answer.parts)
         await finish(call, record)
         yield b"data: [DONE]\n\n"
         remember(call, answer.stored(usage, first.data.get("model", "")), Decimal(record.cost_usd))
@@ -603,7 +607,7 @@ def all_failed(last_error: UpstreamError | None, *, deadline_hit: bool = False) 
 async def finish(call: Call, record: LedgerRecord) -> None:
     """Every authenticated request ends here, once: its record goes to the durable ledger queue and
     its admission settles to what it really used (nothing, if it failed); then the metrics and the
-    request log hear of it (one line, never the prompt or the answer)."""
+    request log hear of it (one line; the prompt and the answer only if the tenant logs them)."""
     if call.ticket is None:
         await hand_off(record)
     else:
@@ -622,7 +626,10 @@ async def finish(call: Call, record: LedgerRecord) -> None:
         elapsed_seconds=time.perf_counter() - call.started,
         upstream_seconds=call.upstream_seconds,
     )
-    requestlog.finished(record)
+    if call.key.log_prompts and record.status_code == 200:
+        requestlog.finished(record, messages=call.body["messages"], answer=call.answer_text or "")
+    else:
+        requestlog.finished(record)
 
 
 # --- money and records -------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The request log: one line per finished chat completion, on the logger `gateway.requests` at INFO,
 with the request id (sentinel.logs) and the ledger's facts: tenant, key, model, provider, outcome,
-tokens, cost and timings. Never the prompt or the answer."""
+tokens, cost and timings. The messages and the answer only for a tenant that turned `log_prompts`
+on, only for answered requests, and as screening left them (redacted spans masked)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from billing.ledger import LedgerRecord
 log = logging.getLogger("gateway.requests")
 
 
-def finished(record: LedgerRecord) -> None:
+def finished(record: LedgerRecord, *, messages: list | None = None, answer: str | None = None) -> None:
     if not log.isEnabledFor(logging.INFO):
         return
+    content = {"messages": messages, "answer": answer} if messages is not None else {}
     log.info(
         "request finished",
         extra={
+            **content,
             "tenant_id": record.tenant_id,
             "key_id": record.key_id,
             "model": record.model_requested,

@@ -101,6 +101,11 @@ class Tenant(Limits):
         help_text="When a model refuses or apologizes instead of answering (non-streamed), ask the smart model "
         "once more.",
     )
+    log_prompts = models.BooleanField(
+        default=False,
+        help_text="Write each answered request's messages and answer to the request log (after screening's "
+        "redaction). Off: prompts and answers are never logged.",
+    )
     batch_requests_per_minute = models.PositiveIntegerField(
         null=True,
         blank=True,

@@ -111,6 +111,50 @@ def test_screened_text_is_never_logged(chatty_gateway, make_key, make_tenant, ma
     assert marker not in text and "4111 1111" not in text
 
 
+def test_a_tenant_that_logs_prompts_gets_them_screened_in_its_request_lines(
+    chatty_gateway, make_key, make_tenant, make_model
+):
+    """log_prompts on: the request line of each answered request carries the messages (as screening
+    left them: the e-mail masked) and the answer, streamed or not; a blocked request's text is still
+    never logged, and another tenant's lines carry neither."""
+    from gateway.screening.models import ScreeningPolicy
+
+    logging_tenant, quiet_tenant = make_tenant(log_prompts=True), make_tenant()
+    ScreeningPolicy.objects.create(tenant=logging_tenant, email="redact")
+    alias, _ = make_model()
+    marker = uuid.uuid4().hex[:12]
+    sent = f"summarize {marker} for x{marker}@example.com"
+    seen_by_provider = f"summarize {marker} for [EMAIL]"
+
+    def ask(key: str, prompt: str, stream: bool = False) -> httpx.Response:
+        return httpx.post(
+            f"{chatty_gateway.base_url}/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": alias, "messages": [{"role": "user", "content": prompt}], "stream": stream},
+            timeout=30,
+        )
+
+    key = make_key(logging_tenant)
+    plain, streamed = ask(key, sent), ask(key, sent + " again", stream=True)
+    blocked = ask(key, f"card 4111 1111 1111 1111 {marker}")
+    quiet = ask(make_key(quiet_tenant), f"quiet {marker}")
+    assert [r.status_code for r in (plain, streamed, blocked, quiet)] == [200, 200, 400, 200]
+    time.sleep(0.3)
+    lines = {r["request_id"]: r for r in json_lines(chatty_gateway.log_lines()) if r["message"] == "request finished"}
+
+    line = lines[plain.headers["x-sentinel-request-id"]]
+    assert line["messages"] == [{"role": "user", "content": seen_by_provider}]
+    assert line["answer"] == plain.json()["choices"][0]["message"]["content"] == answer_text(seen_by_provider)
+    line = lines[streamed.headers["x-sentinel-request-id"]]
+    assert line["messages"] == [{"role": "user", "content": seen_by_provider + " again"}]
+    assert line["answer"] == answer_text(seen_by_provider + " again")
+    for response in (blocked, quiet):
+        line = lines[response.headers["x-sentinel-request-id"]]
+        assert "messages" not in line and "answer" not in line
+    text = "\n".join(chatty_gateway.log_lines())
+    assert f"x{marker}@example.com" not in text and "4111 1111" not in text and f"quiet {marker}" not in text
+
+
 def test_litellm_loggers_go_through_sentinels_handlers():
     library = logging.getLogger("sentinel-test-library")
     library.addHandler(logging.StreamHandler())
