@@ -296,6 +296,10 @@ async def admit(
         if result[1] == b"key":
             raise GatewayError(401, "invalid_api_key", "This API key has been revoked.")
         raise GatewayError(403, "tenant_suspended", "This key's tenant is suspended.")
+    ticket.used = [int(v) for v in result[4]]
+    ticket.resets_ms = [int(v) for v in result[5]]
+    # Every refusal from here on says where the rate limits stand (nothing was taken).
+    refused_headers = ratelimit_headers(ticket.limits, ticket.used, ticket.resets_ms, tokens, admitted=False)
     if outcome == "budget":
         hold = ticket.budgets[int(result[1]) - 1]
         scope = "key" if hold.key_id else "tenant"
@@ -305,9 +309,8 @@ async def admit(
             "budget_exceeded",
             f"This request could exceed the {scope}'s budget of ${from_units(hold.limit_units)} for the period "
             f"starting {hold.period_start.isoformat()}.",
+            headers=refused_headers,
         )
-    ticket.used = [int(v) for v in result[4]]
-    ticket.resets_ms = [int(v) for v in result[5]]
     if outcome == "ok":
         ticket.breaker_states = {
             t.deployment_id: state.decode() for t, state in zip(deployments, result[6], strict=True)
@@ -320,14 +323,13 @@ async def admit(
             503,
             "overloaded",
             f"Every deployment of '{model}' is at its concurrency limit. Retry shortly.",
-            headers={"retry-after": "1"},
+            headers={**refused_headers, "retry-after": "1"},
         )
     if outcome == "limit":
         limit = ticket.limits[int(result[1]) - 1]
         metrics.admission_rejected(limit.policy)
         retry_after = max(1, math.ceil(int(result[2]) / 1000))
-        headers = ratelimit_headers(ticket.limits, ticket.used, ticket.resets_ms, tokens, admitted=False)
-        headers["retry-after"] = str(retry_after)
+        headers = {**refused_headers, "retry-after": str(retry_after)}
         raise GatewayError(
             429,
             "rate_limit_exceeded",

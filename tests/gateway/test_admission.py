@@ -17,7 +17,7 @@ import pytest
 
 from billing.ledger import drain
 from billing.models import LedgerEntry
-from gateway.admission import period_bounds
+from gateway.admission import period_bounds, to_units
 from gateway.models import Deployment
 from sentinel.redis_clients import sync_redis
 from tenants.models import Budget, VirtualKey
@@ -90,13 +90,19 @@ def test_budget_cannot_be_overrun_by_concurrency(fleet, tenant, make_key, make_m
     # Worst case = actual = $0.01: the mock answers exactly max_tokens=40 tokens at $0.00025 each.
     Deployment.objects.filter(name=provider).update(input_price_override=0, output_price_override=Decimal("0.00025"))
     Budget.objects.create(tenant=tenant, period="daily", limit_usd=Decimal("1.00"))
-    key = make_key(tenant)
+    key = make_key(tenant, requests_per_minute=1000)
     results = asyncio.run(fire([g.url for g in fleet], key, [ask(model, i, max_tokens=40) for i in range(300)]))
 
     statuses = [status for status, _, _ in results]
     assert statuses.count(200) == 100
     assert statuses.count(402) == 200
     assert {body["error"]["code"] for status, _, body in results if status == 402} == {"budget_exceeded"}
+    # A refusal for the budget says where the rate limit stands too, and took nothing from it (at
+    # most the 100 admitted requests are in its window).
+    for status, headers, _ in results:
+        assert structured(headers["ratelimit-policy"])["key-rpm"] == {"q": "1000", "w": "60"}
+        if status == 402:
+            assert 900 <= int(structured(headers["ratelimit"])["key-rpm"]["r"]) <= 1000
     time.sleep(0.5)
     drain()
     rows = LedgerEntry.objects.filter(tenant=tenant, status_code=200)
@@ -154,6 +160,28 @@ def held(tenant, make_key, make_model, live_db):
     key = make_key(tenant, max_concurrent=1, tokens_per_minute=100_000)
     budget = Budget.objects.create(tenant=tenant, period="monthly", limit_usd=Decimal("5"))
     return model, provider, key, VirtualKey.objects.get(tenant=tenant).pk, budget
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reservation_settles_to_the_real_cost_below_the_worst_case(gateway, held, stream):
+    """max_tokens 2,000 reserves $0.50 at $0.00025 a token; the answer has 40 tokens: $0.01 is
+    spent and nothing stays reserved."""
+    model, provider, key, key_id, budget = held
+    Deployment.objects.filter(name=provider).update(input_price_override=0, output_price_override=Decimal("0.00025"))
+    from gateway.localstate import announce_change
+
+    announce_change()
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        json=ask(model, 0, max_tokens=2000, stream=stream),
+        timeout=30,
+    )
+    assert response.status_code == 200
+    time.sleep(0.2)
+    after = holds(key_id, budget)
+    assert (after["reserved"], after["spent"]) == (0, to_units(Decimal("0.01")))
+    assert after["tokens"] < 2000  # the token window kept what was used, not max_tokens
 
 
 @pytest.mark.parametrize("stream", [False, True])
