@@ -175,6 +175,31 @@ def test_answers_are_redacted(screened):
     assert {tuple(f) for f in row.screening["fired"]} == {("payment_card", "out", "redact"), ("email", "out", "redact")}
 
 
+def test_an_answer_with_personal_data_is_withheld_under_block_and_passes_under_log(screened):
+    text = f"Your card {CARD} is on file"
+    client, alias, _, tenant = screened(**OFF_INPUT, output_personal_data="block")
+    answer = ask(client, alias, f"[[echo]] {text}").parse()
+    assert (answer.choices[0].message.content, answer.choices[0].finish_reason) == ("", "content_filter")
+    chunks = list(
+        client.chat.completions.create(
+            model=alias, messages=[{"role": "user", "content": f"[[echo]] {text} still"}], stream=True
+        )
+    )
+    assert chunks[-1].choices[0].finish_reason == "content_filter"
+    assert "1111" not in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    rows = ledger_rows(tenant, 2)
+    assert all(["payment_card", "out", "block"] in row.screening["fired"] for row in rows)
+    time.sleep(0.3)
+    assert CacheEntry.objects.filter(tenant=tenant).count() == 0  # a withheld answer is never cached
+
+    client, alias, _, tenant = screened(**OFF_INPUT, output_personal_data="log")
+    answer = ask(client, alias, f"[[echo]] {text}").parse()
+    assert answer.choices[0].message.content == text  # logged only: the answer goes out as it came
+    (row,) = ledger_rows(tenant, 1)
+    assert row.screening["fired"] == [["payment_card", "out", "log"]]
+    assert CARD not in str(row.screening)  # the record names the check, never the text
+
+
 def test_streamed_answers_are_redacted_across_chunks(screened, gateway):
     client, alias, _, tenant = screened(**OFF_INPUT, output_personal_data="redact", stream_window=32)
     stream = client.chat.completions.create(
