@@ -93,6 +93,7 @@ HARM_MARKER = re.compile(r"\[\[harm:([a-z/-]+)\]\]")
 HARM_WORDS = {"bloodbath": "violence/graphic", "massacre": "violence", "genocide": "hate/threatening"}
 
 REFUSAL_TRIGGER = "[[refuse]]"
+TOOL_TRIGGER = "[[tool]]"  # with `tools` in the request: the answer calls the first tool (arguments "{}")
 ECHO_TRIGGER = "[[echo]]"  # the answer is the prompt's text after the marker, a word per token
 REFUSAL_TEXT = "I'm sorry, but I can't help with that request."
 
@@ -306,10 +307,17 @@ class MockProvider:
             }
             completion_id = "chatcmpl-mock-" + hashlib.sha256(orjson.dumps(body)).hexdigest()[:24]
             model = body.get("model") or "mock"
+            tool_call = None
+            tools = body.get("tools")
+            if TOOL_TRIGGER in prompt_of(messages) and isinstance(tools, list) and tools:
+                name = ((tools[0] or {}).get("function") or {}).get("name") or "tool"
+                tool_call = {"id": "call_mock_1", "type": "function", "function": {"name": name, "arguments": "{}"}}
+                tokens, finish_reason = [], "tool_calls"
+                usage = {**usage, "completion_tokens": 5, "total_tokens": usage["prompt_tokens"] + 5}
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 return await self._stream(
-                    request, state, completion_id, model, tokens, usage, finish_reason, include_usage
+                    request, state, completion_id, model, tokens, usage, finish_reason, include_usage, tool_call
                 )
             if faults.ttft_ms or faults.tpt_ms:
                 delay = faults.ttft_ms + faults.tpt_ms * max(0, len(tokens) - 1)
@@ -325,7 +333,11 @@ class MockProvider:
                         "choices": [
                             {
                                 "index": 0,
-                                "message": {"role": "assistant", "content": "".join(tokens)},
+                                "message": (
+                                    {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+                                    if tool_call
+                                    else {"role": "assistant", "content": "".join(tokens)}
+                                ),
                                 "finish_reason": finish_reason,
                             }
                         ],
@@ -388,6 +400,7 @@ class MockProvider:
         usage: dict,
         finish_reason: str,
         include_usage: bool,
+        tool_call: dict | None = None,
     ) -> web.StreamResponse:
         faults = state.faults
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -407,6 +420,13 @@ class MockProvider:
         if faults.ttft_ms:
             await asyncio.sleep(faults.ttft_ms / 1000)
         await response.write(chunk({"role": "assistant", "content": ""}))
+        if tool_call:  # as OpenAI streams one: the call's name first, then its arguments
+            function = tool_call["function"]
+            head = {**tool_call, "index": 0, "function": {"name": function["name"], "arguments": ""}}
+            await response.write(chunk({"tool_calls": [head]}))
+            await response.write(
+                chunk({"tool_calls": [{"index": 0, "function": {"arguments": function["arguments"]}}]})
+            )
         for i, token in enumerate(tokens):
             if i and faults.tpt_ms:
                 await asyncio.sleep(faults.tpt_ms / 1000)

@@ -193,8 +193,18 @@ def test_errors_refusals_tool_calls_and_broken_streams_are_never_stored(served, 
     with pytest.raises(openai.APIError):
         list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "broken"}], stream=True))
     mock_provider.control(provider, drop_after=None)
+    tools = [{"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}]
+    called = ask(client, model, "[[tool]] where is my order", tools=tools).parse()
+    assert called.choices[0].message.tool_calls[0].function.name == "lookup_order"
+    streamed = list(
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "[[tool]] where is it now"}], tools=tools, stream=True
+        )
+    )
+    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "tool_calls"
     time.sleep(1.0)
     assert CacheEntry.objects.filter(tenant=tenant).count() == 0
+    assert ask(client, model, "[[tool]] where is my order", tools=tools).headers["x-sentinel-cache"] == "miss"
     again = ask(client, model, "Please [[refuse]] this")
     assert again.headers["x-sentinel-cache"] == "miss"
     assert again.parse().choices[0].message.content == REFUSAL_TEXT
