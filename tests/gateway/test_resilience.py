@@ -323,3 +323,53 @@ def test_transitions_reach_the_live_view_group(gateway, api_key, chain, mock_pro
     message, waited = asyncio.run(listen())
     assert (message["type"], message["from"], message["to"]) == ("circuit.transition", "closed", "open")
     assert waited < 1.0
+
+
+@pytest.fixture(scope="module")
+def webhook_worker(test_database_name):
+    from tests.servers import start_celery_worker
+
+    worker = start_celery_worker(test_database_name, name="breaker-webhooks")
+    yield worker
+    worker.stop()
+
+
+def test_a_transition_seen_on_the_request_path_reaches_operators_webhooks_signed(
+    gateway, api_key, chain, mock_provider, webhook_worker, tenancy
+):
+    """The breaker a gateway process opens is announced to operator endpoints subscribed to
+    breaker.transition (signed, delivered by a Celery worker); a tenant's endpoint hears nothing of
+    the operators' infrastructure."""
+    import json
+
+    from tenants.models import WebhookDelivery, WebhookEndpoint
+    from tenants.webhooks import sign
+    from tests.servers import WebhookReceiver
+
+    operators, tenant_receiver = WebhookReceiver(), WebhookReceiver()
+    try:
+        endpoint = WebhookEndpoint(tenant=None, url=operators.url, events=["breaker.transition"])
+        endpoint.set_secret("whsec-ops")
+        endpoint.save()
+        tenants_endpoint = WebhookEndpoint(tenant=tenancy.tenant, url=tenant_receiver.url, events=[])
+        tenants_endpoint.set_secret("whsec-tenant")
+        tenants_endpoint.save()
+        model, (primary, _) = chain()
+        mock_provider.control(primary, error_rate=1.0, error_status=503)
+        assert [post(gateway, api_key, model, f"w{i}").status_code for i in range(4)] == [200] * 4
+        deadline = time.monotonic() + 20
+        while not WebhookDelivery.objects.filter(endpoint=endpoint, status="delivered").exists():
+            assert time.monotonic() < deadline, "the transition was never delivered"
+            time.sleep(0.1)
+        headers, body = operators.requests[0]
+        assert headers["x-sentinel-event"] == "breaker.transition"
+        assert headers["x-sentinel-signature"] == sign("whsec-ops", headers["x-sentinel-timestamp"], body)
+        data = json.loads(body)["data"]
+        assert (data["deployment"], data["from"], data["to"]) == (primary, "closed", "open")
+        assert "failed" in data["reason"]
+        time.sleep(0.5)
+        assert tenant_receiver.requests == [] and not WebhookDelivery.objects.filter(endpoint=tenants_endpoint)
+    finally:
+        WebhookEndpoint.objects.filter(url__in=[operators.url, tenant_receiver.url]).delete()
+        operators.close()
+        tenant_receiver.close()
