@@ -61,3 +61,24 @@ def test_a_killed_worker_is_replaced_while_the_other_serves(test_database_name, 
         gateway.stop()
     time.sleep(0.5)
     assert not [p for p in everyone if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_readiness_names_an_unreachable_database_while_liveness_holds(test_database_name):
+    """A web process whose database is gone stays alive (nothing to restart) and says it is not
+    ready, naming the part that fails, so a load balancer stops sending it traffic."""
+    gateway = start_gateway(
+        test_database_name,
+        env={"DATABASE_URL": "postgresql://sentinel@127.0.0.1:1/gone"},
+        wait_path="/health/live",
+    )
+    try:
+        ready = httpx.get(f"{gateway.url}/health/ready", timeout=15)
+        assert (ready.status_code, ready.json()) == (503, {"status": "unavailable", "failing": ["database"]})
+        assert httpx.get(f"{gateway.url}/health/live", timeout=5).status_code == 200
+    finally:
+        gateway.stop()
+
+
+def test_readiness_is_ok_when_database_and_redis_answer(gateway):
+    ready = httpx.get(f"{gateway.url}/health/ready", timeout=5)
+    assert (ready.status_code, ready.json()) == (200, {"status": "ok"})
