@@ -24,6 +24,12 @@ def test_the_gateway_endpoints_are_documented(schema):
     assert set(paths["/v1/chat/completions"]) == {"post"}
     assert set(paths["/v1/models"]) == {"get"}
     assert {"/health/live", "/health/ready", "/metrics"} <= set(paths)
+    # The management API (DRF views, described by drf-spectacular): finance's spend report and a
+    # tenant's request log.
+    assert set(paths["/api/v1/reports/spend"]) == {"get"}
+    assert set(paths["/api/v1/tenants/{slug}/requests"]) == {"get"}
+    report = paths["/api/v1/reports/spend"]["get"]
+    assert {"start", "end"} <= {p["name"] for p in report.get("parameters", [])}
     chat = paths["/v1/chat/completions"]["post"]
     assert chat["security"] == [{"VirtualKey": []}, {"VirtualKeyHeader": []}]
     assert {"application/json", "text/event-stream"} == set(chat["responses"]["200"]["content"])
