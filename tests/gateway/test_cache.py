@@ -43,8 +43,14 @@ def ask(client, model: str, prompt: str, **extra):
     )
 
 
-def test_exact_repeat_is_served_from_cache(served, tenant, mock_provider, live_db):
+def test_exact_repeat_is_served_from_cache(served, gateway, tenant, mock_provider, live_db):
     model, provider, client = served
+
+    def tiers() -> tuple[float, float]:
+        scrape = scrape_metrics(gateway.url)
+        return tuple(scrape.value("sentinel_cache_requests_total", tier=t) for t in ("miss", "hit-exact"))
+
+    before = tiers()
     first = ask(client, model, "Exact repeat please")
     assert first.headers["x-sentinel-cache"] == "miss"
     wait_stored(tenant, 1)
@@ -57,6 +63,9 @@ def test_exact_repeat_is_served_from_cache(served, tenant, mock_provider, live_d
     assert mock_provider.stats(provider)["calls"] == 1
     # whitespace that cannot change the answer does not defeat the exact tier
     assert ask(client, model, "  Exact   repeat please ").headers["x-sentinel-cache"] == "hit-exact"
+    # ... and /metrics counts them by tier: one miss, two exact hits.
+    after = tiers()
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 2)
 
 
 @pytest.mark.parametrize(("stored", "asked"), PARAPHRASES)
