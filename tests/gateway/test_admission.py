@@ -289,3 +289,33 @@ def test_rejected_headers_name_the_limit(gateway, tenant, make_key, make_model, 
     assert policy["key-rpm"] == {"q": "1", "w": "60"}
     assert policy["key-concurrency"] == {"q": "4", "qu": '"concurrent-requests"'}
     assert re.fullmatch(r"\d+", response.headers["retry-after"])
+
+
+def test_a_tenant_limit_spans_its_keys_and_a_tier_sets_it(gateway, make_tenant, make_key, make_model, live_db):
+    """The tenant's own limit counts every key's requests together; a tenant without its own limit
+    takes its tier's."""
+    from tenants.models import RateLimitTier
+
+    model, _ = make_model()
+    tier = RateLimitTier.objects.create(name=f"tier-{time.time_ns()}", requests_per_minute=2)
+
+    def post(key: str, i: int) -> httpx.Response:
+        return httpx.post(
+            f"{gateway.base_url}/chat/completions",
+            headers={"authorization": f"Bearer {key}", "x-sentinel-cache-control": "no-cache, no-store"},
+            json=ask(model, i),
+            timeout=30,
+        )
+
+    own = make_tenant(requests_per_minute=3)
+    first, second = make_key(own), make_key(own)
+    statuses = [post(key, i).status_code for i, key in enumerate([first, second, first, second])]
+    assert statuses == [200, 200, 200, 429]
+    refused = post(first, 9)
+    assert refused.status_code == 429 and "tenant-rpm allows 3" in refused.json()["error"]["message"]
+    assert structured(refused.headers["ratelimit-policy"])["tenant-rpm"] == {"q": "3", "w": "60"}
+
+    tiered = make_tenant(tier=tier)
+    key = make_key(tiered)
+    assert [post(key, i).status_code for i in range(3)] == [200, 200, 429]
+    assert structured(post(key, 5).headers["ratelimit-policy"])["tenant-rpm"] == {"q": "2", "w": "60"}
