@@ -257,6 +257,17 @@ def test_the_window_slides(test_database_name, tenant, make_key, make_model, moc
         assert time.monotonic() - admitted_by >= 2.3
         second = asyncio.run(fire(urls, key, [ask(model, i) for i in range(6, 12)]))
         assert sorted(s for s, _, _ in second) == [200] * 5 + [429]
+
+        # No doubling at a window boundary: 5 admitted late in one fixed 2-second window (as the
+        # epoch cuts them) leave nothing for the first moments of the next; a fixed window would
+        # admit 5 more there.
+        other = make_key(tenant, requests_per_minute=5)
+        time.sleep(2 - time.time() % 2 + 1.4)  # 1.4 s into a window
+        late = asyncio.run(fire(urls, other, [ask(model, i) for i in range(20, 25)]))
+        assert [s for s, _, _ in late] == [200] * 5
+        time.sleep(max(0.0, 2 - time.time() % 2 + 0.1))  # 0.1 s into the next
+        early = asyncio.run(fire(urls, other, [ask(model, i) for i in range(25, 30)]))
+        assert [s for s, _, _ in early] == [429] * 5
     finally:
         gateway.stop()
 
