@@ -292,6 +292,39 @@ def test_cache_off_for_a_tenant(gateway, make_tenant, make_key, make_model, mock
     assert mock_provider.stats(provider)["calls"] == 2
 
 
+def test_the_semantic_tier_and_its_threshold_are_the_tenants_to_set(
+    gateway, make_tenant, make_key, make_model, tenancy, live_db
+):
+    """Both are on the tenant's admin page; semantic off keeps exact hits and turns paraphrases into
+    misses; a threshold above a paraphrase's similarity turns it away too."""
+    from django.test import Client
+
+    admin = Client()
+    admin.force_login(tenancy.owner)
+    page = admin.get(f"/admin/tenants/tenant/{tenancy.tenant.pk}/change/").content.decode()
+    assert 'name="semantic_cache_enabled"' in page and 'name="semantic_threshold"' in page
+
+    model, _ = make_model()
+    stored, asked = PARAPHRASES[0]
+
+    def tenant_with(**settings):
+        tenant = make_tenant(**settings)
+        client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0)
+        ask(client, model, stored)
+        wait_stored(tenant, 1)
+        return client
+
+    default = tenant_with()
+    similarity = float(ask(default, model, asked).headers["x-sentinel-cache-similarity"])
+    off = tenant_with(semantic_cache_enabled=False)
+    assert ask(off, model, asked).headers["x-sentinel-cache"] == "miss"
+    assert ask(off, model, stored).headers["x-sentinel-cache"] == "hit-exact"
+    strict = tenant_with(semantic_threshold=min(0.999, similarity + 0.01))
+    assert ask(strict, model, asked).headers["x-sentinel-cache"] == "miss"
+    lenient = tenant_with(semantic_threshold=max(0.5, similarity - 0.05))
+    assert ask(lenient, model, asked).headers["x-sentinel-cache"] == "hit-semantic"
+
+
 def test_hits_are_recorded_with_their_tier_and_saving(served, tenant, live_db):
     model, _, client = served
     miss = ask(client, model, "record the saving")
