@@ -2,7 +2,8 @@
 paraphrases, 20% novel prompts; cache off, then on. Throughput, latency, hit rate by tier, wrong
 answers served, and modeled provider spend.
 
-The mix comes from ../shared/eval/paraphrase_dev.jsonl, deterministically (seeded):
+The mix comes from bench/data/paraphrase_dev.jsonl (a copy of ../shared/eval/paraphrase_dev.jsonl, so a
+clone runs it anywhere), deterministically (seeded):
 - novel (20%): the first ask of every base prompt (the `a` of each paraphrase and hard-negative
   pair), every hard negative's `b` (a near-miss of a base: serving the base's answer is wrong), then
   unique made-up questions;
@@ -10,7 +11,7 @@ The mix comes from ../shared/eval/paraphrase_dev.jsonl, deterministically (seede
 - exact repeats (45%): any prompt asked earlier, again.
 Every answer is checked: the mock's answer names the prompt it was made for, so a response is right
 when that is the prompt asked or a labeled paraphrase of it, and wrong otherwise. The labels are the
-eval set's plus bench/relay_mix_labels.jsonl: pairs the eval set does not label (it asks "zoom - how
+eval set's plus bench/data/relay_mix_labels.jsonl: pairs the eval set does not label (it asks "zoom - how
 to share screen" only as one side of a near-miss, never against "How do I share my screen in
 Zoom?"), each judged by reading it, true paraphrases and wrong answers alike. A pair labeled nowhere
 counts as wrong and is listed in the results for review.
@@ -32,8 +33,9 @@ from bench.stack import MODEL_ALIAS, add_stack_arguments, running_stack, web_ser
 from gateway.mock_provider import answer_text
 
 SCENARIO = "relay_mix"
-EVAL = Path(__file__).resolve().parents[2] / "shared" / "eval" / "paraphrase_dev.jsonl"
-EXTRA_LABELS = Path(__file__).resolve().parent / "relay_mix_labels.jsonl"
+DATA = Path(__file__).resolve().parent / "data"
+EVAL = DATA / "paraphrase_dev.jsonl"
+EXTRA_LABELS = DATA / "relay_mix_labels.jsonl"
 SHARES = {"repeat": 0.45, "paraphrase": 0.35, "novel": 0.20}
 
 
