@@ -24,7 +24,7 @@ from decimal import Decimal
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-RESULTS = BASE_DIR / "bench" / "results" / "ledger.json"
+RESULTS = BASE_DIR / "bench" / "results"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -32,7 +32,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def setup_django() -> None:
+def setup_django(data_dir: Path | None = None) -> None:
+    if data_dir is not None:
+        os.environ["SENTINEL_DATA_DIR"] = str(data_dir)
     os.environ.setdefault("SENTINEL_DATA_DIR", str(BASE_DIR / ".data" / "bench"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
     import django
@@ -201,11 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=50_000, help="records queued for (b)")
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="smoke test: 2,000 hand-offs, 5,000 records")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where results go (default bench/results)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="embedded servers' folder (default .data/bench)")
     args = parser.parse_args(argv)
     if args.quick:
         args.handoffs, args.records = 2_000, 5_000
 
-    setup_django()
+    setup_django(args.data_dir)
     from billing.ledger import drain, pending_count
 
     while drain():  # start from an empty queue: whatever is left from earlier runs goes in first
@@ -222,18 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     drained = measure_drain(tenant, expected=max(args.handoffs, args.records), batch_size=args.batch_size)
     clean_up(tenant)
 
-    result = {
-        "scenario": "ledger",
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "cpu_count": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "hand_off": hand_off,
-        "drain": drained,
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
+    from bench import report
+
+    result = {**report.envelope("ledger", quick=args.quick), "hand_off": hand_off, "drain": drained}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ledger.json").write_text(json.dumps(result, indent=2))
     print_table(result)
-    print(f"written to {RESULTS.relative_to(BASE_DIR)}")
+    print(f"written to {args.out / 'ledger.json'}")
     if drained["inserted_for_bench"] != drained["expected"]:
         print(f"ERROR: drain put {drained['inserted_for_bench']} rows in Postgres, expected {drained['expected']}")
         return 1

@@ -104,3 +104,12 @@ def test_screening_times_every_scenario(tmp_path, test_database_name, bench_redi
     assert names[0] == "no policy" and "long ~4k chars, all checks (redact)" in names
     rows = result["scenarios"]
     assert rows[0]["p50_ms"] >= 0 and all(0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"] for row in rows[1:])
+
+
+def test_ledger_moves_every_record_and_times_the_hand_off(tmp_path, test_database_name, bench_redis_url):
+    result = run_quick("ledger", tmp_path, test_database_name, bench_redis_url)
+
+    drain = result["drain"]
+    assert drain["inserted_for_bench"] == drain["expected"] == 5000 and drain["rows_per_s"] > 0
+    hand_off = result["hand_off"]
+    assert 0 < hand_off["serial_p50_us"] <= hand_off["serial_p99_us"] and hand_off["concurrent_per_s"] > 0
