@@ -287,7 +287,7 @@ async def serve_from_cache(call: Call, hit: cache.Hit) -> Reply:
     """A hit: the stored answer at zero upstream cost (replayed as a stream if one was asked for);
     the ledger records the tier and what it saved."""
     call.cache_tier = hit.tier
-    spawn(cache.touch(hit.entry_id))
+    cache.note_hit(hit.entry_id)
     headers = response_headers(call, ZERO)
     headers["x-sentinel-provider"] = "cache"
     if hit.similarity is not None:

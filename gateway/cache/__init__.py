@@ -238,12 +238,44 @@ async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float) 
     return None
 
 
-async def touch(entry_id: int) -> None:
-    """A hit: the entry is recently used (eviction is least-recently-used)."""
+TOUCH_FLUSH_SECONDS = 0.2  # hits are written in one statement per process at most this often
+_touches: dict[int, int] = {}  # entry id → hits not yet written
+_flush_loop: asyncio.AbstractEventLoop | None = None  # the loop a flush is scheduled on
+_flushes: set[asyncio.Task] = set()
+
+
+def note_hit(entry_id: int) -> None:
+    """A hit: the entry is recently used (eviction is least-recently-used). Counted in memory and
+    written with every other hit of the next TOUCH_FLUSH_SECONDS in one UPDATE, off the request."""
+    global _flush_loop
+    _touches[entry_id] = _touches.get(entry_id, 0) + 1
+    loop = asyncio.get_running_loop()
+    if _flush_loop is not loop:
+        _flush_loop = loop
+        loop.call_later(TOUCH_FLUSH_SECONDS, _start_flush, loop)
+
+
+def _start_flush(loop: asyncio.AbstractEventLoop) -> None:
+    global _flush_loop
+    if _flush_loop is loop:
+        _flush_loop = None
+    task = loop.create_task(flush_hits())
+    _flushes.add(task)
+    task.add_done_callback(_flushes.discard)
+
+
+async def flush_hits() -> None:
+    """Write the hits counted so far: last_hit_at and hits of every entry hit, in one statement."""
+    if not _touches:
+        return
+    batch = dict(_touches)
+    _touches.clear()
     try:
         async with (await pool()).connection() as conn:
             await conn.execute(
-                "update gateway_cacheentry set last_hit_at = now(), hits = hits + 1 where id = %s", (entry_id,)
+                "update gateway_cacheentry as c set last_hit_at = now(), hits = c.hits + t.n "
+                "from unnest(%s::bigint[], %s::int[]) as t(id, n) where c.id = t.id",
+                (list(batch), list(batch.values())),
             )
     except Exception as exc:  # noqa: BLE001 - bookkeeping; never worth failing anything
         log.warning("cache touch failed: %s", exc)

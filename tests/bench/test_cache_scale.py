@@ -128,7 +128,8 @@ def test_small_cache_scale_run_measures_every_strategy_and_cleans_up(tmp_path, t
     hits = result["hits"]
     assert hits["wrong_answers"] == 0
     assert hits["pairs_used"] + len(hits["pairs_refused"]) == 16 and hits["pairs_used"] >= 8
-    assert hits["tiers"]["exact"] == {"hit-exact": hits["pairs_used"] * 3}
+    assert hits["tiers"]["exact"] == {"hit-exact": hits["pairs_used"] * 6}  # 3 rounds each, httpx and aiohttp
+    assert hits["requests"]["exact_aiohttp"] == hits["requests"]["direct_aiohttp"] == hits["pairs_used"] * 2
     assert hits["tiers"]["semantic"] == {"hit-semantic": hits["pairs_used"] * 3}
     assert hits["requests"]["exact"] == hits["requests"]["semantic"] == hits["pairs_used"] * 2
     assert hits["exact_p50_ms"] > 0 and hits["semantic_p50_ms"] > 0

@@ -66,6 +66,10 @@ def test_exact_repeat_is_served_from_cache(served, gateway, tenant, mock_provide
     # ... and /metrics counts them by tier: one miss, two exact hits.
     after = tiers()
     assert (after[0] - before[0], after[1] - before[1]) == (1, 2)
+    # The hits are written to the entry (in one statement, a moment later): its use count and time.
+    time.sleep(0.6)
+    entry = CacheEntry.objects.get(tenant=tenant)
+    assert entry.hits == 2 and entry.last_hit_at is not None and entry.last_hit_at > entry.created_at
 
 
 @pytest.mark.parametrize(("stored", "asked"), PARAPHRASES)
