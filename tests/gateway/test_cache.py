@@ -266,6 +266,24 @@ def test_per_request_controls(served, tenant, mock_provider, live_db):
     assert mock_provider.stats(provider)["calls"] == 4
 
 
+def test_the_header_forms_of_the_controls(served, tenant, live_db):
+    """no-store, ttl and the namespace given as headers act as their body forms do."""
+    model, _, client = served
+    ask(client, model, "headed", extra_headers={"x-sentinel-cache-control": "no-store"})
+    time.sleep(0.5)
+    assert CacheEntry.objects.filter(tenant=tenant).count() == 0
+    ask(client, model, "headed", extra_headers={"x-sentinel-cache-control": "ttl=1"})
+    wait_stored(tenant, 1)
+    entry = CacheEntry.objects.get(tenant=tenant)
+    assert 0.5 <= (entry.expires_at - entry.created_at).total_seconds() <= 1.5
+    spaced = {"x-sentinel-cache-namespace": "v2"}
+    assert ask(client, model, "headed", extra_headers=spaced).headers["x-sentinel-cache"] == "miss"
+    wait_stored(tenant, 2)
+    assert ask(client, model, "headed", extra_headers=spaced).headers["x-sentinel-cache"] == "hit-exact"
+    time.sleep(1.2)  # the first entry's one-second TTL is over; the namespaced one lives on
+    assert ask(client, model, "headed").headers["x-sentinel-cache"] == "miss"
+
+
 @pytest.mark.parametrize(
     "control",
     [
