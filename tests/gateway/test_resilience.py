@@ -373,3 +373,20 @@ def test_a_transition_seen_on_the_request_path_reaches_operators_webhooks_signed
         WebhookEndpoint.objects.filter(url__in=[operators.url, tenant_receiver.url]).delete()
         operators.close()
         tenant_receiver.close()
+
+
+def test_deployments_sharing_a_position_split_traffic_by_weight(gateway, api_key, make_model, mock_provider):
+    """Equals in a chain (same position) are picked by weight per request: 3:1 gives about 3/4 of the
+    traffic to the first (here 200 requests: 150 expected, bounds at five standard deviations)."""
+    from gateway.localstate import announce_change
+    from gateway.models import ChainEntry
+
+    model, (heavy, light) = make_model(chain_length=2)
+    ChainEntry.objects.filter(alias__name=model).update(position=0)
+    Deployment.objects.filter(name=heavy).update(weight=3)
+    Deployment.objects.filter(name=light).update(weight=1)
+    announce_change()
+    served = [post(gateway, api_key, model, f"wt{i}").headers["x-sentinel-provider"] for i in range(200)]
+    assert set(served) == {heavy, light}
+    assert 120 <= served.count(heavy) <= 180
+    assert calls(mock_provider, heavy) + calls(mock_provider, light) == 200  # one call each, no fallback
