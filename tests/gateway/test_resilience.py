@@ -390,3 +390,19 @@ def test_deployments_sharing_a_position_split_traffic_by_weight(gateway, api_key
     assert set(served) == {heavy, light}
     assert 120 <= served.count(heavy) <= 180
     assert calls(mock_provider, heavy) + calls(mock_provider, light) == 200  # one call each, no fallback
+
+
+def test_a_provider_that_refuses_connections_is_failed_over(gateway, api_key, chain, mock_provider):
+    from gateway.localstate import announce_change
+    from gateway.models import Provider
+
+    model, (primary, secondary) = chain()
+    Provider.objects.filter(name=primary).update(api_base="http://127.0.0.1:1/v1")  # nothing listens there
+    announce_change()
+    for stream in (False, True):
+        response = post(gateway, api_key, model, "connect", stream=stream)
+        assert response.status_code == 200
+        assert (response.headers["x-sentinel-provider"], response.headers["x-sentinel-fallbacks"]) == (secondary, "1")
+    assert calls(mock_provider, secondary) == 2
+    text = post(gateway, api_key, model, "connect again").json()["choices"][0]["message"]["content"]
+    assert text == answer_text("connect again")
