@@ -77,3 +77,35 @@ def test_tenant_admins_add_members_by_exact_username(tenancy):
     twice = owner.post(add, {"tenant": tenancy.tenant.pk, "username": newcomer.username, "role": "admin"})
     assert "member of the tenant already" in twice.content.decode()
     assert as_user(newcomer).get("/admin/billing/spendreport/").status_code == 200
+
+
+def test_each_key_shows_its_own_usage_and_its_cost_only_to_who_may_see_spend(tenancy):
+    """The key list sums this month's requests and cost per key; the key's page breaks them down by
+    period. A viewer sees the requests, not the money."""
+    from decimal import Decimal
+
+    from tests.billing.conftest import drain_all, hand_off_all, record
+
+    tenant = tenancy.tenant
+    busy, _ = key_create(tenant=tenant, name=unique("busy"))
+    idle, _ = key_create(tenant=tenant, name=unique("idle"))
+    hand_off_all([record(tenant, key=busy, cost="0.25", request_id=f"use-{busy.pk}-{i}") for i in range(3)])
+    drain_all()
+
+    page = as_user(tenancy.owner).get(reverse("admin:tenants_virtualkey_changelist"), {"q": busy.name})
+    assert page.status_code == 200
+    row = page.content.decode().lower()
+    assert "requests this month" in row and "cost this month (usd)" in row
+    result = page.context["cl"].result_list
+    (shown,) = [k for k in result if k.pk == busy.pk]
+    assert shown.month_usage["requests"] == 3 and shown.month_usage["cost_usd"] == Decimal("0.75")
+    detail = as_user(tenancy.owner).get(reverse("admin:tenants_virtualkey_change", args=[busy.pk]))
+    rows = {r["period"]: r for r in detail.context["usage"]["rows"]}
+    assert (rows["today"]["requests"], rows["today"]["cost_usd"]) == (3, Decimal("0.75"))
+    assert rows["this month"]["tokens"] == 3 * (11 + 40)
+    idle_detail = as_user(tenancy.owner).get(reverse("admin:tenants_virtualkey_change", args=[idle.pk]))
+    assert [r["requests"] for r in idle_detail.context["usage"]["rows"]] == [0, 0, 0]
+
+    viewer = as_user(tenancy.viewer).get(reverse("admin:tenants_virtualkey_changelist"), {"q": busy.name})
+    assert "cost this month (usd)" not in viewer.content.decode().lower()
+    assert "0.75" not in viewer.content.decode()
