@@ -240,10 +240,9 @@ def build_global_index(conn: psycopg.Connection, table: str) -> float:
     conn.execute("set maintenance_work_mem = '1GB'")
     conn.execute("set max_parallel_maintenance_workers = 2")
     started = time.monotonic()
-    conn.execute(
-        f"create index if not exists {global_index(table)} on {table} using hnsw (embedding vector_cosine_ops) "
-        "with (m = 16, ef_construction = 64)"
-    )
+    from gateway.cache.indexes import HNSW_METHOD
+
+    conn.execute(f"create index if not exists {global_index(table)} on {table} {HNSW_METHOD}")
     conn.execute(f"analyze {table}")
     return round(time.monotonic() - started, 1)
 

@@ -446,10 +446,11 @@ async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
             cost += more
             usage = {name: int(usage.get(name) or 0) + int(first_usage.get(name) or 0) for name in TOKEN_FIELDS}
     headers = response_headers(call, cost)
-    call.answer_text = (answer_from_response(response) or {}).get("content")
+    answer = answer_from_response(response)
+    call.answer_text = (answer or {}).get("content")
     await finish(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
     if call.escalated_from is None:  # an escalated answer is not the asked-for model's to cache
-        remember(call, answer_from_response(response), cost)
+        remember(call, answer, cost)
     return Reply(200, headers, orjson.dumps(response))
 
 
@@ -520,10 +521,11 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
             yield event.raw or sse(chunk)
         recorded = True
         record = await stream_record(call, 200, "", usage)
-        call.answer_text = "".join(answer.parts)
+        stored = answer.stored(usage, first.data.get("model", ""))
+        call.answer_text = stored["content"]
         await finish(call, record)
         yield b"data: [DONE]\n\n"
-        remember(call, answer.stored(usage, first.data.get("model", "")), Decimal(record.cost_usd))
+        remember(call, stored, Decimal(record.cost_usd))
     except UpstreamError as error:
         # After the first token there is no failing over: end with an error event, and let the
         # breaker count the broken stream against the deployment.
@@ -626,10 +628,8 @@ async def finish(call: Call, record: LedgerRecord) -> None:
         elapsed_seconds=time.perf_counter() - call.started,
         upstream_seconds=call.upstream_seconds,
     )
-    if call.key.log_prompts and record.status_code == 200:
-        requestlog.finished(record, messages=call.body["messages"], answer=call.answer_text or "")
-    else:
-        requestlog.finished(record)
+    logged = call.key.log_prompts and record.status_code == 200
+    requestlog.finished(record, messages=call.body["messages"] if logged else None, answer=call.answer_text or "")
 
 
 # --- money and records -------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from billing.ledger import LedgerRecord
 log = logging.getLogger("gateway.requests")
 
 
-def finished(record: LedgerRecord, *, messages: list | None = None, answer: str | None = None) -> None:
+def finished(record: LedgerRecord, *, messages: list | None = None, answer: str = "") -> None:
+    """`messages` (and with them `answer`) only for a tenant that logs prompts."""
     if not log.isEnabledFor(logging.INFO):
         return
     content = {"messages": messages, "answer": answer} if messages is not None else {}
