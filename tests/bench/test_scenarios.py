@@ -113,3 +113,38 @@ def test_ledger_moves_every_record_and_times_the_hand_off(tmp_path, test_databas
     assert drain["inserted_for_bench"] == drain["expected"] == 5000 and drain["rows_per_s"] > 0
     hand_off = result["hand_off"]
     assert 0 < hand_off["serial_p50_us"] <= hand_off["serial_p99_us"] and hand_off["concurrent_per_s"] > 0
+
+
+def test_soak_checks_every_answer_and_measures_every_process(tmp_path, test_database_name, bench_redis_url):
+    result = run_quick("soak", tmp_path, test_database_name, bench_redis_url)
+
+    load = result["load"]
+    assert load["requests"] == load["ok"] > 0 and load["errors"] == load["wrong"] == load["shed"] == 0
+    processes = {row["process"].split(":")[0]: row for row in result["processes"]}
+    assert {"web", "worker", "beat", "mock"} <= set(processes)
+    web = [row for row in result["processes"] if row["process"].startswith("web:")]
+    assert len(web) == result["config"]["sentinel_web_workers"] == 2
+    assert all(row["rss_start_mb"] > 0 and row["growth"] is not None and row["met"] is not None for row in web)
+    assert [c["check"] for c in result["targets"]][0].startswith("RSS growth of every process")
+
+
+def test_soak_measures_postgres_by_its_own_memory_not_the_buffer_cache(db):
+    """The soak counts PostgreSQL by the anonymous memory of its processes and reports the shared memory
+    beside it, bounded by the segment: measured here on the test session's own embedded server."""
+    import psutil
+    from django.conf import settings
+    from django.db import connection
+
+    from bench.soak import proc_kb, shared_segment_size
+
+    postmaster = int((settings.DATA_DIR / "pg" / "postmaster.pid").read_text().split("\n", 1)[0])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_size_bytes(current_setting('shared_buffers')), pg_backend_pid()")
+        shared_buffers, backend = cursor.fetchone()
+    assert backend in {p.pid for p in psutil.Process(postmaster).children()}
+    segment = shared_segment_size(postmaster)
+    assert shared_buffers < segment < shared_buffers * 2  # the main segment: the buffers and the rest
+    assert shared_segment_size(backend) >= segment  # every backend maps it (and may map dynamic segments)
+    mine = proc_kb(backend, "status", ("RssAnon", "RssShmem"))
+    assert mine["RssAnon"] > 0 and mine["RssShmem"] > 0
+    assert 0 < proc_kb(backend, "smaps_rollup", ("Pss_Shmem",))["Pss_Shmem"] <= mine["RssShmem"]
