@@ -147,7 +147,7 @@ _PATTERNS: tuple[tuple[tuple[str, ...], re.Pattern], ...] = tuple(
     )
 )
 _BASE64 = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{24,}={0,2}(?![A-Za-z0-9+/=])")
-_HEX = re.compile(r"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}){16,}(?![0-9A-Fa-f])")
+_HEX = re.compile(r"[0-9A-Fa-f](?<![0-9A-Fa-f]{2})[0-9A-Fa-f](?:[0-9A-Fa-f]{2}){15,}(?![0-9A-Fa-f])")
 
 
 def _decoded(text: str) -> list[tuple[int, int, str]]:

@@ -83,6 +83,13 @@ class Span:
     end: int
 
 
+# Patterns that must not start inside a word begin with the character they consume and look behind
+# it afterwards (`\d(?<![\w-]\d)` for `(?<![\w-])\d`, `sk-(?<!\wsk-)` for `\bsk-`): the same matches,
+# but Python's engine can then skip ahead to the characters a match can start with instead of trying
+# every position, 2 to 15 times faster on long text. Where the first character is optional, a
+# lookahead for it (`(?=\d)`) does part of that.
+
+
 # --- e-mail ------------------------------------------------------------------------------------
 
 _EMAIL = re.compile(
@@ -103,7 +110,7 @@ def _emails(text: str) -> list[Span]:
 # --- phone numbers -----------------------------------------------------------------------------
 
 # A run that could be a phone number: optional +, then 7 to 15 digits with the usual separators.
-_PHONE_RUN = re.compile(r"(?<![\w.+/-])(?:\+|00)?\(?\d(?:[\d \-.()/]{5,22})\d(?![\w/]|\.\d|-\d)")
+_PHONE_RUN = re.compile(r"(?=[+(\d])(?<![\w.+/-])(?:\+|00)?\(?\d(?:[\d \-.()/]{5,22})\d(?![\w/]|\.\d|-\d)")
 _VALID = phonenumbers.Leniency.VALID
 _POSSIBLE = phonenumbers.Leniency.POSSIBLE
 # A national number of another country (no country code) counts only with a word that says "phone"
@@ -146,7 +153,7 @@ def _phones(text: str, region: str, found: list[Span]) -> list[Span]:
 
 # --- payment cards -----------------------------------------------------------------------------
 
-_CARD_RUN = re.compile(r"(?<![\w-])\d(?:[ -]?\d){11,18}(?![\w]|-\d)")
+_CARD_RUN = re.compile(r"\d(?<![\w-]\d)(?:[ -]?\d){11,18}(?![\w]|-\d)")
 # Card networks: number prefix and lengths (Visa, Mastercard 51-55 and 2221-2720, Amex, Diners,
 # JCB, Discover, UnionPay, Maestro).
 _CARD_NETWORKS = (
@@ -199,17 +206,20 @@ def _ibans(text: str) -> list[Span]:
 
 _NINO_BAD_PREFIXES = frozenset({"BG", "GB", "NK", "KN", "TN", "NT", "ZZ"})
 _NATIONAL_IDS: tuple[tuple[re.Pattern, object], ...] = (
-    (re.compile(r"(?<![\w-])\d{3}-\d{2}-\d{4}(?![\w-])"), ssn.is_valid),
-    (re.compile(r"(?<![\w-])\d{3}[ -]\d{3}[ -]\d{3}(?![\w-])"), sin.is_valid),
-    (re.compile(r"(?<![\w-])\d{8}-?[A-Z](?!\w)"), dni.is_valid),
-    (re.compile(r"(?<![\w-])[XYZ]-?\d{7}-?[A-Z](?!\w)"), nie.is_valid),
-    (re.compile(r"(?<!\w)[A-Z]{6}\d{2}[A-Z]\d{2}[A-Z]\d{3}[A-Z](?!\w)", re.IGNORECASE), codicefiscale.is_valid),
-    (re.compile(r"(?<![\w-])[12] ?\d{2} ?\d{2} ?(?:\d{2}|2[AB]) ?\d{3} ?\d{3} ?\d{2}(?![\w-])"), nir.is_valid),
-    (re.compile(r"(?<![\w.-])\d{3}\.\d{3}\.\d{3}-\d{2}(?![\w-])"), cpf.is_valid),
-    (re.compile(r"(?<![\w-])[2-9]\d{3}[ -]\d{4}[ -]\d{4}(?![\w-])"), aadhaar.is_valid),
-    (re.compile(r"(?<![\w-])(?:19|20)?\d{6}[-+]\d{4}(?![\w-])"), personnummer.is_valid),
+    (re.compile(r"\d(?<![\w-]\d)\d{2}-\d{2}-\d{4}(?![\w-])"), ssn.is_valid),
+    (re.compile(r"\d(?<![\w-]\d)\d{2}[ -]\d{3}[ -]\d{3}(?![\w-])"), sin.is_valid),
+    (re.compile(r"\d(?<![\w-]\d)\d{7}-?[A-Z](?!\w)"), dni.is_valid),
+    (re.compile(r"[XYZ](?<![\w-][XYZ])-?\d{7}-?[A-Z](?!\w)"), nie.is_valid),
     (
-        re.compile(r"(?<!\w)([A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z]) ?\d{2} ?\d{2} ?\d{2} ?[A-D](?!\w)"),
+        re.compile(r"[A-Z](?<!\w[A-Z])[A-Z]{5}\d{2}[A-Z]\d{2}[A-Z]\d{3}[A-Z](?!\w)", re.IGNORECASE),
+        codicefiscale.is_valid,
+    ),
+    (re.compile(r"[12](?<![\w-][12]) ?\d{2} ?\d{2} ?(?:\d{2}|2[AB]) ?\d{3} ?\d{3} ?\d{2}(?![\w-])"), nir.is_valid),
+    (re.compile(r"\d(?<![\w.-]\d)\d{2}\.\d{3}\.\d{3}-\d{2}(?![\w-])"), cpf.is_valid),
+    (re.compile(r"[2-9](?<![\w-][2-9])\d{3}[ -]\d{4}[ -]\d{4}(?![\w-])"), aadhaar.is_valid),
+    (re.compile(r"(?=\d)(?<![\w-])(?:19|20)?\d{6}[-+]\d{4}(?![\w-])"), personnummer.is_valid),
+    (
+        re.compile(r"[A-CEGHJ-PR-TW-Z](?<!\w[A-CEGHJ-PR-TW-Z])[A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D](?!\w)"),
         lambda value: value[:2].upper() not in _NINO_BAD_PREFIXES,
     ),
 )
@@ -226,7 +236,7 @@ def _national_ids(text: str) -> list[Span]:
 
 # --- IP addresses ------------------------------------------------------------------------------
 
-_IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w]|\.\d|/\d)")  # a /prefix is a network
+_IPV4 = re.compile(r"\d(?<![\w.]\d)\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?![\w]|\.\d|/\d)")  # a /prefix is a network
 _IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{1,4}:|:){2,7}(?:[0-9A-Fa-f]{1,4}|:)(?![\w:])")
 _VERSION_BEFORE = re.compile(r"(?:\bv|version\s*|release\s*|build\s*)$", re.IGNORECASE)
 
@@ -281,11 +291,11 @@ _DETECT_SECRETS = (
 _SECRET_PATTERNS: tuple[re.Pattern, ...] = tuple(
     pattern for detector in _DETECT_SECRETS for pattern in detector().denylist
 ) + (
-    re.compile(r"\bsk-(?:proj-|svcacct-|admin-|ant-(?:api|admin)\d\d-|sen-)?[A-Za-z0-9_-]{20,}"),
-    re.compile(r"\bAIza[0-9A-Za-z_-]{35}"),
-    re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
-    re.compile(r"\bxai-[A-Za-z0-9]{40,}"),
-    re.compile(r"\b(?:sk|rk)_(?:live|test)_[0-9a-zA-Z]{24,}"),
+    re.compile(r"sk-(?<!\wsk-)(?:proj-|svcacct-|admin-|ant-(?:api|admin)\d\d-|sen-)?[A-Za-z0-9_-]{20,}"),
+    re.compile(r"AIza(?<!\wAIza)[0-9A-Za-z_-]{35}"),
+    re.compile(r"hf_(?<!\whf_)[A-Za-z0-9]{30,}"),
+    re.compile(r"xai-(?<!\wxai-)[A-Za-z0-9]{40,}"),
+    re.compile(r"[sr]k_(?<!\w[sr]k_)(?:live|test)_[0-9a-zA-Z]{24,}"),
 )
 _JWT = JwtTokenDetector()
 _JWT_PATTERN = _JWT.denylist[0]
@@ -296,7 +306,7 @@ _PRIVATE_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 # "my password is hunter2", "pwd: P@ss-1234": a value with a digit or a symbol, so "password is
 # required" or "password: at least 12 characters" are not one.
 _STATED_PASSWORD = re.compile(
-    r"\b(?:password|passwd|passphrase|passcode|pwd|pin code)\s*(?:is|was|=|:)\s*[\"'`]?"
+    r"p(?<!\wp)(?:assword|asswd|assphrase|asscode|wd|in code)\s*(?:is|was|=|:)\s*[\"'`]?"
     r"((?=[^\s\"'`]*[A-Za-z])(?=[^\s\"'`]*[\d!@#$%^&*_+=?~])[^\s\"'`]{6,64})",
     re.IGNORECASE,
 )
