@@ -116,7 +116,9 @@ def _start_valkey(valkey_dir: Path) -> str:
 
 @contextmanager
 def _environment(**values: str):
-    """Set environment variables for the children started inside, then put the old values back."""
+    """Set environment variables for the children started inside, then put the old values back.
+    (unittest.mock.patch.dict would do it by clearing and refilling the whole environment, which
+    other threads of this process could see half done.)"""
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:

@@ -28,17 +28,26 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def flush_embedded_test_redis() -> None:
-    """A fresh test database needs a fresh Redis (queued ledger records, markers and caches name
-    rows of the old one). Only ever the test session's own embedded Valkey is flushed."""
+def embedded_test_valkey() -> dict | None:
+    """The pid and port of the test session's own embedded Valkey, None when REDIS_URL points
+    elsewhere."""
     import json
 
     from django.conf import settings
 
+    state = settings.DATA_DIR / "valkey" / "server.json"
+    if not state.exists():
+        return None
+    found = json.loads(state.read_text())
+    return found if f"redis://127.0.0.1:{found['port']}/0" == settings.REDIS_URL else None
+
+
+def flush_embedded_test_redis() -> None:
+    """A fresh test database needs a fresh Redis (queued ledger records, markers and caches name
+    rows of the old one). Only ever the test session's own embedded Valkey is flushed."""
     from sentinel.redis_clients import sync_redis
 
-    state = settings.DATA_DIR / "valkey" / "server.json"
-    if state.exists() and f"redis://127.0.0.1:{json.loads(state.read_text())['port']}/0" == settings.REDIS_URL:
+    if embedded_test_valkey():
         sync_redis().flushdb()
 
 

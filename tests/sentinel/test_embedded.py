@@ -3,23 +3,18 @@ churn of the sliding rate-limit logs (see `VALKEY_MALLOC_TUNABLES`; figures in R
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
 from sentinel.embedded import VALKEY_MALLOC_TUNABLES
+from tests.conftest import embedded_test_valkey
 
 
 def embedded_valkey_pid() -> int:
-    from django.conf import settings
-
-    state = settings.DATA_DIR / "valkey" / "server.json"
-    if not state.exists():
-        pytest.skip("this session uses an external Redis (REDIS_URL), not the embedded Valkey")
-    found = json.loads(state.read_text())
-    if f"redis://127.0.0.1:{found['port']}/0" != settings.REDIS_URL:
+    found = embedded_test_valkey()
+    if found is None:
         pytest.skip("this session uses an external Redis (REDIS_URL), not the embedded Valkey")
     return found["pid"]
 
