@@ -1,5 +1,5 @@
 """Typed readers of environment variables. Each records the variable it reads, with its default and
-meaning, in ENV_VARS: the one list the README's configuration table is checked against."""
+meaning, in ENV_VARS: the one list the configuration table in docs/configuration.md is checked against."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Sentinel's one settings module: everything an operator may change comes from the environment.
 
 Every variable is read through a typed helper (sentinel.env), which also records it with its default
-and meaning; the README's configuration table is checked against that record by a test. A bad value
+and meaning; the configuration table in docs/configuration.md is checked against that record by a test. A bad value
 fails loudly at start-up instead of being guessed at.
 """
 

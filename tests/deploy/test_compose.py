@@ -25,7 +25,7 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 SENTINEL_SERVICES = {name for name, service in SERVICES.items() if service.get("build") == "."}
 
-# Variables read by something other than Sentinel's code, each documented in the README.
+# Variables read by something other than Sentinel's code, each documented in docs/.
 THIRD_PARTY = {
     "POSTGRES_USER": "the postgres image",
     "POSTGRES_PASSWORD": "the postgres image",
@@ -77,7 +77,7 @@ def test_the_dockerfile_default_command_exists():
 
 def test_every_variable_is_read_by_sentinel_or_documented():
     ours = {var.name for var in ENV_VARS}
-    readme = (ROOT / "README.md").read_text()
+    docs = "".join(page.read_text() for page in sorted((ROOT / "docs").glob("*.md")))
     used = interpolated((ROOT / "docker-compose.yml").read_text())
     for service in SERVICES.values():
         used |= set(service.get("environment") or {})
@@ -86,7 +86,7 @@ def test_every_variable_is_read_by_sentinel_or_documented():
         if name in ours:
             continue
         assert name in THIRD_PARTY, f"{name} is neither read by Sentinel nor a known third-party variable"
-        assert f"`{name}`" in readme, f"{name} ({THIRD_PARTY[name]}) is not documented in the README"
+        assert f"`{name}`" in docs, f"{name} ({THIRD_PARTY[name]}) is not documented in docs/"
 
 
 def test_web_scales_out():

@@ -1,4 +1,4 @@
-"""Configuration: every environment variable is documented in the README, and bad values fail loudly."""
+"""Configuration: every environment variable is documented in docs/configuration.md, and bad values fail loudly."""
 
 import re
 from pathlib import Path
@@ -9,25 +9,25 @@ import sentinel.demo  # noqa: F401 - registers its variables
 import sentinel.run  # noqa: F401 - registers its variables
 from sentinel.env import ENV_VARS, envbool, envfloat, envint
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TABLE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 COMPUTED_DEFAULTS = {"SENTINEL_WEB_WORKERS": "(one per core)"}
 
 
-def readme_table() -> dict[str, str]:
-    rows = re.findall(r"^\| `([A-Z_]+)` \| (.+?) \| (.+?) \|$", README.read_text(), re.MULTILINE)
+def documented_table() -> dict[str, str]:
+    rows = re.findall(r"^\| `([A-Z_]+)` \| (.+?) \| (.+?) \|$", TABLE.read_text(), re.MULTILINE)
     return {name: default for name, default, _ in rows}
 
 
-def test_every_variable_is_in_the_readme_with_its_default():
-    table = readme_table()
+def test_every_variable_is_documented_with_its_default():
+    table = documented_table()
     for var in ENV_VARS:
-        assert var.name in table, f"{var.name} is missing from the README's configuration table"
+        assert var.name in table, f"{var.name} is missing from docs/configuration.md"
         expected = COMPUTED_DEFAULTS.get(var.name) or (f"`{var.default}`" if var.default else "(unset)")
         assert table[var.name] == expected, var.name
 
 
-def test_the_readme_documents_no_variable_the_code_does_not_read():
-    assert set(readme_table()) == {var.name for var in ENV_VARS}
+def test_the_docs_name_no_variable_the_code_does_not_read():
+    assert set(documented_table()) == {var.name for var in ENV_VARS}
 
 
 @pytest.mark.parametrize(("reader", "value"), [(envint, "ten"), (envfloat, "fast"), (envbool, "maybe")])
