@@ -1,4 +1,4 @@
-"""The benchmark runner (BENCHMARKS.md): `python -m bench` runs every scenario in turn, `python -m bench
+"""The benchmark runner (bench/README.md): `python -m bench` runs every scenario in turn, `python -m bench
 NAME [ARGS...]` one of them with its own arguments, `python -m bench --list` lists them.
 
 Each scenario is a module bench/<module>.py with `main(argv) -> int`; the registry below names them in

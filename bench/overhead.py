@@ -1,7 +1,7 @@
 """Scenario 1, overhead: what the gateway adds to a request, against the mock directly and against the
 LiteLLM proxy, on the same machine, mock and load generator, in one run.
 
-Loads (BENCHMARKS.md): zero-latency mock, one request at a time (added p50/p99, streamed first token)
+Loads (bench/README.md): zero-latency mock, one request at a time (added p50/p99, streamed first token)
 and 32 at a time (throughput), streamed and not; and the realistic mock streamed at 32 (throughput and
 first-token p50 against direct). Sentinel runs with authentication, the ledger (worker and beat
 draining it) and every check of its request path on, one web worker per core; every prompt is unique,

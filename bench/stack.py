@@ -215,7 +215,7 @@ class Stack:
         return SENTINEL_CONDITIONS.replace("drained by a Celery worker", ledger) + "; " + CACHE_MODES[self.cache][1]
 
     def mock_profile(self, name: str) -> None:
-        """Switch the mock's `bench` provider to a standard profile (BENCHMARKS.md)."""
+        """Switch the mock's `bench` provider to a standard profile (bench/README.md)."""
         response = httpx.post(
             f"{self.mock_url}/_control/{PROVIDER}", json={**PROFILES[name], "reset_counters": True}, timeout=5
         )

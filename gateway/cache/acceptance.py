@@ -34,7 +34,7 @@ from functools import lru_cache
 from itertools import pairwise
 
 # Cosine (all-MiniLM-L6-v2, normalised vectors) below which a cached prompt is not even verified.
-# The verifier decides; this floor only skips hopeless candidates (REPORT.md has the sweep).
+# The verifier decides; this floor only skips hopeless candidates (docs/decisions.md, 8).
 DEFAULT_THRESHOLD = 0.75
 
 

@@ -189,7 +189,7 @@ class Embedder:
     `cache_dir` is where the ONNX export lives (shared by all processes; created on first use,
     which takes a few seconds and needs torch, transformers and onnx). Without it, or with
     backend="torch", sentence-transformers is used. `quantized=True` runs an int8 model: about
-    twice as fast, but it moves a-b cosines by up to 0.05, so it is off (REPORT.md). `threads` is
+    twice as fast, but it moves a-b cosines by up to 0.05, so it is off (docs/decisions.md, 6). `threads` is
     onnxruntime's intra-op pool per process. An instance may be shared by threads.
     """
 

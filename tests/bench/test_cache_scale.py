@@ -1,6 +1,6 @@
 """`python -m bench cache_scale` on a small table runs end to end in CI: the twin of the cache table,
 every lookup strategy, the embedding timings and hits through a real gateway, and the results a
-reader relies on. Nothing is timed here; the figures come from the full run (README)."""
+reader relies on. Nothing is timed here; the figures come from the full run (docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`python -m bench overhead --quick` runs end to end in CI: real storage, mock, gateway processes and
-load, and it writes the results a reader and the README rely on. Nothing is timed here."""
+load, and it writes the results a reader and docs/performance.md rely on. Nothing is timed here."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Every benchmark scenario that starts servers runs end to end in CI in its `--quick` mode (overhead and
 cache_scale have their own tests): real storage, mock, gateway processes and load, and the figures a
 reader relies on are there and say what they should. Nothing is timed here; `make bench` gives the
-figures (README, Performance)."""
+figures (docs/performance.md)."""
 
 from __future__ import annotations
 

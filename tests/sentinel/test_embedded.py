@@ -1,5 +1,5 @@
 """The embedded Valkey: started with glibc's malloc caches off, so its heap does not creep under the
-churn of the sliding rate-limit logs (see `VALKEY_MALLOC_TUNABLES`; figures in README, Soak)."""
+churn of the sliding rate-limit logs (see `VALKEY_MALLOC_TUNABLES`; figures in docs/performance.md, Soak)."""
 
 from __future__ import annotations
 
