@@ -161,7 +161,8 @@ class CeleryWorker:
 def start_celery_worker(database: str, *, env: dict | None = None, name: str = "w") -> CeleryWorker:
     """A real Celery worker on the test database (solo pool: one process, killable as a unit)."""
     process_env = {**os.environ, "DATABASE_URL": database_url_for(database), **(env or {})}
-    log = open(BASE_DIR / "tests" / "artifacts" / f"celery-{name}-{free_port()}.log", "wb")  # noqa: SIM115
+    log_path = BASE_DIR / "tests" / "artifacts" / f"celery-{name}-{free_port()}.log"
+    log = open(log_path, "wb")  # noqa: SIM115
     process = subprocess.Popen(
         [
             sys.executable,
@@ -185,7 +186,20 @@ def start_celery_worker(database: str, *, env: dict | None = None, name: str = "
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+    wait_for_worker(log_path, process)
     return CeleryWorker(process)
+
+
+def wait_for_worker(log_path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Until the worker consumes: its start (importing litellm, Django) takes seconds, many more on a
+    loaded machine, and a test counting on a delivery must not spend its own wait on that."""
+    deadline = time.monotonic() + timeout
+    while b" ready." not in log_path.read_bytes():
+        if process.poll() is not None:
+            raise RuntimeError(f"celery worker exited with {process.returncode}: see {log_path}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"celery worker not ready after {timeout}s: see {log_path}")
+        time.sleep(0.1)
 
 
 class WebhookReceiver:
