@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
+from django.conf import settings
 from yarl import URL
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -187,8 +188,6 @@ class Allowlist:
 
 
 def allowlist() -> Allowlist:
-    from django.conf import settings
-
     return settings.EGRESS_ALLOW
 
 
@@ -210,7 +209,7 @@ class Target:
 def target(url: str, allow: Allowlist | None = None) -> Target:
     """Parse a URL and refuse what needs no DNS to refuse: another scheme, an internal address in
     any spelling, an internal host name."""
-    allow = allow or allowlist()
+    allow = allow if allow is not None else allowlist()
     try:
         parsed = URL(url)
     except (TypeError, ValueError):
@@ -251,7 +250,7 @@ def check_url(url: str, allow: Allowlist | None = None, resolve: Callable = geta
     """The save-time check (forms, model validation): what a request to this URL would be refused
     for now. A name that does not resolve yet passes: every request is checked again. `resolve`
     (host, port) -> addresses answers the DNS question (tests pass one they control)."""
-    allow = allow or allowlist()
+    allow = allow if allow is not None else allowlist()
     found = target(url, allow)
     if found.address is not None:
         return
@@ -327,7 +326,7 @@ def new_session(
     connector = aiohttp.TCPConnector(
         resolver=GuardedResolver(resolver),
         use_dns_cache=False,
-        limit=100,
+        limit=0,  # as the providers' pool: each caller's timeout bounds its wait, not a queue here
         keepalive_timeout=30,
         ssl=ssl_context if ssl_context is not None else True,
     )
