@@ -119,7 +119,7 @@ SCREENING_OUTAGES = Counter(
 )
 GUARDRAIL_SECONDS = Histogram(
     "sentinel_guardrail_duration_seconds",
-    "Calls to tenants' HTTP guardrails, by outcome (ok, timeout, status, error, malformed).",
+    "Calls to tenants' HTTP guardrails, by outcome (ok, timeout, status, error, malformed, refused).",
     ("outcome",),
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )

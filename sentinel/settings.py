@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from sentinel import logs
+from sentinel import egress, logs
 from sentinel.env import ENV_VARS, envbool, envfloat, envint, envlist, envstr, read_env  # noqa: F401
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -356,6 +356,19 @@ LITELLM_LOCAL_MODEL_COST_MAP = envstr(
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = LITELLM_LOCAL_MODEL_COST_MAP
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# --- Egress ------------------------------------------------------------------------------------
+
+# Tenant-set URLs (webhooks, guardrails) never reach internal addresses unless listed here (a bad
+# entry fails at start-up). Provider API bases are the operators' own and are not limited.
+EGRESS_ALLOW = egress.Allowlist.parse(
+    envlist(
+        "SENTINEL_EGRESS_ALLOW",
+        "",
+        "Comma-separated CIDRs and host names that tenant-set URLs (webhooks, guardrails) may reach although "
+        "internal (see docs/egress.md).",
+    )
+)
 
 # --- Logging -----------------------------------------------------------------------------------
 
