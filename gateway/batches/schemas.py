@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.bodies import BATCH_CREATE_IDENTIFIERS, check_body
 from gateway.errors import invalid_request
 from gateway.schemas import validation_error
 
@@ -44,6 +45,7 @@ def parse_batch_create(raw: bytes) -> BatchCreate:
         raise invalid_request(f"Request body is not valid JSON: {exc}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid_request("Request body must be a JSON object.", code="invalid_json")
+    check_body(body, identifiers=BATCH_CREATE_IDENTIFIERS, raw=raw)
     try:
         return BatchCreate.model_validate(body)
     except ValidationError as exc:
