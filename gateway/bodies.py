@@ -65,3 +65,78 @@ def check_body(
     problem = identifier_problem(body, identifiers)
     if problem is not None:
         raise _error(problem, prefix)
+
+
+# --- the same rules in the OpenAPI schema ------------------------------------------------------------
+
+NO_NUL = "^[^\\u0000]*$"
+NO_CONTROL = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+STORABLE_JSON = "StorableJSON"
+_STORABLE_REF = {"$ref": f"#/components/schemas/{STORABLE_JSON}"}
+
+
+def _storable(node: object) -> object:
+    """The JSON Schema `node` with what check_body refuses documented: a NUL in any string or key
+    (free-form values become StorableJSON). Depth cannot be said in JSON Schema; the descriptions
+    say it."""
+    if not isinstance(node, dict):
+        return node
+    if not node:
+        return _STORABLE_REF
+    types = node.get("type")
+    if types == "string" or (isinstance(types, list) and "string" in types):
+        node.setdefault("pattern", NO_NUL)
+    if types == "object":
+        node.setdefault("propertyNames", {"pattern": NO_NUL})
+        if node.get("additionalProperties", True) is True:
+            node["additionalProperties"] = _STORABLE_REF
+    for key in ("properties", "patternProperties"):
+        for name, child in node.get(key, {}).items():
+            node[key][name] = _storable(child)
+    for key in ("items", "additionalProperties", "not", "if", "then", "else", "contains"):
+        if isinstance(node.get(key), dict):
+            node[key] = _storable(node[key])
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        if isinstance(node.get(key), list):
+            node[key] = [_storable(child) for child in node[key]]
+    return node
+
+
+def _identifier(node: dict) -> None:
+    for member in [node, *node.get("anyOf", [])]:
+        if member.get("type") == "string":
+            member["pattern"] = NO_CONTROL
+
+
+def document_limits(components: dict, *, prefix: str, component: str, identifiers: tuple[tuple, ...]) -> None:
+    """Say in the OpenAPI schema of `component` (and the components of its nested models, named with
+    `prefix`) what check_body refuses, so that clients and the fuzzer know."""
+    components[STORABLE_JSON] = {
+        "description": f"Any JSON value without NUL (U+0000), nested at most {MAX_JSON_DEPTH} levels.",
+        "anyOf": [
+            {"type": ["null", "boolean", "number"]},
+            {"type": "string", "pattern": NO_NUL},
+            {"type": "array", "items": _STORABLE_REF},
+            {"type": "object", "propertyNames": {"pattern": NO_NUL}, "additionalProperties": _STORABLE_REF},
+        ],
+    }
+    for name in [n for n in components if n.startswith(prefix) and n != STORABLE_JSON]:
+        _storable(components[name])
+    properties = components[component].get("properties", {})
+    for path in identifiers:
+        node = properties.get(path[0])
+        if node is None:
+            continue
+        if len(path) == 1:
+            _identifier(node)
+        elif path[1] in ("*", "*key") and isinstance(node, dict):
+            for member in [node, *node.get("anyOf", [])]:
+                if member.get("type") == "object":
+                    if path[1] == "*key":
+                        member["propertyNames"] = {"pattern": NO_CONTROL}
+                    elif isinstance(member.get("additionalProperties"), dict):
+                        _identifier(member["additionalProperties"])
+    components[component]["description"] = (
+        components[component].get("description", "")
+        + f" Nested at most {MAX_JSON_DEPTH} levels; no NUL (U+0000) in any string or key."
+    ).strip()

@@ -14,7 +14,7 @@ from gateway.schemas import validation_error
 
 ENDPOINT = "/v1/chat/completions"
 MAX_METADATA_PAIRS = 16
-NO_NUL = r"^[^\x00]*$"  # PostgreSQL stores no NUL character in text or JSON
+NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"  # as gateway.bodies checks metadata (sentinel.text)
 
 
 class BatchCreate(BaseModel):
@@ -27,8 +27,8 @@ class BatchCreate(BaseModel):
     metadata: (
         Annotated[
             dict[
-                Annotated[str, Field(max_length=64, pattern=NO_NUL)],
-                Annotated[str, Field(max_length=512, pattern=NO_NUL)],
+                Annotated[str, Field(max_length=64, pattern=NO_CONTROL)],
+                Annotated[str, Field(max_length=512, pattern=NO_CONTROL)],
             ],
             Field(max_length=MAX_METADATA_PAIRS),
         ]
