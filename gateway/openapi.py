@@ -16,6 +16,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
 from gateway.batches.schemas import BatchCreate
+from gateway.bodies import BATCH_CREATE_IDENTIFIERS, CHAT_IDENTIFIERS, document_limits
 from gateway.schemas import ChatRequest
 
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
@@ -464,6 +465,10 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     components = result.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     result["paths"] = {**gateway_paths(schemas), **batch_paths(schemas), **result.get("paths", {})}
+    document_limits(schemas, prefix="Chat", component="ChatChatRequest", identifiers=CHAT_IDENTIFIERS)
+    document_limits(
+        schemas, prefix="SentinelBatchCreate", component="SentinelBatchCreate", identifiers=BATCH_CREATE_IDENTIFIERS
+    )
     components.setdefault("securitySchemes", {}).update(
         {
             "VirtualKey": {"type": "http", "scheme": "bearer", "description": "A Sentinel virtual key."},

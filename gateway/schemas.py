@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from gateway.bodies import check_body
 from gateway.errors import GatewayError, invalid_request
 
 # Integers are bounded as the providers' APIs bound them.
@@ -164,6 +165,7 @@ def parse_chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
         raise invalid_request(f"Request body is not valid JSON: {exc}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid_request("Request body must be a JSON object.", code="invalid_json")
+    check_body(body, raw=raw)  # depth, NUL, identifiers: before anything reads or serialises it
     try:
         request = ChatRequest.model_validate(body)
     except ValidationError as exc:

@@ -8,12 +8,13 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.bodies import BATCH_CREATE_IDENTIFIERS, check_body
 from gateway.errors import invalid_request
 from gateway.schemas import validation_error
 
 ENDPOINT = "/v1/chat/completions"
 MAX_METADATA_PAIRS = 16
-NO_NUL = r"^[^\x00]*$"  # PostgreSQL stores no NUL character in text or JSON
+NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"  # as gateway.bodies checks metadata (sentinel.text)
 
 
 class BatchCreate(BaseModel):
@@ -26,8 +27,8 @@ class BatchCreate(BaseModel):
     metadata: (
         Annotated[
             dict[
-                Annotated[str, Field(max_length=64, pattern=NO_NUL)],
-                Annotated[str, Field(max_length=512, pattern=NO_NUL)],
+                Annotated[str, Field(max_length=64, pattern=NO_CONTROL)],
+                Annotated[str, Field(max_length=512, pattern=NO_CONTROL)],
             ],
             Field(max_length=MAX_METADATA_PAIRS),
         ]
@@ -44,6 +45,7 @@ def parse_batch_create(raw: bytes) -> BatchCreate:
         raise invalid_request(f"Request body is not valid JSON: {exc}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid_request("Request body must be a JSON object.", code="invalid_json")
+    check_body(body, identifiers=BATCH_CREATE_IDENTIFIERS, raw=raw)
     try:
         return BatchCreate.model_validate(body)
     except ValidationError as exc:

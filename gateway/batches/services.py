@@ -8,19 +8,22 @@ worker re-ran its items, each item still gets exactly one result.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
 import orjson
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from gateway.batches.models import Batch, BatchFile, BatchItem
 from gateway.batches.validation import read_requests
+
+log = logging.getLogger(__name__)
 
 COMPLETION_WINDOW = timedelta(hours=24)
 UNFINISHED = (BatchItem.Status.QUEUED, BatchItem.Status.RUNNING)
@@ -77,10 +80,29 @@ def batch_create(
     return batch
 
 
-@transaction.atomic
 def batch_start(*, batch_id: int) -> bool:
     """Read the input file into items and start the batch (in_progress), or fail it with the errors
-    of every bad line. True when it started. Safe to repeat: only a validating batch is read."""
+    of every bad line. True when it started. Safe to repeat: only a validating batch is read.
+
+    Reading fails the batch when it fails for a reason of its own (a value the database refuses, a
+    bug): reading it again would fail again, each sweep, until the batch expired. Only a database
+    that is away leaves it validating, for the sweep to start it again."""
+    try:
+        return _batch_read(batch_id=batch_id)
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception:
+        log.exception("batch %s: its input file could not be read", batch_id)
+        now = timezone.now()
+        errors = [{"code": "invalid_file", "message": "The input file could not be read.", "param": None, "line": None}]
+        Batch.objects.filter(pk=batch_id, status=Batch.Status.VALIDATING).update(
+            status=Batch.Status.FAILED, failed_at=now, errors={"object": "list", "data": errors}
+        )
+        return False
+
+
+@transaction.atomic
+def _batch_read(*, batch_id: int) -> bool:
     batch = Batch.objects.select_for_update().select_related("input_file").filter(pk=batch_id).first()
     if batch is None or batch.status not in (Batch.Status.VALIDATING, Batch.Status.CANCELLING):
         return False

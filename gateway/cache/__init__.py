@@ -24,6 +24,7 @@ from gateway.cache.keys import CacheKey
 from gateway.errors import invalid_request
 from gateway.localstate import TTLCache
 from sentinel.redis_clients import async_redis
+from sentinel.text import control_character
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,11 @@ def controls_from(body: dict, headers) -> Controls:
         if not 1 <= ttl <= 30 * 86400:
             raise invalid_request("cache ttl must be between 1 s and 30 days.", param="cache.ttl", code="invalid_value")
     namespace = values.get("namespace", "")
-    if not isinstance(namespace, str) or len(namespace) > 100:
-        raise invalid_request("cache namespace must be a string of at most 100 characters.", param="cache.namespace")
+    if not isinstance(namespace, str) or len(namespace) > 100 or control_character(namespace):
+        raise invalid_request(
+            "cache namespace must be a string of at most 100 characters, without control characters.",
+            param="cache.namespace",
+        )
     for flag in ("no-cache", "no-store"):
         if not isinstance(values.get(flag, False), bool):
             raise invalid_request(f"cache {flag} must be true or false.", param=f"cache.{flag}", code="invalid_type")

@@ -195,3 +195,64 @@ def test_the_sweep_finds_work_a_dead_worker_left(make_batch):
     assert batch.pk not in services.batches_sweep().to_run  # its leases are live
     time.sleep(0.3)
     assert batch.pk in services.batches_sweep().to_run
+
+
+@pytest.fixture
+def validating_batch(make_tenant, make_key):
+    def make(content: bytes) -> Batch:
+        tenant = make_tenant()
+        make_key(tenant)
+        key = VirtualKey.objects.get(tenant=tenant)
+        file = BatchFile.objects.create(
+            tenant=tenant, key=key, purpose="batch", filename="in.jsonl", bytes=len(content), content=content
+        )
+        # Created long ago: the sweep would start it again if it were left validating.
+        return Batch.objects.create(
+            tenant=tenant,
+            key=key,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            input_file=file,
+            created_at=timezone.now() - timedelta(hours=1),
+            expires_at=timezone.now() + timedelta(hours=23),
+        )
+
+    return make
+
+
+def test_a_file_whose_reading_fails_fails_its_batch_once_and_the_sweep_leaves_it(validating_batch, monkeypatch):
+    batch = validating_batch(b'{"custom_id": "a"}\n')
+
+    def broken(*args, **kwargs):
+        raise RecursionError("a bug in reading")
+
+    monkeypatch.setattr(services, "read_requests", broken)  # stands for any bug on the way
+    assert services.batch_start(batch_id=batch.pk) is False
+    batch.refresh_from_db()
+    assert batch.status == Batch.Status.FAILED
+    assert batch.errors == {
+        "object": "list",
+        "data": [{"code": "invalid_file", "message": "The input file could not be read.", "param": None, "line": None}],
+    }
+    assert not BatchItem.objects.filter(batch=batch).exists()
+    assert batch.pk not in services.batches_sweep().to_start
+
+
+def test_a_line_nested_300_deep_fails_the_batch_with_the_line_named(validating_batch):
+    """Issue #15, 5: reading such a line crashed (orjson.dumps gives up past 255 levels), and the
+    sweep started the batch again and again."""
+    good = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    }
+    deep = {**good, "custom_id": "b", "body": {**good["body"], "x": [[]]}}
+    content = orjson.dumps(good) + b"\n" + orjson.dumps(deep).replace(b"[[]]", b"[" * 300 + b"]" * 300)
+    batch = validating_batch(content)
+
+    assert services.batch_start(batch_id=batch.pk) is False
+    batch.refresh_from_db()
+    assert batch.status == Batch.Status.FAILED
+    assert [(e["line"], e["code"], e["param"]) for e in batch.errors["data"]] == [(2, "nesting_too_deep", "body.x")]
+    assert batch.pk not in services.batches_sweep().to_start

@@ -102,6 +102,11 @@ def test_a_file_with_bad_lines_fails_the_batch_naming_each_line(gateway, batch_w
         orjson.dumps({**good, "custom_id": "fifth", "body": {"model": alias, "messages": []}}),
         orjson.dumps({**good, "custom_id": "sixth", "body": {**good["body"], "stream": True}}),
         orjson.dumps({**good, "custom_id": "seventh\u0000"}),  # PostgreSQL cannot store a NUL
+        # Issue #15, 5: a line 300 deep crashed the read, and the batch stayed validating.
+        orjson.dumps({**good, "custom_id": "ninth", "body": {**good["body"], "x": [[]]}}).replace(
+            b"[[]]", b"[" * 300 + b"]" * 300
+        ),
+        orjson.dumps({**good, "custom_id": "tenth", "body": {**good["body"], "user": "a\u0000"}}),
     ]
     client = sdk(gateway, api_key)
     uploaded = client.files.create(file=("bad.jsonl", b"\n".join(lines)), purpose="batch")
@@ -119,7 +124,9 @@ def test_a_file_with_bad_lines_fails_the_batch_naming_each_line(gateway, batch_w
         (5, "duplicate_custom_id", "custom_id"),
         (6, "invalid_value", "body.messages"),
         (7, "invalid_value", "body.stream"),
-        (8, "invalid_json_line", None),
+        (8, "invalid_custom_id", "custom_id"),
+        (9, "nesting_too_deep", "body.x"),
+        (10, "invalid_value", "body.user"),
     ]
     assert not BatchItem.objects.filter(batch__public_id=batch.id).exists()  # nothing ran
     assert batch.request_counts.total == 0
