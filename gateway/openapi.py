@@ -185,7 +185,8 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
                     **_error_responses(
                         {
                             400: "Malformed body: `invalid_json`, `missing_required_parameter`, `invalid_type`, "
-                            "`invalid_value`, or a request the provider refused as invalid; "
+                            "`invalid_value`; `unsupported_parameter`: an OpenAI parameter the model's provider "
+                            "has no equivalent for; or a request the provider refused as invalid; "
                             "`content_policy_violation`: the tenant's screening policy blocked it.",
                             401: "`invalid_api_key`: missing, unknown, revoked or expired key.",
                             402: "`budget_exceeded`: a budget that applies is spent.",

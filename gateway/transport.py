@@ -21,7 +21,14 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.failures import UpstreamError, connection_error, error_body, status_error, timeout_error
+from gateway.failures import (
+    UpstreamError,
+    connection_error,
+    error_body,
+    status_error,
+    timeout_error,
+    unsupported_parameter,
+)
 
 # litellm providers whose chat responses are OpenAI's format byte for byte.
 OPENAI_SHAPED_PROVIDERS = frozenset({"openai", "hosted_vllm"})
@@ -138,6 +145,9 @@ def _request_body(route: FastRoute, body: dict, *, stream: bool) -> bytes:
     try:
         return route.body(body, stream=stream)
     except Exception as exc:
+        unsupported = unsupported_parameter(exc)
+        if unsupported is not None:
+            raise unsupported from exc
         message = f"The request's parameters could not be translated for this model: {exc}"[:500]
         raise UpstreamError(400, "invalid_request", message, False, True) from exc
 
