@@ -9,6 +9,7 @@ mirrors litellm's mapping so both paths behave the same.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 
 import orjson
@@ -22,6 +23,7 @@ class UpstreamError(Exception):
     retryable: bool  # retrying (this deployment or another) can help
     client_fault: bool  # the request itself is wrong: give it back, count nothing against the provider
     retry_after: float | None = None
+    param: str | None = None  # the request field at fault, for the client's error
 
     def __str__(self) -> str:
         return f"{self.status} {self.code}: {self.message}"
@@ -75,6 +77,25 @@ def error_body(raw: bytes) -> tuple[str, str]:
     return str(error)[:500], ""
 
 
+_UNSUPPORTED = re.compile(r"does not support parameters: \[([^\]]*)\]")
+
+
+def unsupported_parameter(exc: BaseException) -> UpstreamError | None:
+    """litellm refusing an OpenAI parameter that the deployment's provider has no equivalent for
+    (`verbosity` for Anthropic, ...): the client's to fix, named as OpenAI names it. None for any
+    other exception."""
+    import litellm
+
+    if not isinstance(exc, litellm.UnsupportedParamsError):
+        return None
+    found = _UNSUPPORTED.search(str(exc))
+    names = re.findall(r"'([^']+)'", found.group(1)) if found else []
+    if not names:
+        return UpstreamError(400, "unsupported_parameter", "A parameter is not supported with this model.", False, True)
+    message = f"Unsupported parameter: '{names[0]}' is not supported with this model."
+    return UpstreamError(400, "unsupported_parameter", message, False, True, param=names[0])
+
+
 def classify(exc: BaseException) -> UpstreamError:
     """The verdict for an exception raised by litellm (or anything else a call raised)."""
     import litellm
@@ -82,6 +103,9 @@ def classify(exc: BaseException) -> UpstreamError:
 
     if isinstance(exc, UpstreamError):
         return exc
+    unsupported = unsupported_parameter(exc)
+    if unsupported is not None:
+        return unsupported
     if isinstance(exc, litellm.ContentPolicyViolationError):
         return UpstreamError(400, "content_policy_violation", str(exc)[:500], False, True)
     if isinstance(exc, litellm.ContextWindowExceededError):
@@ -92,7 +116,7 @@ def classify(exc: BaseException) -> UpstreamError:
         # litellm reports a connection that never got an answer as a 500 from the provider.
         return connection_error(str(exc))
     if isinstance(exc, openai.APIStatusError):
-        headers = getattr(exc.response, "headers", None) or {}
+        headers = getattr(getattr(exc, "response", None), "headers", None) or {}
         message = str(getattr(exc, "message", None) or exc)[:500]
         return status_error(exc.status_code, message, str(getattr(exc, "code", "") or ""), headers.get("retry-after"))
     if isinstance(exc, openai.APIConnectionError):

@@ -165,8 +165,10 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
                 "operationId": "chat_completions_create",
                 "summary": "Create a chat completion (OpenAI-compatible)",
                 "description": (
-                    "OpenAI's chat completions API. Fields this schema does not name are passed to the "
-                    "provider as sent. With `stream: true` the answer is a `text/event-stream` of "
+                    "OpenAI's chat completions API: the fields of OpenAI's request schema, plus Sentinel's "
+                    "`cache` controls. Any other field is refused (400 `unknown_parameter`, naming it), as "
+                    "OpenAI refuses it: a request cannot set where or with which credentials the provider "
+                    "is called. With `stream: true` the answer is a `text/event-stream` of "
                     "`data:` lines, each a chat.completion.chunk, ending with `data: [DONE]` (or, if the "
                     "provider's stream broke off after it started, an error object)."
                 ),
@@ -185,8 +187,9 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
                     },
                     **_error_responses(
                         {
-                            400: "Malformed body: `invalid_json`, `missing_required_parameter`, `invalid_type`, "
-                            "`invalid_value`, or a request the provider refused as invalid; "
+                            400: "Malformed body: `invalid_json`, `missing_required_parameter`, `unknown_parameter`, "
+                            "`invalid_type`, `invalid_value`; `unsupported_parameter`: an OpenAI parameter the "
+                            "model's provider has no equivalent for; or a request the provider refused as invalid; "
                             "`content_policy_violation`: the tenant's screening policy blocked it.",
                             401: "`invalid_api_key`: missing, unknown, revoked or expired key.",
                             402: "`budget_exceeded`: a budget that applies is spent.",

@@ -588,7 +588,7 @@ def sse(payload: dict) -> bytes:
 
 def as_client_error(error: UpstreamError) -> GatewayError:
     """An error retrying cannot fix goes back to the client as it is (and trips nothing)."""
-    return GatewayError(error.status, error.code, error.message)
+    return GatewayError(error.status, error.code, error.message, param=error.param)
 
 
 def all_failed(last_error: UpstreamError | None, *, deadline_hit: bool = False) -> GatewayError:

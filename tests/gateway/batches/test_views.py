@@ -4,12 +4,14 @@ real Celery worker runs it through the request path, and the SDK reads the resul
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from decimal import Decimal
 
 import httpx
 import openai
 import orjson
 import pytest
+from django.utils import timezone
 from openai import OpenAI
 
 from billing.ledger import drain
@@ -395,3 +397,79 @@ def test_upload_size_has_its_own_bound(gateway, api_key, test_database_name):
         assert client.files.create(file=("fits.jsonl", b"x" * 1000), purpose="batch").bytes == 1000
     finally:
         small.stop()
+
+
+def test_a_line_with_a_parameter_outside_the_allowlist_fails_the_batch_naming_it(
+    gateway, batch_worker, tenant, api_key, model
+):
+    alias, _ = model
+    good = orjson.loads(jsonl(alias, ["fine"]).splitlines()[0])
+    redirected = {**good, "custom_id": "second", "body": {**good["body"], "api_base": "http://127.0.0.1:9/x"}}
+    client = sdk(gateway, api_key)
+    content = orjson.dumps(good) + b"\n" + orjson.dumps(redirected)
+    uploaded = client.files.create(file=("params.jsonl", content), purpose="batch")
+    create = {"input_file_id": uploaded.id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    with pytest.raises(openai.BadRequestError) as refused:  # the batch endpoint has its allowlist too
+        client.batches.create(**create, extra_body={"api_base": "http://127.0.0.1:9/x"})
+    assert (refused.value.code, refused.value.param) == ("unknown_parameter", "api_base")
+    batch = finished(client, client.batches.create(**create).id)
+
+    assert batch.status == "failed"
+    assert [(e.line, e.code, e.param, e.message) for e in batch.errors.data] == [
+        (2, "unknown_parameter", "body.api_base", "Unrecognized request argument supplied: api_base")
+    ]
+    assert not BatchItem.objects.filter(batch__public_id=batch.id).exists()  # nothing ran
+
+
+def test_an_item_stored_with_such_a_parameter_is_refused_when_it_runs(
+    gateway, batch_worker, make_tenant, make_key, make_model
+):
+    """An item accepted before the allowlist (stored by an older version) goes through the request
+    path, which refuses it: a per-item 400, the rest of the batch runs, and the batch closes."""
+    from gateway.batches.tasks import run_batch
+    from tenants.models import VirtualKey
+    from tests.gateway.test_providers import Listener, translated_model
+
+    tenant = make_tenant()
+    client = sdk(gateway, make_key(tenant))
+    key = VirtualKey.objects.get(tenant=tenant)
+    alias, _ = make_model()
+    translated, _ = translated_model("ollama/llama3", "ollama")
+    redirect = Listener()
+    try:
+        file = BatchFile.objects.create(
+            tenant=tenant, key=key, purpose="batch", filename="old.jsonl", bytes=2, content=b"{}"
+        )
+        batch = Batch.objects.create(
+            tenant=tenant,
+            key=key,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            input_file=file,
+            status=Batch.Status.IN_PROGRESS,
+            expires_at=timezone.now() + timedelta(hours=24),
+        )
+        ask = [{"role": "user", "content": "stored"}]
+        BatchItem.objects.bulk_create(
+            [
+                BatchItem(batch=batch, line=1, custom_id="fine", body={"model": alias, "messages": ask}),
+                BatchItem(
+                    batch=batch,
+                    line=2,
+                    custom_id="redirected",
+                    body={"model": translated, "messages": ask, "api_base": f"{redirect.url}/x"},
+                ),
+            ]
+        )
+        run_batch.delay(batch.pk)
+        result = finished(client, batch.public_id)
+    finally:
+        redirect.close()
+
+    assert result.status == "completed"
+    assert result.request_counts.model_dump() == {"total": 2, "completed": 1, "failed": 1}
+    assert [row["custom_id"] for row in output_lines(client, result.output_file_id)] == ["fine"]
+    (error,) = output_lines(client, result.error_file_id)
+    assert (error["custom_id"], error["response"]["status_code"]) == ("redirected", 400)
+    assert error["response"]["body"]["error"]["code"] == "unknown_parameter"
+    assert redirect.requests == []
