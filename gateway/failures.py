@@ -36,8 +36,22 @@ def timeout_error() -> UpstreamError:
     return UpstreamError(504, "upstream_timeout", "The provider did not answer in time.", True, False)
 
 
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\n\s*File \"")
+_PATH = re.compile(r"(?:/[\w.+-]+){2,}\.py\b")
+
+
+def client_text(text: str) -> str:
+    """An exception's text as a client may read it: no traceback, no server paths, one line, bounded
+    (litellm puts whole tracebacks into some of its exceptions' messages)."""
+    found = _TRACEBACK.search(text)
+    if found:
+        text = text[: found.start()]
+    text = _PATH.sub("<path>", " ".join(text.split()))
+    return text[:500] or "The provider's answer could not be read."
+
+
 def connection_error(detail: str) -> UpstreamError:
-    return UpstreamError(502, "provider_unreachable", f"Connection error: {detail}"[:500], True, False)
+    return UpstreamError(502, "provider_unreachable", f"Connection error: {client_text(detail)}"[:500], True, False)
 
 
 def _parse_retry_after(value: str | None) -> float | None:
@@ -107,9 +121,9 @@ def classify(exc: BaseException) -> UpstreamError:
     if unsupported is not None:
         return unsupported
     if isinstance(exc, litellm.ContentPolicyViolationError):
-        return UpstreamError(400, "content_policy_violation", str(exc)[:500], False, True)
+        return UpstreamError(400, "content_policy_violation", client_text(str(exc)), False, True)
     if isinstance(exc, litellm.ContextWindowExceededError):
-        return UpstreamError(400, "context_length_exceeded", str(exc)[:500], False, True)
+        return UpstreamError(400, "context_length_exceeded", client_text(str(exc)), False, True)
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError, openai.APITimeoutError)):
         return timeout_error()
     if isinstance(exc, litellm.InternalServerError) and "connection error" in str(exc).lower():
@@ -117,8 +131,8 @@ def classify(exc: BaseException) -> UpstreamError:
         return connection_error(str(exc))
     if isinstance(exc, openai.APIStatusError):
         headers = getattr(getattr(exc, "response", None), "headers", None) or {}
-        message = str(getattr(exc, "message", None) or exc)[:500]
+        message = client_text(str(getattr(exc, "message", None) or exc))
         return status_error(exc.status_code, message, str(getattr(exc, "code", "") or ""), headers.get("retry-after"))
     if isinstance(exc, openai.APIConnectionError):
         return connection_error(str(exc))
-    return UpstreamError(502, "provider_error", str(exc)[:500], True, False)
+    return UpstreamError(502, "provider_error", client_text(str(exc)), True, False)

@@ -361,3 +361,64 @@ def test_litellms_arguments_are_built_from_the_allowlist_alone(stream, api_base)
     assert (args["model"], args["api_key"], args.get("api_base")) == (ANTHROPIC_MODEL, "sk-operator", api_base)
     assert args["metadata"] == {"sentinel_request_id": "r1"}  # litellm's own: the client's is replaced
     assert args["temperature"] == 0.5
+
+
+# --- what a client reads of a provider's failure ------------------------------------------------
+
+
+@pytest.fixture
+def garbage_upstream():
+    """A provider that answers 200 with something no translation can read."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            payload = b'{"id": 7, "content": "not a message"}'
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_malformed_answer_reaches_the_client_without_a_traceback(
+    gateway, tenant, make_key, garbage_upstream, live_db
+):
+    """litellm puts a whole Python traceback into the message of some of its exceptions; the client
+    gets an OpenAI-shaped error with none of it (no traceback, no server path)."""
+    alias, secret = translated_model(ANTHROPIC_MODEL, "anthropic", api_base=garbage_upstream)
+    response = ask(gateway, make_key(tenant), {"model": alias, "messages": [{"role": "user", "content": "hi"}]})
+
+    assert response.status_code in (502, 503)
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code"}
+    assert "Traceback" not in response.text
+    assert not re.search(r"(/[\w.+-]+){2,}\.py", response.text), response.text
+    assert secret not in response.text
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (
+            'Invalid response. Traceback (most recent call last):\n  File "/srv/app/x.py", line 3, in f\nKeyError: 1',
+            "Invalid response.",
+        ),
+        ("bad answer from /opt/venv/lib/litellm/llms/anthropic/handler.py here", "bad answer from <path> here"),
+        ("  two\n  lines  ", "two lines"),
+        ("", "The provider's answer could not be read."),
+    ],
+)
+def test_client_text_drops_tracebacks_and_paths(raw, expected):
+    from gateway.failures import client_text
+
+    assert client_text(raw) == expected
