@@ -274,6 +274,11 @@ LEDGER_CLAIM_IDLE_MS = envint(
 # --- Gateway -----------------------------------------------------------------------------------
 
 MAX_BODY_BYTES = envint("SENTINEL_MAX_BODY_BYTES", 4 * 1024 * 1024, "Largest accepted API request body; above: 413.")
+MAX_HEADER_BYTES = envint(
+    "SENTINEL_MAX_HEADER_BYTES",
+    32 * 1024,
+    "Largest request head (request line and headers) the web server reads; above: 431.",
+)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BODY_BYTES
 KEY_CACHE_SECONDS = envfloat(
     "SENTINEL_KEY_CACHE_SECONDS",
