@@ -75,6 +75,29 @@ CSRF_TRUSTED_ORIGINS = envlist(
     "SENTINEL_CSRF_TRUSTED_ORIGINS", "", "Comma-separated origins trusted for console forms."
 )
 
+# --- HTTPS -------------------------------------------------------------------------------------
+
+# Behind a TLS-terminating proxy, Django learns a request came over HTTPS from the scheme uvicorn
+# sets: uvicorn takes X-Forwarded-Proto (and X-Forwarded-For) only from the proxies listed in
+# FORWARDED_ALLOW_IPS. SECURE_PROXY_SSL_HEADER would take the header from any client that reaches
+# the web process directly, so it stays unset.
+HTTPS = envbool(
+    "SENTINEL_HTTPS",
+    False,
+    "Sentinel is reached over HTTPS (through a proxy listed in FORWARDED_ALLOW_IPS that sends "
+    "X-Forwarded-Proto): Secure cookies, HSTS, and plain-HTTP console pages redirected to HTTPS.",
+)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]  # Prometheus scrapes each replica over the internal network
+HSTS_SECONDS = envint(
+    "SENTINEL_HSTS_SECONDS",
+    365 * 24 * 3600,
+    "With SENTINEL_HTTPS: how long browsers keep to HTTPS for this host and its subdomains (HSTS max-age).",
+)
+SECURE_HSTS_SECONDS = HSTS_SECONDS if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+
 # --- Django ------------------------------------------------------------------------------------
 
 INSTALLED_APPS = [
