@@ -131,7 +131,6 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_ratelimit.middleware.RatelimitMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -185,6 +184,9 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
+# Every sign-in with a password (console login, HTTP Basic on the API) passes the brute-force guard.
+AUTHENTICATION_BACKENDS = ["sentinel.authentication.GuardedModelBackend"]
+
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
@@ -226,12 +228,17 @@ SPECTACULAR_SETTINGS = {
 }
 
 RATELIMIT_USE_CACHE = "default"
-RATELIMIT_VIEW = "sentinel.views.ratelimited"
 LOGIN_RATE_PER_USER = envstr(
-    "SENTINEL_LOGIN_RATE_PER_USER", "5/m", "Console login attempts allowed per account name (django-ratelimit rate)."
+    "SENTINEL_LOGIN_RATE_PER_USER",
+    "5/m",
+    "Failed sign-ins (console login, API Basic) allowed per account name from one client address "
+    "(django-ratelimit rate).",
 )
 LOGIN_RATE_PER_IP = envstr(
-    "SENTINEL_LOGIN_RATE_PER_IP", "30/m", "Console login attempts allowed per client address (django-ratelimit rate)."
+    "SENTINEL_LOGIN_RATE_PER_IP",
+    "30/m",
+    "Failed sign-ins (console login, API Basic) allowed per client address, whatever the account "
+    "(django-ratelimit rate).",
 )
 
 # --- Celery ------------------------------------------------------------------------------------
