@@ -11,6 +11,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -471,6 +472,10 @@ class BudgetAdmin(TenantScopedAdmin):
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
         announce_change()
+        if not change or {"limit_usd", "alert_at_percent", "period", "key"} & set(form.changed_data):
+            from tenants.tasks import budget_check
+
+            transaction.on_commit(lambda: budget_check.delay(obj.pk))
 
     def delete_model(self, request, obj):
         super().delete_model(request, obj)
