@@ -174,9 +174,18 @@ CACHES = {
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "sentinel:channels"},
+        "CONFIG": {
+            # A consumer waits for its messages in BZPOPMIN calls that block 5 s (channels_redis'
+            # brpop_timeout). redis-py's default read timeout is also 5 s, so the read lost that race
+            # and the error ended the socket: reads get longer than the block.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}],
+            "prefix": "sentinel:channels",
+        },
     }
 }
+
+# Every sign-in with a password (console login, HTTP Basic on the API) passes the brute-force guard.
+AUTHENTICATION_BACKENDS = ["sentinel.authentication.GuardedModelBackend"]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -184,9 +193,6 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
-# Every sign-in with a password (console login, HTTP Basic on the API) passes the brute-force guard.
-AUTHENTICATION_BACKENDS = ["sentinel.authentication.GuardedModelBackend"]
-
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
