@@ -12,6 +12,10 @@ balancer) one worker can serve everything while the others idle (measured: one w
 32-connection load, halving throughput). With a socket per worker the kernel spreads connections
 evenly. This supervisor forks the workers, forwards SIGINT/SIGTERM to them, and replaces a worker that
 dies; a crash loop (workers dying again and again) stops it, so whatever runs it sees the failure.
+
+Each worker bounds the request head (request line and headers) at SENTINEL_MAX_HEADER_BYTES: uvicorn's
+httptools protocol has no such bound of its own (a 40 MB Authorization header was read, kept and
+handed to the application), so BoundedHttpToolsProtocol adds one.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -28,10 +33,117 @@ import tempfile
 import time
 from pathlib import Path
 
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from gateway.errors import GatewayError
 from sentinel import logs
 from sentinel.env import envstr
 
 APP = "sentinel.asgi:application"
+# After refusing a request head, how long the worker keeps reading (and dropping) what the client is
+# still sending before it closes the connection; see BoundedHttpToolsProtocol._refuse.
+LINGER_SECONDS = 5.0
+
+
+class HeadTooLarge(Exception):
+    """Raised from a parser callback: stops parsing a request whose head is over the bound."""
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a bound on each request's head (request target and headers).
+    The parsed head is counted as the parser hands over each part; and since the parser keeps a
+    header that has not ended yet to itself, the bytes read while a head is incomplete are counted
+    too (at most one read, 64-256 KiB, is held beyond the bound). Over it: 431. Requests the parser
+    refuses, which uvicorn answers 400 in plain text, get the same treatment: an error in OpenAI's
+    shape with nosniff."""
+
+    def __init__(self, *args, max_head_bytes: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_head_bytes = max_head_bytes
+        self.head_parsed = 0  # bytes of this request's target and headers the parser handed over
+        self.head_received = 0  # bytes read while this request's head was incomplete
+        self.reading_head = True
+        self.refused = False
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, with the bound, and this class's answers to what the parser refuses."""
+        if self.refused:
+            return  # lingering after an error: what the client still sends is dropped
+        self._unset_keepalive_if_required()
+        counting = self.reading_head
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            if isinstance(error.__context__, HeadTooLarge):  # raised by _count, through the parser
+                self._refuse(self._too_large())
+            else:
+                self.logger.warning("Invalid HTTP request received.")
+                self._refuse(GatewayError(400, "invalid_http_request", "Invalid HTTP request received."))
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if counting and self.reading_head and not self.transport.is_closing():
+            self.head_received += len(data)
+            if self.head_received > self.max_head_bytes:
+                self._refuse(self._too_large())
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.head_parsed = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)  # with ": " and CRLF
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self.reading_head = False
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self.reading_head, self.head_received = True, 0
+
+    def _count(self, size: int) -> None:
+        self.head_parsed += size
+        if self.head_parsed > self.max_head_bytes:
+            raise HeadTooLarge
+
+    def _too_large(self) -> GatewayError:
+        return GatewayError(
+            431,
+            "request_headers_too_large",
+            f"Request headers are larger than {self.max_head_bytes} bytes.",
+            kind="invalid_request_error",
+        )
+
+    def _refuse(self, error: GatewayError) -> None:
+        """Answer `error` and close. The close is graceful: the response, then end of stream, then
+        input is read and dropped for a moment. Closing a socket with unread input resets the
+        connection, which can destroy the response before a client still sending has read it."""
+        self.refused = True
+        body = error.body()
+        head = [STATUS_LINE[error.status]]
+        for name, value in [
+            *self.server_state.default_headers,
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-content-type-options", b"nosniff"),
+            (b"connection", b"close"),
+        ]:
+            head.append(name + b": " + value + b"\r\n")
+        self.transport.write(b"".join([*head, b"\r\n", body]))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
 
 def prepare_metrics_dir() -> Path:
@@ -70,11 +182,15 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(host: str, port: int, level: str) -> None:
-    """One worker: uvicorn (uvloop and httptools) on its own socket."""
+    """One worker: uvicorn (uvloop and httptools, with a bounded request head) on its own socket."""
     import uvicorn
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
+    from django.conf import settings
 
     config = uvicorn.Config(
         APP,
+        http=functools.partial(BoundedHttpToolsProtocol, max_head_bytes=settings.MAX_HEADER_BYTES),
         lifespan="off",
         access_log=False,  # the gateway logs each chat completion itself, with more to say
         log_config=logs.config(level),

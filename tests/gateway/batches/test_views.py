@@ -473,3 +473,20 @@ def test_an_item_stored_with_such_a_parameter_is_refused_when_it_runs(
     assert (error["custom_id"], error["response"]["status_code"]) == ("redirected", 400)
     assert error["response"]["body"]["error"]["code"] == "unknown_parameter"
     assert redirect.requests == []
+
+
+def test_file_content_is_served_as_a_download_the_browser_may_not_sniff(gateway, api_key):
+    """A tenant's bytes that look like a page (uploads are not checked until a batch reads them) come
+    back as an attachment, typed octet-stream, with nosniff: a browser saves them, never renders them."""
+    page = b"<html><script>alert(document.cookie)</script></html>\n"
+    uploaded = sdk(gateway, api_key).files.create(file=("report <1>.html", page), purpose="batch")
+
+    response = httpx.get(
+        f"{gateway.base_url}/files/{uploaded.id}/content", headers={"authorization": f"Bearer {api_key}"}, timeout=30
+    )
+    assert response.status_code == 200
+    assert response.content == page
+    assert response.headers["content-type"] == "application/octet-stream"
+    assert response.headers["content-disposition"] == 'attachment; filename="report <1>.html"'
+    assert response.headers.get_list("x-content-type-options") == ["nosniff"]
+    assert sdk(gateway, api_key).files.content(uploaded.id).content == page  # the SDK reads it as before
