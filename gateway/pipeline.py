@@ -30,6 +30,7 @@ from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
 from gateway import admission, autoroute, breakers, cache, metrics, providers, requestlog
+from gateway import tokens as prompt_tokens
 from gateway.admission import Ticket
 from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_blocked
 from gateway.breakers import Attempt
@@ -222,9 +223,7 @@ def pick_model(call: Call) -> str:
 
 
 async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:
-    request = call.request
-    prompt = estimate_prompt_tokens(call.body["messages"])
-    tokens, worst_cost = route.worst_case(prompt, request.max_completion_tokens or request.max_tokens, request.n or 1)
+    tokens, worst_cost = await worst_case(call, route)
     waited = 0.0
     while True:
         try:
@@ -244,6 +243,20 @@ async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:
                 raise
             waited += pause
             await asyncio.sleep(pause)
+
+
+async def worst_case(call: Call, route: ModelRoute) -> tuple[int, Decimal]:
+    """(tokens, USD) the request can at most consume, and so reserves (docs/budgets.md): its prompt
+    counted with the tokenizer of every deployment that may serve it, and its longest answer."""
+    request = call.request
+    models = [target.litellm_model for target in route.targets]
+    exact = admission.counts_tokens(call.key, dict(route.limits))
+    prompt = await prompt_tokens.aprompt_bound(call.body, models, exact=exact)
+    completion = request.max_completion_tokens or request.max_tokens
+    predicted = prompt_tokens.prediction_bound(call.body, models, exact=exact)
+    if predicted:  # a prediction's rejected tokens are billed as completion tokens on top
+        completion = (completion or route.max_output_tokens) + predicted
+    return route.worst_case(prompt, completion, request.n or 1)
 
 
 def capacity_wait(call: Call, refused: GatewayError, waited: float) -> float | None:
@@ -322,20 +335,6 @@ def remember(call: Call, answer: dict | None, cost: Decimal) -> None:
             semantic=key.semantic_cache_enabled,
         )
     )
-
-
-def estimate_prompt_tokens(messages: list) -> int:
-    """A cheap upper-leaning estimate (about 3 characters a token, plus framing); admission
-    reconciles it with the provider's count after the call."""
-    chars = 0
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            chars += len(content)
-        elif isinstance(content, list):
-            chars += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
-        chars += len(str(message.get("tool_calls") or "")) + len(str(message.get("name") or ""))
-    return chars // 3 + 4 * len(messages) + 3
 
 
 def authorize_model(key: KeyInfo, model: str) -> None:
@@ -571,8 +570,10 @@ class Answer:
 
 async def finish_disconnected(call: Call, usage: dict) -> None:
     if not usage:
-        # Gone before the provider's count arrived: bill what was relayed (about a token a chunk).
-        prompt = estimate_prompt_tokens(call.body["messages"])
+        # Gone before the provider's count arrived: bill the prompt as reserved for the deployment
+        # that answered (its tokenizer's count where it is public) and what was relayed (about a
+        # token a chunk).
+        prompt = await prompt_tokens.aprompt_bound(call.body, [call.target.litellm_model])
         usage = {"prompt_tokens": prompt, "completion_tokens": call.chunks}
     await finish(call, await stream_record(call, 499, "client_disconnected", usage))
 
