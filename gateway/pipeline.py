@@ -88,6 +88,7 @@ class Call:
     body: dict = field(default_factory=dict)
     model: str = ""  # the alias routed: the one asked for, or what "auto" chose
     route: autoroute.Choice | None = None  # "auto"'s choice and reason
+    escalation: ModelRoute | None = None  # the smart model a refusal would be asked again (reserved for)
     ticket: Ticket | None = None
     attempts: list[Attempt] = field(default_factory=list)  # every provider call, for the breakers
     target: Target | None = None
@@ -247,16 +248,35 @@ async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:
 
 async def worst_case(call: Call, route: ModelRoute) -> tuple[int, Decimal]:
     """(tokens, USD) the request can at most consume, and so reserves (docs/budgets.md): its prompt
-    counted with the tokenizer of every deployment that may serve it, and its longest answer."""
-    request = call.request
-    models = [target.litellm_model for target in route.targets]
-    exact = admission.counts_tokens(call.key, dict(route.limits))
+    counted with the tokenizer of every deployment that may serve it, its longest answer, and, when a
+    refusal would be asked again of the tenant's smart model, that call's worst case too."""
+    request, key = call.request, call.key
+    call.escalation = await escalation_route(call)
+    routes = [route] if call.escalation is None else [route, call.escalation]
+    models = [target.litellm_model for r in routes for target in r.targets]
+    exact = admission.counts_tokens(key, dict(route.limits))
     prompt = await prompt_tokens.aprompt_bound(call.body, models, exact=exact)
-    completion = request.max_completion_tokens or request.max_tokens
     predicted = prompt_tokens.prediction_bound(call.body, models, exact=exact)
-    if predicted:  # a prediction's rejected tokens are billed as completion tokens on top
-        completion = (completion or route.max_output_tokens) + predicted
-    return route.worst_case(prompt, completion, request.n or 1)
+    tokens, cost = 0, ZERO
+    for r in routes:
+        completion = request.max_completion_tokens or request.max_tokens
+        if predicted:  # a prediction's rejected tokens are billed as completion tokens on top
+            completion = (completion or r.max_output_tokens) + predicted
+        more_tokens, more_cost = r.worst_case(prompt, completion, request.n or 1)
+        tokens, cost = tokens + more_tokens, cost + more_cost
+    return tokens, cost
+
+
+async def escalation_route(call: Call) -> ModelRoute | None:
+    """The tenant's smart model, when a refusal of this request would be asked again of it."""
+    key = call.key
+    smart = key.auto_smart_model
+    if not key.escalate_refusals or call.request.stream or call.model == smart or not key.may_use(smart):
+        return None
+    try:
+        return await route_for(smart, key.tenant_id)
+    except GatewayError:
+        return None
 
 
 def capacity_wait(call: Call, refused: GatewayError, waited: float) -> float | None:
@@ -468,12 +488,8 @@ async def escalate(call: Call) -> dict | None:
     chain, failing over as usual, without the deployment that refused). None when there is nothing
     stronger to ask (the smart model refused, or the key may not use it) or it failed too: then the
     refusal stands. Non-streamed answers only: a stream's first tokens are the client's already."""
-    smart = call.key.auto_smart_model
-    if call.model == smart or not call.key.may_use(smart):
-        return None
-    try:
-        route = await route_for(smart, call.key.tenant_id)
-    except GatewayError:
+    route = call.escalation  # found, and its worst case reserved, at admission
+    if route is None:
         return None
     refused, fallbacks = call.target, call.fallbacks
     chain = [target for target in order_for_request(route.targets) if target.deployment_id != refused.deployment_id]
