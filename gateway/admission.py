@@ -96,6 +96,13 @@ def limits_for(key: KeyInfo, model: str, model_limits: dict[str, int]) -> list[L
     return limits
 
 
+def counts_tokens(key: KeyInfo, model_limits: dict[str, int]) -> bool:
+    """Whether a request's exact token count can change what admission decides: a hard budget
+    (through its cost) or a tokens-per-minute limit applies. Otherwise a cheap bound serves."""
+    limits = (dict(key.key_limits), dict(key.tenant_limits), model_limits)
+    return any(budget[5] for budget in key.budgets) or any("tpm" in scope for scope in limits)
+
+
 def period_bounds(period: str, now: datetime) -> tuple[date, datetime]:
     """The UTC calendar period containing `now`: its first day and the moment it ends."""
     today = now.date()

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import hashlib
+import io
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -200,9 +203,118 @@ def answer_text(prompt: str, n_tokens: int = 40, *, refuses: bool = True) -> str
     return "".join(answer_tokens(prompt, n_tokens, refuses=refuses))
 
 
-def estimate_prompt_tokens(messages: list) -> int:
-    text = orjson.dumps(messages)
-    return max(1, len(text) // 4)
+# --- prompt usage, as OpenAI bills it --------------------------------------------------------------
+
+# Per image, by model: (base tokens, tokens per 512-px tile) at high detail, from OpenAI's vision guide.
+IMAGE_TILE_TOKENS = {"gpt-4o-mini": (2833, 5667), "gpt-4o": (85, 170), "gpt-4.1": (85, 170), "o1": (75, 150)}
+DEFAULT_IMAGE_SIZE = (1024, 1024)  # an image only linked to: the mock cannot fetch it
+
+
+def prompt_usage(body: dict) -> int:
+    """Prompt tokens as OpenAI counts them for the model asked for (its tiktoken encoding, o200k_base
+    when unknown): per message 3 tokens, its role, its content and its name (plus 1), 3 to prime the
+    reply; tools rendered as the TypeScript namespace OpenAI puts in the system prompt; images by
+    512-px tiles. So a test of Sentinel's reservations meets a realistic bill, in any script."""
+    from gateway.tokens import encoding
+
+    model = str(body.get("model") or "")
+    try:
+        import tiktoken
+
+        name = tiktoken.encoding_name_for_model(model)
+    except KeyError:
+        name = "o200k_base"
+    tokenizer = encoding(name if name in ("o200k_base", "cl100k_base") else "o200k_base")
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode_ordinary(text))
+
+    total = 3
+    for message in body.get("messages") or ():
+        if not isinstance(message, dict):
+            continue
+        total += 3 + count(str(message.get("role") or ""))
+        content = message.get("content")
+        if isinstance(content, str):
+            total += count(content)
+        for part in content if isinstance(content, list) else ():
+            if not isinstance(part, dict):
+                continue
+            if part.get("type") == "text":
+                total += count(part.get("text") or "")
+            elif part.get("type") == "image_url":
+                total += _image_usage(model, part.get("image_url") or {})
+        if message.get("name"):
+            total += 1 + count(message["name"])
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            total += 3 + count(function.get("name") or "") + count(function.get("arguments") or "")
+    if body.get("tools"):
+        total += 9 + count(_tools_namespace(body["tools"]))
+    return total
+
+
+def _image_usage(model: str, image: dict) -> int:
+    base, tile = next((v for k, v in IMAGE_TILE_TOKENS.items() if model.startswith(k)), (85, 170))
+    if image.get("detail") == "low":
+        return base
+    width, height = _image_size(str(image.get("url") or ""))
+    scale = min(1.0, 2048 / max(width, height))  # fit in 2048 x 2048, then the short side to 768
+    width, height = width * scale, height * scale
+    scale = min(1.0, 768 / min(width, height))
+    return base + tile * math.ceil(width * scale / 512) * math.ceil(height * scale / 512)
+
+
+def _image_size(url: str) -> tuple[int, int]:
+    if not url.startswith("data:") or "," not in url:
+        return DEFAULT_IMAGE_SIZE
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) as image:
+            return image.size
+    except (ValueError, OSError):
+        return DEFAULT_IMAGE_SIZE
+
+
+def _tools_namespace(tools: list) -> str:
+    """Function tools as OpenAI renders them for the model (as reverse-engineered by the community's
+    token counters, e.g. openai-chat-tokens)."""
+    lines = ["# Tools", "", "## functions", "", "namespace functions {", ""]
+    for tool in tools:
+        function = tool.get("function") or {}
+        if function.get("description"):
+            lines.append(f"// {function['description']}")
+        parameters = function.get("parameters") or {}
+        if parameters.get("properties"):
+            lines += [f"type {function.get('name')} = (_: {{", _ts_properties(parameters, ""), "}) => any;", ""]
+        else:
+            lines += [f"type {function.get('name')} = () => any;", ""]
+    lines.append("} // namespace functions")
+    return "\n".join(lines)
+
+
+def _ts_properties(schema: dict, indent: str) -> str:
+    required = set(schema.get("required") or ())
+    lines = []
+    for name, prop in (schema.get("properties") or {}).items():
+        if prop.get("description"):
+            lines.append(f"{indent}// {prop['description']}")
+        lines.append(f"{indent}{name}{'' if name in required else '?'}: {_ts_type(prop, indent)},")
+    return "\n".join(lines)
+
+
+def _ts_type(prop: dict, indent: str) -> str:
+    if "enum" in prop:
+        return " | ".join(orjson.dumps(value).decode() for value in prop["enum"])
+    kind = prop.get("type")
+    if kind == "object" and prop.get("properties"):
+        return "{\n" + _ts_properties(prop, indent + "  ") + f"\n{indent}}}"
+    if kind == "array":
+        return _ts_type(prop.get("items") or {}, indent) + "[]"
+    if isinstance(kind, list):
+        return " | ".join("number" if k == "integer" else str(k) for k in kind)
+    return {"integer": "number", None: "any"}.get(kind, str(kind))
 
 
 class MockProvider:
@@ -300,10 +412,11 @@ class MockProvider:
             if isinstance(max_tokens, int) and 0 < max_tokens < n_tokens:
                 n_tokens, finish_reason = max_tokens, "length"
             tokens = answer_tokens(prompt_of(messages), n_tokens, refuses=faults.refuses)
+            prompt_tokens = prompt_usage(body)
             usage = {
-                "prompt_tokens": estimate_prompt_tokens(messages),
+                "prompt_tokens": prompt_tokens,
                 "completion_tokens": len(tokens),
-                "total_tokens": estimate_prompt_tokens(messages) + len(tokens),
+                "total_tokens": prompt_tokens + len(tokens),
             }
             completion_id = "chatcmpl-mock-" + hashlib.sha256(orjson.dumps(body)).hexdigest()[:24]
             model = body.get("model") or "mock"
@@ -473,6 +586,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int)
     args = parser.parse_args(argv)
     faults = Faults(**asdict(PROFILES[args.profile]))
+    from gateway.tokens import warm_up
+
+    warm_up()  # the tokenizers prompt usage is counted with, loaded before the first request
     for name in ("ttft_ms", "tpt_ms", "tokens"):
         value = getattr(args, name)
         if value is not None:

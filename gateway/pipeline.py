@@ -30,6 +30,7 @@ from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
 from gateway import admission, autoroute, breakers, cache, metrics, providers, requestlog
+from gateway import tokens as prompt_tokens
 from gateway.admission import Ticket
 from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_blocked
 from gateway.breakers import Attempt
@@ -87,6 +88,7 @@ class Call:
     body: dict = field(default_factory=dict)
     model: str = ""  # the alias routed: the one asked for, or what "auto" chose
     route: autoroute.Choice | None = None  # "auto"'s choice and reason
+    escalation: ModelRoute | None = None  # the smart model a refusal would be asked again (reserved for)
     ticket: Ticket | None = None
     attempts: list[Attempt] = field(default_factory=list)  # every provider call, for the breakers
     target: Target | None = None
@@ -222,9 +224,7 @@ def pick_model(call: Call) -> str:
 
 
 async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:
-    request = call.request
-    prompt = estimate_prompt_tokens(call.body["messages"])
-    tokens, worst_cost = route.worst_case(prompt, request.max_completion_tokens or request.max_tokens, request.n or 1)
+    tokens, worst_cost = await worst_case(call, route)
     waited = 0.0
     while True:
         try:
@@ -244,6 +244,39 @@ async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:
                 raise
             waited += pause
             await asyncio.sleep(pause)
+
+
+async def worst_case(call: Call, route: ModelRoute) -> tuple[int, Decimal]:
+    """(tokens, USD) the request can at most consume, and so reserves (docs/budgets.md): its prompt
+    counted with the tokenizer of every deployment that may serve it, its longest answer, and, when a
+    refusal would be asked again of the tenant's smart model, that call's worst case too."""
+    request, key = call.request, call.key
+    call.escalation = await escalation_route(call)
+    routes = [route] if call.escalation is None else [route, call.escalation]
+    models = [target.litellm_model for r in routes for target in r.targets]
+    exact = admission.counts_tokens(key, dict(route.limits))
+    prompt = await prompt_tokens.aprompt_bound(call.body, models, exact=exact)
+    predicted = prompt_tokens.prediction_bound(call.body, models, exact=exact)
+    tokens, cost = 0, ZERO
+    for r in routes:
+        completion = request.max_completion_tokens or request.max_tokens
+        if predicted:  # a prediction's rejected tokens are billed as completion tokens on top
+            completion = (completion or r.max_output_tokens) + predicted
+        more_tokens, more_cost = r.worst_case(prompt, completion, request.n or 1)
+        tokens, cost = tokens + more_tokens, cost + more_cost
+    return tokens, cost
+
+
+async def escalation_route(call: Call) -> ModelRoute | None:
+    """The tenant's smart model, when a refusal of this request would be asked again of it."""
+    key = call.key
+    smart = key.auto_smart_model
+    if not key.escalate_refusals or call.request.stream or call.model == smart or not key.may_use(smart):
+        return None
+    try:
+        return await route_for(smart, key.tenant_id)
+    except GatewayError:
+        return None
 
 
 def capacity_wait(call: Call, refused: GatewayError, waited: float) -> float | None:
@@ -322,20 +355,6 @@ def remember(call: Call, answer: dict | None, cost: Decimal) -> None:
             semantic=key.semantic_cache_enabled,
         )
     )
-
-
-def estimate_prompt_tokens(messages: list) -> int:
-    """A cheap upper-leaning estimate (about 3 characters a token, plus framing); admission
-    reconciles it with the provider's count after the call."""
-    chars = 0
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            chars += len(content)
-        elif isinstance(content, list):
-            chars += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
-        chars += len(str(message.get("tool_calls") or "")) + len(str(message.get("name") or ""))
-    return chars // 3 + 4 * len(messages) + 3
 
 
 def authorize_model(key: KeyInfo, model: str) -> None:
@@ -469,12 +488,8 @@ async def escalate(call: Call) -> dict | None:
     chain, failing over as usual, without the deployment that refused). None when there is nothing
     stronger to ask (the smart model refused, or the key may not use it) or it failed too: then the
     refusal stands. Non-streamed answers only: a stream's first tokens are the client's already."""
-    smart = call.key.auto_smart_model
-    if call.model == smart or not call.key.may_use(smart):
-        return None
-    try:
-        route = await route_for(smart, call.key.tenant_id)
-    except GatewayError:
+    route = call.escalation  # found, and its worst case reserved, at admission
+    if route is None:
         return None
     refused, fallbacks = call.target, call.fallbacks
     chain = [target for target in order_for_request(route.targets) if target.deployment_id != refused.deployment_id]
@@ -571,8 +586,10 @@ class Answer:
 
 async def finish_disconnected(call: Call, usage: dict) -> None:
     if not usage:
-        # Gone before the provider's count arrived: bill what was relayed (about a token a chunk).
-        prompt = estimate_prompt_tokens(call.body["messages"])
+        # Gone before the provider's count arrived: bill the prompt as reserved for the deployment
+        # that answered (its tokenizer's count where it is public) and what was relayed (about a
+        # token a chunk).
+        prompt = await prompt_tokens.aprompt_bound(call.body, [call.target.litellm_model])
         usage = {"prompt_tokens": prompt, "completion_tokens": call.chunks}
     await finish(call, await stream_record(call, 499, "client_disconnected", usage))
 

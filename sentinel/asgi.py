@@ -28,6 +28,7 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 
 from gateway import http as gateway_http  # noqa: E402
+from gateway import tokens  # noqa: E402
 from gateway.cache import warm_up  # noqa: E402
 from gateway.errors import GatewayError  # noqa: E402
 from gateway.pipeline import request_id_from  # noqa: E402
@@ -95,6 +96,8 @@ async def _send_too_large(send, limit: int) -> None:
 api_application = APIHandler()
 # Load the cache's embedding model now, in the background, rather than on the first request.
 threading.Thread(target=warm_up, name="embedder-warm-up", daemon=True).start()
+# And the tokenizers admission counts prompts with (about a second for o200k_base).
+threading.Thread(target=tokens.warm_up, name="tokenizer-warm-up", daemon=True).start()
 static_application = ASGIStaticFilesHandler(console_application)
 
 

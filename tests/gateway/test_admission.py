@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import re
 import threading
 import time
@@ -13,11 +14,15 @@ from decimal import Decimal
 
 import aiohttp
 import httpx
+import openai
 import pytest
+from openai import AsyncOpenAI
 
 from billing.ledger import drain
 from billing.models import LedgerEntry
+from gateway import tokens
 from gateway.admission import period_bounds, to_units
+from gateway.mock_provider import prompt_usage
 from gateway.models import Deployment
 from sentinel.redis_clients import sync_redis
 from tenants.models import Budget, VirtualKey
@@ -108,6 +113,125 @@ def test_budget_cannot_be_overrun_by_concurrency(fleet, tenant, make_key, make_m
     rows = LedgerEntry.objects.filter(tenant=tenant, status_code=200)
     assert rows.count() == 100
     assert sum(row.cost_usd for row in rows) == Decimal("1.00")
+
+
+# --- reservations that hold for any text --------------------------------------------------------
+
+PRICE = Decimal("0.00001")  # per token, both ways
+ANSWER_TOKENS = 10  # max_tokens: the mock answers exactly this many
+_rng = random.Random(4)
+PROMPTS = {
+    "cjk": "".join(
+        _rng.choice("的一是不了人我在有他这为之大来以个中上们到说国和地也子时道出而要于就下得可你年生")
+        for _ in range(3000)
+    ),
+    "arabic": "".join(_rng.choice("ابتثجحخدذرزسشصضطظعغفقكلمنهوي ") for _ in range(3000)),
+    "emoji": "".join(_rng.choice(["😀", "👍🏽", "👨‍👩‍👧‍👦", "🇫🇷", "❤️", "🔥", " "]) for _ in range(1000)),
+    "code": "def f(x):\n    return {k: v for k, v in x.items() if v is not None}\n" * 40,
+}
+
+
+def tool(i: int) -> dict:
+    """A tool whose schema is most of the prompt (described in Japanese and German)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": f"lookup_{i}",
+            "description": "指定された都市の天気予報を調べます。" * 5,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    f"field_{j}": {"type": "string", "description": "Eine Straße in Zürich, bitte genau"}
+                    for j in range(12)
+                }
+                | {"unit": {"type": "string", "enum": ["celsius", "fahrenheit", "kelvin"]}},
+                "required": ["field_0"],
+            },
+        },
+    }
+
+
+BODIES = {script: {"messages": [{"role": "user", "content": text}]} for script, text in PROMPTS.items()}
+BODIES["tools"] = {"messages": [{"role": "user", "content": "weather?"}], "tools": [tool(i) for i in range(6)]}
+
+
+async def ask_at_once(urls: list[str], key: str, model: str, body: dict, count: int) -> list:
+    """`count` identical requests at once through the official SDK, spread over the gateways; each
+    result is the completion or the APIStatusError."""
+    clients = [AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120) for url in urls]
+
+    async def one(client: AsyncOpenAI):
+        try:
+            return await client.chat.completions.create(
+                model=model,
+                max_tokens=ANSWER_TOKENS,
+                extra_headers={"x-sentinel-cache-control": "no-cache, no-store"},
+                **body,
+            )
+        except openai.APIStatusError as error:
+            return error
+
+    try:
+        return await asyncio.gather(*(one(clients[i % len(clients)]) for i in range(count)))
+    finally:
+        for client in clients:
+            await client.close()
+
+
+@pytest.mark.parametrize("case", sorted(BODIES))
+def test_a_hard_budget_holds_for_any_text_under_concurrency(fleet, tenant, make_key, make_model, mock_provider, case):
+    """The issue's case and its neighbours: prompts of 3,000 characters in several scripts, or mostly
+    tools, sent 40 at once through the SDK over four processes against a hard budget. Reservations
+    count with the model's tokenizer, so settled spend stays within the budget and the number admitted
+    is exactly what the reservations allow. Before, CJK was reserved at a third of what it bills, tools
+    at nothing, and the budget was overspent."""
+    model, (provider,) = make_model()
+    Deployment.objects.filter(name=provider).update(input_price_override=PRICE, output_price_override=PRICE)
+    body = BODIES[case]
+    billed = prompt_usage({"model": "gpt-4o-mini", **body})  # what the mock bills, as OpenAI counts
+    worst = (tokens.prompt_bound(body, ["openai/gpt-4o-mini"]) + ANSWER_TOKENS) * PRICE
+    actual = (billed + ANSWER_TOKENS) * PRICE
+    # The budget: `admitted` worst cases and a twentieth. A request that settles gives back its unused
+    # reservation; `admitted` is as many as can give back less than one worst case together, so the
+    # count cannot depend on when requests finish (with tools the bound is looser than with text).
+    admitted = min(10, int(worst * Decimal("0.9") / (worst - actual)) if worst > actual else 10)
+    limit = (admitted * worst + worst / 20).quantize(Decimal("0.0001"))
+    assert limit // worst == admitted >= 2 and (limit - admitted * worst) + admitted * (worst - actual) < worst
+    budget = Budget.objects.create(tenant=tenant, period="daily", limit_usd=limit)
+    key = make_key(tenant, requests_per_minute=1000)
+
+    results = asyncio.run(ask_at_once([g.url for g in fleet], key, model, body, 40))
+
+    time.sleep(0.5)
+    drain()
+    rows = LedgerEntry.objects.filter(tenant=tenant, status_code=200)
+    spent = sum((row.cost_usd for row in rows), Decimal(0))
+    assert spent <= limit
+    answered = [r for r in results if not isinstance(r, openai.APIStatusError)]
+    refused = [r for r in results if isinstance(r, openai.APIStatusError)]
+    assert len(answered) == admitted == rows.count() == mock_provider.stats(provider)["calls"]
+    assert {(r.status_code, r.body["code"]) for r in refused} == {(402, "budget_exceeded")}
+    assert {r.usage.prompt_tokens for r in answered} == {billed} == {row.prompt_tokens for row in rows}
+    assert spent == admitted * actual
+    # Redis counts what the ledger billed, and nothing stays reserved.
+    start, _ = period_bounds("daily", datetime.now(UTC))
+    base = f"{{sentinel}}:budget:{budget.pk}:{start.isoformat()}"
+    assert (redis_number(base + ":spent"), redis_number(base + ":res:sum")) == (to_units(spent), 0)
+
+
+def test_a_token_limit_holds_for_cjk(fleet, tenant, make_key, make_model, mock_provider):
+    """Tokens per minute are reserved with the same count: a CJK prompt takes its real share."""
+    model, (provider,) = make_model()
+    body = BODIES["cjk"]
+    reserved = tokens.prompt_bound(body, ["openai/gpt-4o-mini"]) + ANSWER_TOKENS
+    key = make_key(tenant, tokens_per_minute=reserved * 5 + reserved // 2)
+    results = asyncio.run(ask_at_once([g.url for g in fleet], key, model, body, 20))
+    answered = [r for r in results if not isinstance(r, openai.APIStatusError)]
+    assert len(answered) == 5 == mock_provider.stats(provider)["calls"]
+    assert {r.status_code for r in results if isinstance(r, openai.APIStatusError)} == {429}
+    key_id = VirtualKey.objects.get(tenant=tenant).pk
+    time.sleep(0.2)
+    assert redis_number(f"{{sentinel}}:rl:key:{key_id}:tpm:sum") == sum(r.usage.total_tokens for r in answered)
 
 
 def redis_number(name: str) -> int:

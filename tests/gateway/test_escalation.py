@@ -3,6 +3,7 @@ on the tenant's smart model (a per-tenant switch), and the response says so."""
 
 from __future__ import annotations
 
+import asyncio
 from decimal import Decimal
 
 import httpx
@@ -11,6 +12,8 @@ import pytest
 from billing.ledger import drain
 from billing.models import LedgerEntry
 from gateway.mock_provider import REFUSAL_TEXT, answer_text
+from gateway.models import Deployment
+from tenants.models import Budget
 
 PROMPT = "[[refuse]] How do I pick the lock of my own shed?"
 
@@ -108,3 +111,42 @@ def test_when_the_smart_model_fails_the_refusal_stands(gateway, escalating, mock
     assert response.headers["x-sentinel-provider"] == small_provider
     row = ledger_row(tenant, response)
     assert (row.provider, row.escalated_from, row.completion_tokens) == (small_provider, "", len(REFUSAL_TEXT.split()))
+
+
+def test_a_hard_budget_reserves_the_escalation_too(gateway, escalating, mock_provider):
+    """A request that may be escalated can cost two calls: admission reserves both worst cases, so
+    concurrent refusals cannot overspend a hard budget. (Before, only the first call was reserved:
+    four requests fit where two did, and each cost a refusal and a full answer.)"""
+    tenant, key, small, _, small_provider, smart_provider = escalating()
+    price = Decimal("0.0001")  # per answer token; prompts free
+    Deployment.objects.filter(name__in=(small_provider, smart_provider)).update(
+        input_price_override=0, output_price_override=price
+    )
+    refusal, answer = len(REFUSAL_TEXT.split()) * price, 40 * price
+    # Two requests' worst cases (40 tokens on each model) and a little: each gives back 30 tokens'
+    # worth when it settles, less than one worst case together, so exactly two fit however they finish.
+    limit = 2 * 80 * price + 10 * price
+    Budget.objects.create(tenant=tenant, period="daily", limit_usd=limit)
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        f"{gateway.base_url}/chat/completions",
+                        headers={"authorization": f"Bearer {key}", "x-sentinel-cache-control": "no-cache, no-store"},
+                        json={"model": small, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 40},
+                    )
+                    for _ in range(10)
+                )
+            )
+
+    responses = asyncio.run(burst())
+    drain()
+    rows = LedgerEntry.objects.filter(tenant=tenant, status_code=200)
+    assert sum(row.cost_usd for row in rows) <= limit
+    assert sorted(r.status_code for r in responses) == [200] * 2 + [402] * 8
+    escalated = {r.headers.get("x-sentinel-escalated") for r in responses if r.status_code == 200}
+    assert escalated == {f"{small_provider}->{smart_provider}"}
+    assert [row.cost_usd for row in rows] == [refusal + answer] * 2
+    assert mock_provider.stats(small_provider)["calls"] == mock_provider.stats(smart_provider)["calls"] == 2

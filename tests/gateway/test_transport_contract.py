@@ -28,11 +28,11 @@ def test_non_streamed(served):
     assert completion.object == "chat.completion"
     assert completion.choices[0].message.role == "assistant"
     assert completion.choices[0].message.content == answer_text("contract")
-    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (9, 40)
-    assert completion.usage.total_tokens == 49
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (8, 40)
+    assert completion.usage.total_tokens == 48
     assert not hasattr(completion.usage, "cost") or completion.usage.model_extra.get("cost") is None
-    # gpt-4o-mini: 9 × $0.15/M + 40 × $0.60/M
-    assert raw.headers["x-sentinel-cost-usd"] == "0.0000253500"
+    # gpt-4o-mini: 8 × $0.15/M + 40 × $0.60/M
+    assert raw.headers["x-sentinel-cost-usd"] == "0.0000252000"
 
 
 def test_streamed(served):
@@ -49,7 +49,7 @@ def test_streamed(served):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer_text("contract")
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (9, 40)
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (8, 40)
 
 
 def test_parameters_reach_the_provider(served, mock_provider):

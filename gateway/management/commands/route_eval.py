@@ -1,11 +1,11 @@
 """How well `model: "auto"` routes: accuracy of the local classifier on a labeled set of prompts, and
 the provider cost it saves against sending everything to the smart model.
 
-The modeled cost of a prompt is its prompt tokens (the gateway's own estimate) at the input price of
-the model it is routed to, plus an answer length that depends on the task, not on the route (the
-labeled class: --fast-answer-tokens or --smart-answer-tokens) at that model's output price. Prices
-come from the price table. A smart prompt routed to fast is a quality risk the saving does not count:
-it is reported on its own line. The last line printed is JSON.
+The modeled cost of a prompt is its prompt tokens (as admission bounds them, with the models'
+tokenizer) at the input price of the model it is routed to, plus an answer length that depends on
+the task, not on the route (the labeled class: --fast-answer-tokens or --smart-answer-tokens) at
+that model's output price. Prices come from the price table. A smart prompt routed to fast is a
+quality risk the saving does not count: it is reported on its own line. The last line printed is JSON.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from billing.prices import price_at
 from gateway.autoroute import FAST, SMART, classify
-from gateway.pipeline import estimate_prompt_tokens
+from gateway.tokens import prompt_bound
 
 DEFAULT_DATA = Path(settings.BASE_DIR) / "tests" / "data" / "routing_eval.jsonl"
 
@@ -42,14 +42,16 @@ def load_prompts(path: Path) -> list[dict]:
     return rows
 
 
-def evaluate(rows: list[dict], prices: dict[str, tuple[Decimal, Decimal]], answer_tokens: dict[str, int]) -> dict:
+def evaluate(
+    rows: list[dict], prices: dict[str, tuple[Decimal, Decimal]], answer_tokens: dict[str, int], models: list[str]
+) -> dict:
     confusion: Counter = Counter()
     routed_cost = smart_cost = perfect_cost = Decimal(0)
     for row in rows:
         messages = [{"role": "user", "content": row["prompt"]}]
         route = classify(messages).route
         confusion[(row["label"], route)] += 1
-        prompt, answer = estimate_prompt_tokens(messages), answer_tokens[row["label"]]
+        prompt, answer = prompt_bound({"messages": messages}, models), answer_tokens[row["label"]]
         routed_cost += prompt * prices[route][0] + answer * prices[route][1]
         smart_cost += prompt * prices[SMART][0] + answer * prices[SMART][1]
         perfect_cost += prompt * prices[row["label"]][0] + answer * prices[row["label"]][1]
@@ -93,16 +95,17 @@ class Command(BaseCommand):
                 raise CommandError(f"no price for {model} in the price table")
             prices[route] = (price.input_per_token, price.output_per_token)
         answers = {FAST: options["fast_answer_tokens"], SMART: options["smart_answer_tokens"]}
+        models = [fast_model, smart_model]
         result = {
             "split": split or "all",
             "fast_model": fast_model,
             "smart_model": smart_model,
-            **evaluate(rows, prices, answers),
+            **evaluate(rows, prices, answers, models),
         }
         for split_name in ("dev", "test") if not split else ():
             part = [row for row in rows if row.get("split") == split_name]
             if part:
-                result[f"accuracy_{split_name}"] = evaluate(part, prices, answers)["accuracy"]
+                result[f"accuracy_{split_name}"] = evaluate(part, prices, answers, models)["accuracy"]
         self.stdout.write(f"prompts:               {result['prompts']}")
         self.stdout.write(f"accuracy:              {result['accuracy']:.1%}")
         for split_name in ("dev", "test"):
