@@ -103,19 +103,31 @@ _PROVIDER_FORMATS = (
     r"SharedAccessSignature(?:\s+|=)sr=[^\s\"']+",  # Azure SAS connection string
     r"(?<![\w-])sig=[A-Za-z0-9%+/]{40,}={0,2}",  # Azure SAS URL signature
 )
-_TOKEN_PATTERNS: tuple[re.Pattern, ...] = tuple(
-    pattern
+# Patterns Python's engine cannot skip through (they start with a character class or a group), each
+# tried only on text that holds one of its literals (a substring search).
+_LITERALS: dict[object, tuple[str, ...]] = {
+    ArtifactoryDetector: ("AKC", "AP"),
+    DiscordBotTokenDetector: (".",),
+    MailchimpDetector: ("-us",),
+    SlackDetector: ("xox", "hooks.slack.com"),
+    StripeDetector: ("k_live_",),
+    TelegramBotTokenDetector: (":",),
+    r"[A-Za-z0-9_~.-]{3}\dQ~[A-Za-z0-9_~.-]{31,34}": ("Q~",),
+    r"(?<![\w-])sig=[A-Za-z0-9%+/]{40,}={0,2}": ("sig=",),
+}
+_TOKEN_PATTERNS: tuple[tuple[tuple[str, ...], re.Pattern], ...] = tuple(
+    (_LITERALS.get(detector, ()), pattern)
     for detector in _DETECT_SECRETS
     for pattern in detector().denylist
     if not (detector in _VALUE_GROUP and pattern.groups)
-) + tuple(re.compile(pattern) for pattern in _PROVIDER_FORMATS)
-_VALUE_PATTERNS: tuple[re.Pattern, ...] = tuple(
-    pattern for detector in _VALUE_GROUP for pattern in detector().denylist if pattern.groups
+) + tuple((_LITERALS.get(pattern, ()), re.compile(pattern)) for pattern in _PROVIDER_FORMATS)
+_VALUE_PATTERNS: tuple[tuple[tuple[str, ...], re.Pattern], ...] = tuple(
+    ((), pattern) for detector in _VALUE_GROUP for pattern in detector().denylist if pattern.groups
 ) + (
     # A password in a URL with the characters detect-secrets' BasicAuth pattern leaves out (#, !, ...),
     # and curl's -u user:password.
-    re.compile(r"://[^\s:/?#\[\]@]+:([^\s/@]{3,})@[\w.-]"),
-    re.compile(r"(?<!\S)(?:-u|--user)\s+[\w.@-]+:([^\s'\"]{3,})"),
+    (("://",), re.compile(r"://[^\s:/?#\[\]@]+:([^\s/@]{3,})@[\w.-]")),
+    (("-u", "--user"), re.compile(r"(?<!\S)(?:-u|--user)\s+[\w.@-]+:([^\s'\"]{3,})")),
 )
 _JWT = JwtTokenDetector()
 _JWT_PATTERN = _JWT.denylist[0]
@@ -134,6 +146,14 @@ _KEYWORD_FORMS = (
 )
 # Names detect-secrets' keyword list lacks: tokens, access keys, credentials (GITHUB_TOKEN=...,
 # aws_session_token = ..., "x-api-key": "...").
+# Where a name that can hold a secret starts, in lowercased text (a lookahead, so names inside names
+# are found too: "secret" in "client_secret").
+_NAMES = (*keyword.DENYLIST, "token", r"access[_-]?key", r"api[_-]?key", "credential", r"client[_-]?secret", "auth")
+_NAME_AT = re.compile("|".join(_NAMES))
+# Every name holds one of these, at most _LONGEST_PREFIX characters from its start ("database_pass").
+_ANCHORS = ("key", "pass", "pwd", "secret", "contrase", "token", "credential", "auth")
+_LONGEST_PREFIX = 9
+_NAME_STARTS_ANY_CASE = re.compile("(?=" + "|".join(_NAMES) + ")", re.IGNORECASE)
 _NAMED_VALUE = re.compile(
     r"(?:token|access[_-]?key|api[_-]?key|credentials?|client[_-]?secret|auth)\w*['\"\]]{0,2}\s*(?::=|=>|[:=])\s*"
     r"(['\"`]?)([^\s'\"`,;]{8,512})\1",
@@ -149,7 +169,6 @@ _STATED_PASSWORD = re.compile(
 )
 _CALL = re.compile(r"[A-Za-z_][\w.]*\(")  # get_password(), os.getenv("KEY"): a reference, not a value
 _SYMBOLS = frozenset("!@#$%^&*+=?~/|")
-_KEYWORD_HINTS = ("key", "pass", "pwd", "secret", "token", "contrase", "credential", "auth", "bearer")
 _PLACEHOLDER = re.compile(
     r"^(?:x+|\*+|\.+|-+|#+|changeme|change_me|example|redacted|null|none|true|false|undefined|"
     r"(?:your|my)[_-].*|.*(?:_here|placeholder).*|\$.*|%.*%|<.*>|\{.*\}|\[.*\]|os\.\w+.*|process\.env.*|env\(.*)$"
@@ -207,13 +226,34 @@ def _value_span(text: str, start: int, end: int) -> tuple[int, int] | None:
     return (start, end) if credential_like(text[start:end]) else None
 
 
+def _name_starts(text: str, lowered: str) -> list[int]:
+    """Where secret-sounding names start. KeywordDetector's patterns begin with an alternation of 18
+    names that Python's engine tries at every position (milliseconds on a long prompt); they are
+    matched only where a name starts: a few positions before each of a handful of substrings."""
+    if len(lowered) != len(text):  # lowercasing moved the positions (İ is two characters lowercased)
+        return [m.start() for m in _NAME_STARTS_ANY_CASE.finditer(text)]
+    starts = set()
+    for anchor in _ANCHORS:
+        at = lowered.find(anchor)
+        while at >= 0:
+            for start in range(max(0, at - _LONGEST_PREFIX), at + 1):
+                if start not in starts and _NAME_AT.match(lowered, start):
+                    starts.add(start)
+            at = lowered.find(anchor, at + 1)
+    return sorted(starts)
+
+
 def find(text: str) -> list[Span]:
     """Every secret in `text`, each span the whole value (overlaps are settled by the caller)."""
     spans = []
-    for pattern in _TOKEN_PATTERNS:
+    for literals, pattern in _TOKEN_PATTERNS:
+        if literals and not any(literal in text for literal in literals):
+            continue
         for match in pattern.finditer(text):
             spans.append(Span(SECRET, *_whole_token(text, *match.span())))
-    for pattern in _VALUE_PATTERNS:
+    for literals, pattern in _VALUE_PATTERNS:
+        if literals and not any(literal in text for literal in literals):
+            continue
         for match in pattern.finditer(text):
             if match.group(1):
                 spans.append(Span(SECRET, *_whole_token(text, *match.span(1), trim=False)))
@@ -228,20 +268,26 @@ def find(text: str) -> list[Span]:
             end = PRIVATE_KEY_END.search(text, match.end())
             spans.append(Span(SECRET, start, end.end() if end else len(text)))
     lowered = text.lower()
-    if ("=" in text or ":" in text) and any(hint in lowered for hint in _KEYWORD_HINTS):
-        for pattern, group in _KEYWORD_FORMS:
-            for match in pattern.finditer(text):
-                value = _value_span(text, *match.span(group))
+    if "=" in text or ":" in text:
+        for start in _name_starts(text, lowered):
+            for pattern, group in _KEYWORD_FORMS:
+                match = pattern.match(text, start)
+                if match is not None:
+                    value = _value_span(text, *match.span(group))
+                    if value is not None:
+                        spans.append(Span(SECRET, *value))
+            match = _NAMED_VALUE.match(text, start)
+            if match is not None:
+                value = _value_span(text, *match.span(2))
                 if value is not None:
                     spans.append(Span(SECRET, *value))
-        for match in _NAMED_VALUE.finditer(text):
-            value = _value_span(text, *match.span(2))
-            if value is not None:
-                spans.append(Span(SECRET, *value))
-    if "bearer" in lowered or "token " in lowered:
-        for match in _BEARER.finditer(text):
-            if credential_like(match.group(1)):
+    for word in ("bearer", "token"):
+        at = lowered.find(word) if len(lowered) == len(text) else -1
+        while at >= 0:
+            match = _BEARER.match(text, at)
+            if match is not None and credential_like(match.group(1)):
                 spans.append(Span(SECRET, *_whole_token(text, *match.span(1))))
+            at = lowered.find(word, at + len(word))
     for match in _STATED_PASSWORD.finditer(text):
         if credential_like(match.group(1)):
             spans.append(Span(SECRET, *match.span(1)))

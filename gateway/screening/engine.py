@@ -12,8 +12,10 @@ Where the pipeline calls it:
                                     does; such an answer is never cached)
     screen_stream(call, first, rest) a stream: see gateway.screening.streaming (bounded holdback)
 
-Local checks (gateway.screening.personal_data, .injection, .moderation) are plain CPU work of tens
-of microseconds on a typical prompt and run inline; the outside services (a moderation provider
+Local checks (gateway.screening.personal_data, .credentials, .injection, .moderation) are plain CPU
+work: tens of microseconds on a typical prompt, milliseconds on thousands of characters. Up to
+INLINE_CHARS they run inline; a request or an answer carrying more text is screened in a worker
+thread, so no request waits on the event loop behind another's screening. The outside services (a moderation provider
 through litellm, the tenant's HTTP guardrail) run concurrently, on the already-redacted text, and
 only when no local check blocked. Their outages follow the tenant's settings: by default input that
 cannot be screened is refused (503 screening_unavailable) and an answer already generated is
@@ -33,6 +35,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from gateway import metrics
@@ -47,6 +50,10 @@ IN, OUT = "in", "out"
 SYSTEM_ROLES = frozenset({"system", "developer"})  # the tenant's own instructions: personal data only
 MODERATION_CATEGORIES = frozenset(moderation.CATEGORIES)
 CONTENT_FILTER = "content_filter"
+# Up to this many characters in a request (or an answer), the local checks run on the event loop
+# (under a millisecond: a thread hop would cost about as much); beyond, in a worker thread.
+INLINE_CHARS = 1_000
+_LOCAL_CHECKS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="screening")
 
 
 def placeholder(check: str) -> str:
@@ -292,11 +299,27 @@ async def screen_input(call) -> None:
     if policy is None:
         return
     record = call.screening = Screening(tenant=call.key.tenant_slug)
-    kinds = policy.personal_data_kinds
-    injection_action, moderation_action = policy.action(INJECTION), policy.action(MODERATION)
     record.ran_in = [name for name, _ in policy.input]
     messages = call.body["messages"]
     texts = segments(messages)
+    if sum(len(text.text) for text in texts) > INLINE_CHARS:
+        # Long text: the checks run in a worker thread, so the event loop goes on serving other
+        # requests meanwhile (the thread releases the interpreter between patterns).
+        blocks = await asyncio.get_running_loop().run_in_executor(
+            _LOCAL_CHECKS, _screen_locally, policy, record, messages, texts
+        )
+    else:
+        blocks = _screen_locally(policy, record, messages, texts)
+    if blocks:
+        raise blocked([check for check, _ in blocks], blocks[0][1])
+    await _screen_input_remotely(call, policy, record, texts, policy.action(MODERATION))
+
+
+def _screen_locally(policy: Policy, record: Screening, messages: list, texts: list[Text]) -> list[tuple[str, str]]:
+    """The local checks on every text: redactions written into the messages; the blocks returned
+    as (check, param)."""
+    kinds = policy.personal_data_kinds
+    injection_action, moderation_action = policy.action(INJECTION), policy.action(MODERATION)
     blocks: list[tuple[str, str]] = []
     for text in texts:
         screened = text.role not in SYSTEM_ROLES
@@ -320,9 +343,7 @@ async def screen_input(call) -> None:
                 redact.append(Span(check, span.start, span.end))
         if redact:
             _write(messages, text, redact)
-    if blocks:
-        raise blocked([check for check, _ in blocks], blocks[0][1])
-    await _screen_input_remotely(call, policy, record, texts, moderation_action)
+    return blocks
 
 
 async def _screen_input_remotely(call, policy: Policy, record: Screening, texts: list, moderation_action: str) -> None:
@@ -429,7 +450,11 @@ async def screen_response(call, response: dict) -> None:
         if not isinstance(content, str) or not content:
             continue
         redact, block = [], False
-        for span in output_spans(policy, content):
+        if len(content) > INLINE_CHARS:
+            spans = await asyncio.get_running_loop().run_in_executor(_LOCAL_CHECKS, output_spans, policy, content)
+        else:
+            spans = output_spans(policy, content)
+        for span in spans:
             check = check_of(span)
             if check == MODERATION:
                 record.categories.add(span.check)

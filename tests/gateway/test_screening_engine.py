@@ -478,3 +478,26 @@ def test_input_redaction_leaves_nothing_in_any_field(data):
     ]
     for output in (sent, json.dumps(decoded_arguments, ensure_ascii=False), json.dumps(call.body)):
         assert screening_values.leaked(value, output.replace("\\n", "\n"), "Please check for me hello Be brief.") == []
+
+
+# --- long texts are screened off the event loop --------------------------------------------------
+
+
+def test_a_long_request_is_screened_while_the_event_loop_goes_on():
+    """Issue 25: a long message's local checks ran on the event loop, so every other request
+    waited behind them."""
+    text = "Mail jo@example.org about card 4111 1111 1111 1111, thanks. " * 2_000  # 120,000 characters
+    call = call_with(Policy(input=(("email", "redact"), ("payment_card", "redact"))), {"role": "user", "content": text})
+    ticks = 0
+
+    async def main():
+        nonlocal ticks
+        screening = asyncio.create_task(screen_input(call))
+        while not screening.done():  # another request's work, one step per turn of the loop
+            ticks += 1
+            await asyncio.sleep(0)
+        await screening
+
+    run(main())
+    assert ticks >= 2  # the loop kept turning while the checks ran
+    assert call.body["messages"][0]["content"] == "Mail [EMAIL] about card [PAYMENT_CARD], thanks. " * 2_000
