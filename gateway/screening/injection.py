@@ -1,4 +1,6 @@
-"""Prompt injection and jailbreak attempts: a hand-written, conservative set of patterns.
+"""Prompt injection and jailbreak attempts: a hand-written, conservative set of patterns, and beside
+them a learned classifier for what patterns miss (gateway.screening.injection_model: other languages,
+paraphrases, obfuscation, instructions hidden in documents and tool results).
 
 No well-kept library does this offline: llm-guard and Rebuff classify with a Hugging Face model
 (a download at run time) or a hosted API, and the embedding model this gateway ships (MiniLM) costs
@@ -15,6 +17,7 @@ import base64
 import binascii
 import re
 
+from gateway.screening import injection_model
 from gateway.screening.spans import Span, lowercase, lowered
 
 INJECTION = "injection"
@@ -179,7 +182,9 @@ def _matches(text: str) -> list[tuple[int, int]]:
 
 
 def find(text: str) -> list[Span]:
+    """The patterns' findings, and the learned model's (gateway.screening.injection_model)."""
     spans = [Span(INJECTION, start, end) for start, end in _matches(text)]
+    spans.extend(injection_model.find(text))
     if len(text) >= 24:
         for start, end, decoded in _decoded(text):
             if _matches(decoded):

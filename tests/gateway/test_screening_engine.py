@@ -325,6 +325,28 @@ def test_pattern_checks_reach_their_targets():
         assert checks[check]["recall"] >= 0.90, check
 
 
+def test_injection_holds_on_prompts_written_after_it_was_tuned():
+    """Issue 25: injection recall was 0.70 on the held-out prompts (0.56 on the issue's fresh ones).
+    injection_holdout_b.jsonl was written after the model was trained and never trained on."""
+    assert figures(DATA / "screening_holdout.jsonl")["checks"]["injection"] == {
+        "precision": 1.0,
+        "recall": 1.0,
+        "tp": 10,
+        "fp": 0,
+        "fn": 0,
+    }
+    fresh = figures(DATA / "injection_holdout_b.jsonl")["checks"]["injection"]
+    assert (fresh["tp"], fresh["fp"], fresh["fn"]) == (38, 2, 12)  # recall 0.76, precision 0.95
+
+
+def test_the_injection_model_is_trained_from_a_labeled_set(tmp_path):
+    out = tmp_path / "model.json"
+    call_command("injection_train", str(DATA / "injection_train.jsonl"), "--out", str(out), stdout=StringIO())
+    trained = json.loads(out.read_text())
+    shipped = json.loads((Path(injection.__file__).parent / "injection_model.json").read_text())
+    assert trained == shipped  # the shipped weights are what the command makes of the shipped set
+
+
 def test_other_countries_numbers_after_a_phone_word_and_the_00_prefix():
     from gateway.screening.personal_data import find
 
