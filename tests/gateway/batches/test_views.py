@@ -250,6 +250,44 @@ def test_cancel_stops_new_work_and_closes_with_what_was_done(
     assert mock_provider.stats(provider)["calls"] == calls  # nothing runs after it closed
 
 
+def test_cancel_releases_claimed_items_and_nothing_starts_upstream_after_it(
+    gateway, batch_worker, make_tenant, make_key, make_model, mock_provider
+):
+    """Issue 25, scaled down (30 lines at 30 a minute instead of 12): a worker claims several items
+    and waits for each one's turn; before the fix those claimed items still ran after the cancel."""
+    tenant = make_tenant(requests_per_minute=1000, batch_requests_per_minute=30, cache_enabled=False)  # one every 2 s
+    client = sdk(gateway, make_key(tenant))
+    alias, (provider,) = make_model()
+    prompts = [f"paced cancel {i}" for i in range(30)]
+    uploaded = client.files.create(file=("paced.jsonl", jsonl(alias, prompts)), purpose="batch")
+    created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    items = BatchItem.objects.filter(batch__public_id=created.id)
+    wait_for(lambda: items.filter(status="succeeded").count() >= 3, 60, "three requests to complete")
+
+    client.batches.cancel(created.id)
+    # At once: no item is left queued, claimed or not; running are only those already let go upstream.
+    assert items.filter(status="queued").count() == 0
+    running = items.filter(status="running").count()
+    calls = mock_provider.stats(provider)["calls"]
+    batch = finished(client, created.id)
+
+    assert batch.status == "cancelled"
+    succeeded = items.filter(status="succeeded").count()
+    final_calls = mock_provider.stats(provider)["calls"]
+    assert final_calls == succeeded  # every upstream call was an item that ran, no other
+    assert final_calls <= calls + running  # after the cancel, only requests already started reached it
+    assert items.filter(status="cancelled").count() == 30 - succeeded
+    assert {row["error"]["code"] for row in output_lines(client, batch.error_file_id)} == {"batch_cancelled"}
+    # Each request that reached the provider had started before the cancel (its ledger row's start:
+    # the record's time less its latency; 50 ms for the clocks' rounding).
+    drain()
+    cancelled_at = Batch.objects.get(public_id=created.id).cancelling_at.timestamp() + 0.05
+    rows = LedgerEntry.objects.filter(request_id__startswith=f"{created.id}:", status_code=200)
+    assert rows.count() == succeeded
+    for row in rows:
+        assert row.created_at.timestamp() - row.latency_ms / 1000 < cancelled_at, row.request_id
+
+
 def test_another_tenants_files_and_batches_are_not_found(gateway, batch_worker, tenancy, make_key, make_model):
     alias, _ = make_model()
     mine, theirs = sdk(gateway, make_key(tenancy.tenant)), sdk(gateway, make_key(tenancy.other))
