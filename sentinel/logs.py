@@ -30,8 +30,8 @@ class RequestIdFilter(logging.Filter):
 
 
 class ClientFaultFilter(logging.Filter):
-    """Django logs each SuspiciousOperation (a query string filtering on a field the admin does not
-    offer, a forged Host header, a tampered session) at ERROR with a traceback on a
+    """Django logs each SuspiciousOperation (an admin query string filtering across a relation the
+    admin does not offer, a forged Host header, a tampered session) at ERROR with a traceback on a
     django.security.* logger, and answers 400. The fault is the client's: one warning line, no
     traceback. (On a handler of its own: a filter on a handler sees records of child loggers.)"""
 

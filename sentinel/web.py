@@ -47,23 +47,26 @@ LINGER_SECONDS = 5.0
 
 
 class HeadTooLarge(Exception):
-    """Raised from a parser callback: stops parsing a request whose head is over the bound."""
+    """Raised from the parser's headers-complete callback: stops parsing a head over the bound."""
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a bound on each request's head (request target and headers).
-    The parsed head is counted as the parser hands over each part; and since the parser keeps a
-    header that has not ended yet to itself, the bytes read while a head is incomplete are counted
-    too (at most one read, 64-256 KiB, is held beyond the bound). Over it: 431. Requests the parser
-    refuses, which uvicorn answers 400 in plain text, get the same treatment: an error in OpenAI's
-    shape with nosniff."""
+    The bytes read while a head is incomplete are counted: the parser keeps a header that has not
+    ended to itself, so a head still incomplete past the bound is refused there (at most one read,
+    64-256 KiB, is held beyond it). When a head completes, its exact size is added up only if it
+    could be over the bound (the reads that carried it were larger, or it came after another request
+    in the same read): the usual request pays one comparison. Over the bound: 431. Requests the
+    parser refuses, which uvicorn answers 400 in plain text, get the same treatment: an error in
+    OpenAI's shape with nosniff."""
 
     def __init__(self, *args, max_head_bytes: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.max_head_bytes = max_head_bytes
-        self.head_parsed = 0  # bytes of this request's target and headers the parser handed over
-        self.head_received = 0  # bytes read while this request's head was incomplete
+        self.head_received = 0  # bytes of the reads since this request's head began
         self.reading_head = True
+        self.head_begun = False  # the parser has seen this head's first byte
+        self.pipelined = False  # this head began in a read that also carried the previous request
         self.refused = False
 
     def data_received(self, data: bytes) -> None:
@@ -71,11 +74,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.refused:
             return  # lingering after an error: what the client still sends is dropped
         self._unset_keepalive_if_required()
-        counting = self.reading_head
+        if self.reading_head:
+            self.head_received += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as error:
-            if isinstance(error.__context__, HeadTooLarge):  # raised by _count, through the parser
+            if isinstance(error.__context__, HeadTooLarge):  # raised by on_headers_complete
                 self._refuse(self._too_large())
             else:
                 self.logger.warning("Invalid HTTP request received.")
@@ -87,35 +91,31 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
             return
-        if counting and self.reading_head and not self.transport.is_closing():
-            self.head_received += len(data)
-            if self.head_received > self.max_head_bytes:
-                self._refuse(self._too_large())
+        if not self.reading_head:
+            return
+        if not self.head_begun:
+            self.pipelined = False  # the read that ended the previous request held nothing of the next
+        elif self.head_received > self.max_head_bytes and not self.transport.is_closing():
+            self._refuse(self._too_large())
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.head_parsed = 0
-
-    def on_url(self, url: bytes) -> None:
-        self._count(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)  # with ": " and CRLF
-        super().on_header(name, value)
+        self.head_begun = True
 
     def on_headers_complete(self) -> None:
         self.reading_head = False
+        if (self.head_received > self.max_head_bytes or self.pipelined) and self._head_size() > self.max_head_bytes:
+            raise HeadTooLarge  # through the parser, to data_received
+        self.pipelined = False
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self.reading_head, self.head_received = True, 0
+        # The rest of this read, if any, is the next request's: its head is measured exactly.
+        self.reading_head, self.head_begun, self.head_received, self.pipelined = True, False, 0, True
 
-    def _count(self, size: int) -> None:
-        self.head_parsed += size
-        if self.head_parsed > self.max_head_bytes:
-            raise HeadTooLarge
+    def _head_size(self) -> int:
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)  # ": ", CRLF
 
     def _too_large(self) -> GatewayError:
         return GatewayError(
@@ -130,6 +130,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         input is read and dropped for a moment. Closing a socket with unread input resets the
         connection, which can destroy the response before a client still sending has read it."""
         self.refused = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A request before it on this connection (pipelined) is still being answered: that answer
+            # is finished, then the connection closes; the refused request gets none.
+            self.cycle.keep_alive = False
+            return
         body = error.body()
         head = [STATUS_LINE[error.status]]
         for name, value in [
