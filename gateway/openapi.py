@@ -16,10 +16,27 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
 from gateway.batches.schemas import BatchCreate
-from gateway.bodies import BATCH_CREATE_IDENTIFIERS, CHAT_IDENTIFIERS, document_limits
+from gateway.bodies import BATCH_CREATE_IDENTIFIERS, CHAT_IDENTIFIERS, NO_CONTROL, document_limits
 from gateway.schemas import ChatRequest
 
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
+# What gateway.cache.controls_from accepts in the body's `cache` object (it refuses any other member).
+CACHE_CONTROLS = {
+    "description": "Sentinel's per-request cache controls (never sent to a provider).",
+    "anyOf": [
+        {"type": "null"},
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "no-cache": {"type": "boolean", "description": "Do not read the cache."},
+                "no-store": {"type": "boolean", "description": "Do not store the answer."},
+                "ttl": {"type": "integer", "minimum": 1, "maximum": 30 * 86400, "description": "Seconds."},
+                "namespace": {"type": "string", "maxLength": 100, "pattern": NO_CONTROL},
+            },
+        },
+    ],
+}
 
 
 def _component(model: type[BaseModel], prefix: str, components: dict[str, Any]) -> dict[str, str]:
@@ -469,6 +486,7 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     schemas = components.setdefault("schemas", {})
     result["paths"] = {**gateway_paths(schemas), **batch_paths(schemas), **result.get("paths", {})}
     document_limits(schemas, prefix="Chat", component="ChatChatRequest", identifiers=CHAT_IDENTIFIERS)
+    schemas["ChatChatRequest"]["properties"]["cache"] = CACHE_CONTROLS
     document_limits(
         schemas, prefix="SentinelBatchCreate", component="SentinelBatchCreate", identifiers=BATCH_CREATE_IDENTIFIERS
     )

@@ -68,6 +68,11 @@ def controls_from(body: dict, headers) -> Controls:
         if not isinstance(field, dict):
             raise invalid_request("'cache' must be an object.", param="cache", code="invalid_type")
         values.update({k.lower(): v for k, v in field.items()})
+        ttl = values.get("ttl")
+        if "ttl" in {k.lower() for k in field} and (not isinstance(ttl, int) or isinstance(ttl, bool)):
+            # JSON has integers: "60" or true in the body is a client's mistake (headers carry text).
+            message = "cache ttl must be a whole number of seconds."
+            raise invalid_request(message, param="cache.ttl", code="invalid_type")
     unknown = set(values) - {"no-cache", "no-store", "ttl", "namespace"}
     if unknown:
         raise invalid_request(f"Unknown cache control: {sorted(unknown)[0]}.", param="cache", code="invalid_value")

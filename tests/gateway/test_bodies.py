@@ -107,12 +107,17 @@ def test_json_nested_deeper_than_the_limit_is_refused_naming_the_outer_field(fie
 
 
 def test_the_limit_is_exact():
-    # The body is level 1, `extra` level 2: MAX_JSON_DEPTH - 1 more objects fit, one more does not.
-    fits = {"model": "m", "messages": ASK, "extra": nested(MAX_JSON_DEPTH - 1)}
+    # The body is level 1, `tools` 2, the tool 3, its function 4: a parameters schema of
+    # MAX_JSON_DEPTH - 4 levels fits, one more does not.
+    def with_schema(levels: int) -> dict:
+        tool = {"type": "function", "function": {"name": "f", "parameters": nested(levels)}}
+        return {"model": "m", "messages": ASK, "tools": [tool]}
+
+    fits = with_schema(MAX_JSON_DEPTH - 4)
     assert depth(fits) == MAX_JSON_DEPTH
     _, body = parse_chat_request(json.dumps(fits).encode())
     cache_key(tenant_id=1, namespace="", model_identity=("m",), body=body)  # serialisable as the cache keys it
-    too_deep = {**fits, "extra": nested(MAX_JSON_DEPTH)}
+    too_deep = with_schema(MAX_JSON_DEPTH - 3)
     assert refused(too_deep).code == "nesting_too_deep"
 
 

@@ -44,6 +44,7 @@ def gateway(test_database_name, mock_provider, embedding_model):
 @pytest.fixture(scope="module")
 def fuzz_target(gateway, django_db_blocker, mock_provider):
     """The key, model and console session the fuzzed requests use."""
+    from django.conf import settings
     from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
     from django.contrib.sessions.backends.db import SessionStore
     from django.contrib.sessions.models import Session
@@ -66,7 +67,7 @@ def fuzz_target(gateway, django_db_blocker, mock_provider):
         user = get_user_model().objects.create_superuser(unique("fuzzer"), password=None)
         data = {
             SESSION_KEY: str(user.pk),
-            BACKEND_SESSION_KEY: "django.contrib.auth.backends.ModelBackend",
+            BACKEND_SESSION_KEY: settings.AUTHENTICATION_BACKENDS[0],
             HASH_SESSION_KEY: user.get_session_auth_hash(),
         }
         expires = timezone.now() + timedelta(hours=1)

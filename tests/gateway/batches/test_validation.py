@@ -46,10 +46,14 @@ def test_a_line_nested_300_deep_is_that_lines_error():
 
 
 def test_a_line_nests_as_deep_as_a_chat_request_may():
-    fits = line("fits", extra=nested(MAX_JSON_DEPTH - 2))  # body level 1, extra level 2
-    assert read(fits, line("over", extra=nested(MAX_JSON_DEPTH - 1))) == (
+    def with_schema(custom_id: str, levels: int) -> dict:  # body 1, tools 2, tool 3, function 4
+        tool = {"type": "function", "function": {"name": "f", "parameters": nested(levels)}}
+        return line(custom_id, tools=[tool])
+
+    fits = with_schema("fits", MAX_JSON_DEPTH - 5)  # nested(n) is n + 1 levels deep
+    assert read(fits, with_schema("over", MAX_JSON_DEPTH - 4)) == (
         ["fits"],
-        [(2, "nesting_too_deep", "body.extra")],
+        [(2, "nesting_too_deep", "body.tools")],
     )
 
 
