@@ -327,7 +327,7 @@ def test_pattern_checks_reach_their_targets():
 
 def test_injection_holds_on_prompts_written_after_it_was_tuned():
     """Issue 25: injection recall was 0.70 on the held-out prompts (0.56 on the issue's fresh ones).
-    injection_holdout_b.jsonl was written after the model was trained and never trained on."""
+    injection_holdout_c.jsonl was written after the last change to the detector and never trained on."""
     assert figures(DATA / "screening_holdout.jsonl")["checks"]["injection"] == {
         "precision": 1.0,
         "recall": 1.0,
@@ -335,8 +335,8 @@ def test_injection_holds_on_prompts_written_after_it_was_tuned():
         "fp": 0,
         "fn": 0,
     }
-    fresh = figures(DATA / "injection_holdout_b.jsonl")["checks"]["injection"]
-    assert (fresh["tp"], fresh["fp"], fresh["fn"]) == (38, 2, 12)  # recall 0.76, precision 0.95
+    fresh = figures(DATA / "injection_holdout_c.jsonl")["checks"]["injection"]
+    assert (fresh["tp"], fresh["fp"], fresh["fn"]) == (42, 1, 8)  # recall 0.84, precision 0.977
 
 
 def test_the_injection_model_is_trained_from_a_labeled_set(tmp_path):
