@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -136,6 +137,13 @@ class Text:
     arguments: object = None  # tool-call arguments: the parsed JSON (screened as its canonical text)
 
     @property
+    def checked(self) -> str:
+        """What the checks read: the text, with JSON escapes (\\n, \\", \\u0001) blanked in
+        arguments, same length (spans map back one to one). Read as text, "\\nAIza..." is a word
+        character before the key, and a pattern that must not start inside a word would skip it."""
+        return self.text if self.arguments is None else _JSON_ESCAPE.sub(lambda m: " " * len(m.group()), self.text)
+
+    @property
     def param(self) -> str:
         """OpenAI's way of naming the field: messages[1].tool_calls[0].function.arguments."""
         name = f"messages[{self.index}]"
@@ -145,6 +153,7 @@ class Text:
 
 
 _NO_ARGUMENTS = object()
+_JSON_ESCAPE = re.compile(r'\\(?:u[0-9a-fA-F]{4}|["\\/bfnrt])')
 
 
 def _arguments(raw: str) -> object:
@@ -324,7 +333,7 @@ def _screen_locally(policy: Policy, record: Screening, messages: list, texts: li
     for text in texts:
         screened = text.role not in SYSTEM_ROLES
         spans = local_spans(
-            text.text,
+            text.checked,
             kinds=kinds,
             injection_on=injection_action != OFF and screened,
             moderation_on=moderation_action != OFF and screened,

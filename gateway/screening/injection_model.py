@@ -38,6 +38,10 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]")
 _COMBINING = re.compile(r"[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
 _DISGUISED = re.compile(r"[a-z][0-9@$]|[0-9@$][a-z]")
 _SENTENCE_END = re.compile(r"(?<=[.!?。！？；;])\s+|\n+")
+# A passage set apart inside a chunk: in brackets or parentheses, between quotes, inside an HTML tag.
+_ENCLOSED = re.compile(
+    r"\(([^()]{20,})\)|\[([^\[\]]{20,})\]|>([^<>]{20,})<|\"([^\"]{20,})\"|<!--(.{20,}?)-->", re.DOTALL
+)
 CHUNK_CHARS = 280  # sentences are gathered into chunks of about this many characters
 
 
@@ -104,6 +108,16 @@ def chunks(text: str) -> list[tuple[int, int]]:
 
 
 def find(text: str) -> list[Span]:
-    """Chunks the model judges injection attempts."""
+    """Chunks the model judges injection attempts, and passages quoted or bracketed inside them (a
+    note in parentheses, a hidden HTML element, a quoted e-mail) judged on their own."""
     _, threshold, _ = model()
-    return [Span(INJECTION, start, end) for start, end in chunks(text) if score(text[start:end]) >= threshold]
+    found = []
+    for start, end in chunks(text):
+        if score(text[start:end]) >= threshold:
+            found.append(Span(INJECTION, start, end))
+            continue
+        for inner in _ENCLOSED.finditer(text, start, end):
+            a, b = inner.span(inner.lastindex)
+            if b - a >= 20 and score(text[a:b]) >= threshold:
+                found.append(Span(INJECTION, a, b))
+    return found

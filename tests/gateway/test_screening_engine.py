@@ -171,6 +171,21 @@ def test_tool_call_arguments_are_redacted_as_json():
     assert call.body["messages"][2:] == TOOL_CONVERSATION[2:]  # clean texts are left as they were
 
 
+def test_a_key_after_a_line_break_in_tool_call_arguments_is_found():
+    """In JSON the line break before the key is the escape \\n: read as text, its "n" is a word
+    character right before "AIza", and the pattern (which must not start inside a word) skipped it."""
+    key = "AIzacUhDlrg0pFPGCGhq94uLLkFtoM7VaEDkkAw"
+    arguments = json.dumps({"q": f"first line\n\n{key}\n\nlast line"})
+    function = {"name": "f", "arguments": arguments}
+    call = call_with(
+        Policy(input=(("secret", "redact"),)),
+        {"role": "assistant", "tool_calls": [{"id": "t", "type": "function", "function": function}]},
+    )
+    run(screen_input(call))
+    sent = call.body["messages"][0]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(sent) == {"q": "first line\n\n[SECRET]\n\nlast line"}
+
+
 def test_names_refusals_and_legacy_function_calls_are_screened():
     policy = Policy(input=(("email", "redact"), ("secret", "redact")))
     call = call_with(
@@ -327,7 +342,7 @@ def test_pattern_checks_reach_their_targets():
 
 def test_injection_holds_on_prompts_written_after_it_was_tuned():
     """Issue 25: injection recall was 0.70 on the held-out prompts (0.56 on the issue's fresh ones).
-    injection_holdout_b.jsonl was written after the model was trained and never trained on."""
+    injection_holdout_c.jsonl was written after the last change to the detector and never trained on."""
     assert figures(DATA / "screening_holdout.jsonl")["checks"]["injection"] == {
         "precision": 1.0,
         "recall": 1.0,
@@ -335,8 +350,8 @@ def test_injection_holds_on_prompts_written_after_it_was_tuned():
         "fp": 0,
         "fn": 0,
     }
-    fresh = figures(DATA / "injection_holdout_b.jsonl")["checks"]["injection"]
-    assert (fresh["tp"], fresh["fp"], fresh["fn"]) == (38, 2, 12)  # recall 0.76, precision 0.95
+    fresh = figures(DATA / "injection_holdout_c.jsonl")["checks"]["injection"]
+    assert (fresh["tp"], fresh["fp"], fresh["fn"]) == (42, 1, 8)  # recall 0.84, precision 0.977
 
 
 def test_the_injection_model_is_trained_from_a_labeled_set(tmp_path):
@@ -480,7 +495,8 @@ def test_input_redaction_leaves_nothing_in_any_field(data):
     kind = data.draw(st.sampled_from(sorted(VALUES)), label="kind")
     value = data.draw(VALUES[kind], label="value")
     where = data.draw(st.sampled_from(["user", "system", "tool", "arguments", "escaped arguments"]), label="where")
-    text = f"Please check {value} for me"
+    context = data.draw(screening_values.CONTEXTS, label="context")
+    text = context.format(v=value)  # in arguments, its line breaks and quotes become JSON escapes
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
     if where in ("user", "system"):
         messages.append({"role": where, "content": text})
@@ -499,7 +515,8 @@ def test_input_redaction_leaves_nothing_in_any_field(data):
         for tool_call in message.get("tool_calls") or ()
     ]
     for output in (sent, json.dumps(decoded_arguments, ensure_ascii=False), json.dumps(call.body)):
-        assert screening_values.leaked(value, output.replace("\\n", "\n"), "Please check for me hello Be brief.") == []
+        surrounding = context.replace("{v}", " ") + " hello Be brief."
+        assert screening_values.leaked(value, output.replace("\\n", "\n"), surrounding) == []
 
 
 # --- long texts are screened off the event loop --------------------------------------------------
