@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -187,9 +188,17 @@ def deployment_in_flight(deployment_id: int) -> int | None:
 # --- the ticket an admitted request holds ------------------------------------------------------
 
 
+def hold_id(request_id: str) -> str:
+    """The name an interactive request's holds go by in Redis: its id, made unique. Clients may name
+    their requests (x-sentinel-request-id) and repeat a name: requests sharing one would share one
+    place in every rate limit and one budget reservation. (A batch item keeps its own id, which
+    Sentinel makes, so a run repeated after its worker died is counted once.)"""
+    return f"{request_id}/{uuid.uuid4().hex[:16]}"
+
+
 @dataclass
 class Ticket:
-    request_id: str
+    request_id: str  # its holds' name in Redis (hold_id)
     tokens: int
     cost_units: int
     limits: list[Limit]

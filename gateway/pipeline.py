@@ -233,7 +233,7 @@ async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:
                 model=call.model,
                 model_limits=dict(route.limits),
                 deployments=chain,
-                request_id=call.request_id,
+                request_id=call.request_id if call.queued else admission.hold_id(call.request_id),
                 tokens=tokens,
                 worst_cost=worst_cost,
                 lease_seconds=settings.CHAIN_DEADLINE_SECONDS,

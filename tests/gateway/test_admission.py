@@ -234,6 +234,39 @@ def test_a_token_limit_holds_for_cjk(fleet, tenant, make_key, make_model, mock_p
     assert redis_number(f"{{sentinel}}:rl:key:{key_id}:tpm:sum") == sum(r.usage.total_tokens for r in answered)
 
 
+def test_a_reused_request_id_takes_its_own_share_of_every_limit(fleet, tenant, make_key, make_model, live_db):
+    """Clients may name their requests (x-sentinel-request-id); a name used again, even by many
+    requests at once, must not share one reservation or one place in a rate limit. Before, every
+    request after the first slipped through both: Redis counted them as the same request."""
+    model, (provider,) = make_model()
+    Deployment.objects.filter(name=provider).update(input_price_override=0, output_price_override=Decimal("0.00025"))
+    Budget.objects.create(tenant=tenant, period="daily", limit_usd=Decimal("0.025"))  # 2.5 requests' worst case
+    budgeted = make_key(tenant, requests_per_minute=1000)
+    limited = make_key(tenant, name="limited", requests_per_minute=3)
+
+    async def burst(key: str, count: int) -> list[int]:
+        async with aiohttp.ClientSession() as session:
+
+            async def one(i: int) -> int:
+                headers = {"authorization": f"Bearer {key}", "x-sentinel-request-id": "my-request"}
+                body = ask(model, i, max_tokens=40)
+                async with session.post(f"{fleet[i % 4].url}/v1/chat/completions", json=body, headers=headers) as r:
+                    await r.read()
+                    return r.status
+
+            return await asyncio.gather(*(one(i) for i in range(count)))
+
+    assert sorted(asyncio.run(burst(budgeted, 10))) == [200] * 2 + [402] * 8
+    time.sleep(0.5)
+    drain()
+    assert sum(row.cost_usd for row in LedgerEntry.objects.filter(tenant=tenant)) == Decimal("0.02")
+    Budget.objects.filter(tenant=tenant).delete()
+    from gateway.localstate import announce_change
+
+    announce_change()
+    assert sorted(asyncio.run(burst(limited, 10))) == [200] * 3 + [429] * 7
+
+
 def redis_number(name: str) -> int:
     return int(sync_redis().get(name) or 0)
 
