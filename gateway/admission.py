@@ -4,10 +4,16 @@ atomic Redis step (admission.lua), and settled to what really happened after the
 Rate limits are sliding logs (exact: a key limited to 100 requests a minute gets exactly 100 in any
 60 s, across every gateway process, with no doubling at window boundaries). Budgets reserve the
 request's worst-case cost at admission and settle to the real cost afterwards, so concurrency cannot
-overspend them (docs/budgets.md: what a reservation counts, and the bound it keeps). When Redis cannot
-be reached, or does not answer within SENTINEL_REDIS_TIMEOUT_MS (sentinel.redis_clients), each tenant's
-setting decides: admit and count in this process only (fail open, the default), or refuse with 503
-(fail closed); the first request after Redis answers again is admitted through it as before.
+overspend them. The bound (docs/budgets.md): while Redis answers, settled spend stays within a hard
+budget as long as each reservation is at least what its request is billed (gateway.tokens counts
+prompts with the model's tokenizer, or with a documented margin where that is not public); a request
+that outlives its lease, or whose settlement Redis never receives, can overspend it by at most its own
+worst case. Holds go by a name Sentinel makes unique (hold_id), never by one a client chose.
+
+When Redis cannot be reached, or does not answer within SENTINEL_REDIS_TIMEOUT_MS
+(sentinel.redis_clients), each tenant's setting decides: admit and count in this process only (fail
+open, the default), or refuse with 503 (fail closed). The first request after Redis answers again is
+admitted through it, and the admission steps given up on meanwhile are voided (void.lua).
 """
 
 from __future__ import annotations
