@@ -108,12 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     with running_stack(out_dir=args.out, data_dir=args.data_dir, workers=1, mock_profile="zero") as stack:
         from django.conf import settings
 
-        valkey_port = urllib.parse.urlsplit(settings.REDIS_URL).port
-        with StallingProxy(valkey_port) as proxy:
+        valkey = urllib.parse.urlsplit(settings.REDIS_URL)
+        with StallingProxy(valkey.port, valkey.hostname) as proxy:
             port = free_port()
             child = python_child("web-stall", "-m", "sentinel.web", "--host", "127.0.0.1", "--port", str(port))
             stack.children.append(child)
-            child.start(stack.log_dir, {**os.environ, "REDIS_URL": proxy.url})
+            # The same Valkey and database as the stack's, through the proxy.
+            through_proxy = valkey._replace(netloc=valkey.netloc.replace(f":{valkey.port}", f":{proxy.port}"))
+            child.start(stack.log_dir, {**os.environ, "REDIS_URL": through_proxy.geturl()})
             gateway = f"http://127.0.0.1:{port}"
             wait_ready(f"{gateway}/health/ready", stack.children, 120)
             keys = prepare()
