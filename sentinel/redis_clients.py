@@ -2,15 +2,15 @@
 lives with a Redis that stops answering.
 
 The async client serves the request path. A command that hears nothing for SENTINEL_REDIS_TIMEOUT_MS
-(100 ms) marks Redis unreachable for the whole process (a Redis that answers other commands meanwhile
-is busy, not gone, and is waited for, up to the socket timeout). From then on commands fail at once
-(callers fall back: admission to each tenant's fail-open / fail-closed choice, the ledger to
-Postgres, the cache to a miss) instead of each waiting out a timeout, and one command at a time
-checks whether Redis answers again. Admission checks on every request (`checking_allowed`), so the
-first request after Redis comes back is admitted through it; anything else checks at most every
-PROBE_INTERVAL_SECONDS (the readiness probe, so a replica without traffic recovers too). A stall
-therefore costs one request at a time at most the timeout, and the others nothing. The sync client
-(admin, workers) keeps its longer timeouts.
+(100 ms) marks Redis unreachable for the whole process (its client on the event loop; a Redis that
+answers other commands meanwhile is busy, not gone, and is waited for, up to the socket timeout).
+From then on commands fail at once (callers fall back: admission to each tenant's fail-open /
+fail-closed choice, the ledger to Postgres, the cache to a miss) instead of each waiting out a
+timeout, and one command at a time checks whether Redis answers again. Admission checks on every
+request (`checking_allowed`), so the first request after Redis comes back is admitted through it;
+anything else checks at most every PROBE_INTERVAL_SECONDS (the readiness probe, so a replica without
+traffic recovers too). A stall therefore costs one request at a time at most the timeout, and the
+others nothing. The sync client (admin, workers) keeps its longer timeouts.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def async_redis() -> aioredis.Redis:
     client = _async_clients.get(loop)
     if client is None:
         timeout = settings.REDIS_TIMEOUT_MS / 1000
-        client = GuardedRedis.from_url(
+        client: GuardedRedis = GuardedRedis.from_url(
             settings.REDIS_URL,
             socket_timeout=max(SOCKET_TIMEOUT, timeout),
             socket_connect_timeout=timeout,
@@ -68,6 +68,7 @@ def async_redis() -> aioredis.Redis:
             # never after a timeout, which would double the wait.
             retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
         )
+        client.outage = Outage()
         _async_clients[loop] = client
     return client
 
@@ -80,7 +81,7 @@ class NotWaiting(redis.exceptions.ConnectionError):
 
 
 class Outage:
-    """Whether Redis answers, as this process last saw it."""
+    """Whether Redis answers, as one client (the process's, on its event loop) last saw it."""
 
     def __init__(self) -> None:
         self.down = False
@@ -109,7 +110,6 @@ class Outage:
         self.down = True
 
 
-outage = Outage()
 _checking_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar("redis_checking_allowed", default=False)
 
 
@@ -125,9 +125,12 @@ def checking_allowed() -> Iterator[None]:
 
 
 class GuardedRedis(aioredis.Redis):
-    """The async client with the request path's timeout and the process's outage state."""
+    """The async client with the request path's timeout and its view of whether Redis answers."""
+
+    outage: Outage
 
     async def execute_command(self, *args, **options):
+        outage = self.outage
         if not outage.down:
             return await self._timed(args, options)
         if not outage.may_check():
@@ -139,39 +142,38 @@ class GuardedRedis(aioredis.Redis):
             outage.checking = False
 
     async def _timed(self, args, options):
+        timeout = settings.REDIS_TIMEOUT_MS / 1000
         try:
-            result = await within(settings.REDIS_TIMEOUT_MS / 1000, super().execute_command(*args, **options))
+            result = await within(timeout, super().execute_command(*args, **options), self.outage)
         except UNREACHABLE as error:
-            outage.silent(error)
+            self.outage.silent(error)
             raise
-        outage.answered()
+        self.outage.answered()
         return result
 
 
-async def within(seconds: float, awaitable):
+async def within(seconds: float, awaitable, outage: Outage):
     """Await a command until Redis has been silent for `seconds`, raising redis' TimeoutError then.
-    Silent means no command of this process got an answer meanwhile: a Redis working through a burst
-    answers others and is waited for (up to the socket timeout), a stalled one answers nobody. When
-    the time is up, the cancellation waits one more pass of the event loop: if the loop was busy
-    elsewhere (a long request, a starved CPU), a reply that arrived meanwhile is read rather than
-    thrown away, so only Redis's silence times out, not this process's own load."""
+    Silent means no command of this client got an answer meanwhile: a Redis working through a burst
+    answers others and is waited for (up to the socket timeout), a stalled one answers nobody. The
+    verdict waits one more pass of the event loop: if the loop was busy elsewhere (a long request, a
+    starved CPU), replies that arrived meanwhile, this command's or others', are read first, so only
+    Redis's silence times out, not this process's own load."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     state = {"expired": False, "done": False}
 
-    def cancel() -> None:
-        if not state["done"]:
-            state["expired"] = True
-            task.cancel()
-
-    def due() -> None:
+    def verdict() -> None:
         nonlocal handle
+        if state["done"]:
+            return
         if outage.heard_within(seconds):
-            handle = loop.call_later(seconds, due)
-        else:
-            loop.call_soon(cancel)
+            handle = loop.call_later(seconds, loop.call_soon, verdict)
+            return
+        state["expired"] = True
+        task.cancel()
 
-    handle = loop.call_later(seconds, due)
+    handle = loop.call_later(seconds, loop.call_soon, verdict)
     try:
         return await awaitable
     except asyncio.CancelledError:

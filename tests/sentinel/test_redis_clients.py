@@ -30,7 +30,7 @@ def test_a_reply_that_came_while_the_loop_was_busy_is_read_not_timed_out():
 
         asyncio.get_running_loop().call_soon(busy)
         try:
-            return await within(0.1, reader.read(1))
+            return await within(0.1, reader.read(1), redis_clients.Outage())
         finally:
             writer.close()
 
@@ -42,13 +42,13 @@ def test_a_reply_that_came_while_the_loop_was_busy_is_read_not_timed_out():
 
 def test_silence_times_out_and_other_cancellations_pass_through():
     async def silent() -> None:
-        await within(0.05, asyncio.Event().wait())
+        await within(0.05, asyncio.Event().wait(), redis_clients.Outage())
 
     with pytest.raises(redis.exceptions.TimeoutError):
         asyncio.run(silent())
 
     async def cancelled_from_outside() -> None:
-        task = asyncio.create_task(within(10, asyncio.Event().wait()))
+        task = asyncio.create_task(within(10, asyncio.Event().wait(), redis_clients.Outage()))
         await asyncio.sleep(0)
         task.cancel()
         await task
@@ -57,10 +57,9 @@ def test_silence_times_out_and_other_cancellations_pass_through():
         asyncio.run(cancelled_from_outside())
 
 
-def test_a_busy_redis_is_waited_for(monkeypatch):
+def test_a_busy_redis_is_waited_for():
     """Redis answering other commands meanwhile is working through a queue, not stalled."""
     outage = redis_clients.Outage()
-    monkeypatch.setattr(redis_clients, "outage", outage)
 
     async def main() -> str:
         async def others_answered() -> None:
@@ -70,7 +69,7 @@ def test_a_busy_redis_is_waited_for(monkeypatch):
 
         chatter = asyncio.create_task(others_answered())
         try:
-            return await within(0.05, asyncio.sleep(0.3, result="answer"))
+            return await within(0.05, asyncio.sleep(0.3, result="answer"), outage)
         finally:
             chatter.cancel()
 
@@ -78,12 +77,11 @@ def test_a_busy_redis_is_waited_for(monkeypatch):
 
 
 @pytest.fixture
-def stalling_redis(tmp_path, settings, monkeypatch):
-    """A Valkey of the test's own behind a proxy, and this process's view of it, fresh."""
+def stalling_redis(tmp_path, settings):
+    """A Valkey of the test's own behind a proxy (this test's event loop gets its own client)."""
     port = free_port()
     server = ValkeyServer(port=port, data_dir=tmp_path / "valkey")
     server.start()
-    monkeypatch.setattr(redis_clients, "outage", redis_clients.Outage())
     try:
         with StallingProxy(port) as proxy:
             settings.REDIS_URL = proxy.url
@@ -96,10 +94,9 @@ def test_an_unanswering_redis_is_checked_one_command_at_a_time(stalling_redis, m
     proxy = stalling_redis
     monkeypatch.setattr(redis_clients, "PROBE_INTERVAL_SECONDS", 3600)  # only admission's checks here
 
-    outage = redis_clients.outage
-
     async def main() -> None:
         client = async_redis()
+        outage = client.outage
         await client.set("k", "v")
         proxy.stall()
         with pytest.raises(redis.exceptions.TimeoutError):
