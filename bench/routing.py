@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import orjson
 
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench routing", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="5 rounds")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for routing.json")
     args = parser.parse_args(argv)
     prompts = [orjson.loads(line)["prompt"] for line in DATA.read_text().splitlines() if line.strip()]
     result = measure(prompts, 5 if args.quick else args.rounds)
@@ -74,5 +76,5 @@ def main(argv: list[str] | None = None) -> int:
             title="classify() per prompt (median of its rounds)",
         )
     )
-    write_json(RESULTS_DIR, "routing", {**envelope("routing", quick=args.quick), "results": result})
+    write_json(args.out, "routing", {**envelope("routing", quick=args.quick), "results": result})
     return 0

@@ -1,5 +1,6 @@
 """Billing in the Django admin: prices (an edit of a price already billed becomes a new version), the
-read-only ledger, and the spend report page for finance (filter, view, download CSV or XLSX)."""
+read-only ledger and its dead letters, and the spend report page for finance (filter, view, download
+CSV or XLSX)."""
 
 from datetime import timedelta
 
@@ -9,9 +10,11 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.html import format_html
 
 from billing.exports import cell_text, report_columns, report_csv, report_filename, report_rows, report_xlsx
-from billing.models import LedgerEntry, Price, SpendReport
+from billing.ledger import record_text
+from billing.models import LedgerDeadLetter, LedgerEntry, Price, SpendReport
 from billing.selectors import DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
 from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
@@ -102,6 +105,44 @@ class LedgerEntryAdmin(TenantScopedAdmin):
     list_select_related = ["tenant"]
     search_fields = ["request_id"]
     date_hierarchy = "created_at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(LedgerDeadLetter)
+class LedgerDeadLetterAdmin(TenantScopedAdmin):
+    """Ledger records the database refused, each with why and the record as it was queued: operators
+    see all of them, a tenant's admins and finance those naming their tenant; nobody edits them. The
+    record is shown escaped (control characters as \\x escapes, HTML as text), whatever bytes it holds."""
+
+    view_roles = SEE_SPEND
+    manage_roles = frozenset()
+    list_display = ["created_at", "queued_at", "tenant", "kind", "request_id", "short_reason", "short_record"]
+    list_filter = ["kind", TenantFilter]
+    list_select_related = ["tenant"]
+    search_fields = ["request_id", "stream_id"]
+    date_hierarchy = "created_at"
+    fields = ["created_at", "queued_at", "tenant", "kind", "request_id", "reason", "stream_id", "digest", "shown"]
+    readonly_fields = fields
+
+    @admin.display(description="reason")
+    def short_reason(self, obj: LedgerDeadLetter) -> str:
+        return obj.reason if len(obj.reason) <= 120 else obj.reason[:119] + "…"
+
+    @admin.display(description="record")
+    def short_record(self, obj: LedgerDeadLetter) -> str:
+        return record_text(bytes(obj.record), limit=120, indent=False)
+
+    @admin.display(description="record")
+    def shown(self, obj: LedgerDeadLetter) -> str:
+        return format_html('<pre style="white-space: pre-wrap">{}</pre>', record_text(bytes(obj.record)))
 
     def has_add_permission(self, request):
         return False

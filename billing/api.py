@@ -19,6 +19,7 @@ from rest_framework.views import APIView
 from billing.exports import report_csv, report_filename, report_xlsx
 from billing.models import LedgerEntry
 from billing.selectors import DIMENSIONS, ledger_entries, spend_report
+from sentinel.text import no_control_characters
 from tenants.models import Tenant
 from tenants.selectors import ALL_ROLES, EXPORT_SPEND, MANAGE, SEE_SPEND, tenants_for
 
@@ -130,6 +131,7 @@ class SpendReportApi(APIView):
             default=",".join(DIMENSIONS),
             help_text=f"Comma-separated, any of: {', '.join(DIMENSIONS)}. Empty: totals only.",
             allow_blank=True,
+            validators=[no_control_characters],
         )
         tenant = serializers.SlugField(required=False, help_text="One tenant; default: every tenant you may see.")
         format = serializers.ChoiceField(choices=["json", "csv", "xlsx"], required=False)
@@ -213,12 +215,16 @@ class RequestLogApi(APIView):
         start = serializers.DateField(required=False, help_text="First UTC day, YYYY-MM-DD.")
         end = serializers.DateField(required=False, help_text="Last UTC day, YYYY-MM-DD (included).")
         status = serializers.IntegerField(required=False, min_value=100, max_value=599, help_text="HTTP status.")
-        model = serializers.CharField(required=False, max_length=200, help_text="The model asked for.")
-        provider = serializers.CharField(required=False, max_length=80)
+        model = serializers.CharField(
+            required=False, max_length=200, help_text="The model asked for.", validators=[no_control_characters]
+        )
+        provider = serializers.CharField(required=False, max_length=80, validators=[no_control_characters])
         cache = serializers.ChoiceField(choices=LedgerEntry.CacheTier.values, required=False)
         key = serializers.IntegerField(required=False, min_value=1, help_text="A virtual key's id.")
         limit = serializers.IntegerField(required=False, min_value=1, max_value=500, help_text="Page size (50).")
-        cursor = serializers.CharField(required=False, help_text="Opaque; from a page's next or previous link.")
+        cursor = serializers.CharField(
+            required=False, help_text="Opaque; from a page's next or previous link.", validators=[no_control_characters]
+        )
 
         def validate(self, data: dict) -> dict:
             if "start" in data and "end" in data and data["end"] < data["start"]:

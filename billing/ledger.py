@@ -6,35 +6,50 @@ then acknowledges. A worker that dies mid-batch leaves its records pending; the 
 them after SENTINEL_LEDGER_CLAIM_IDLE_MS and inserts them again, which the conflict clause makes
 harmless. So a record is never lost once XADD returned, and never counted twice.
 
-A record Postgres refuses (it names a tenant or key that no longer exists, say) would fail its whole
-batch forever; such records move to a dead-letter stream, kept for an operator, and the rest go in.
+A record the database refuses, for whatever reason (a NUL byte psycopg will not send, a value too
+long or out of range, a tenant that does not exist), or that is no ledger record at all, would fail
+its whole batch on every retry and hold up every other tenant's billing. A refused batch is split in
+halves until each refused record stands alone, every other record goes in during the same drain, and
+the refused ones are set aside with the reason (LedgerDeadLetter, shown in the console and counted in
+/metrics). Errors that are the database's rather than a record's (connection lost, server down or
+shutting down, out of resources, a lock or serialization failure, a schema problem) set nothing
+aside: the batch stays queued and is retried.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import socket
+import time
+import typing
 import uuid
-from dataclasses import dataclass, field, fields
+from collections import Counter
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import django.db
 import orjson
+import psycopg
 import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
-from billing.models import LedgerEntry, RollupDue
+from billing.models import LedgerDeadLetter, LedgerEntry, RollupDue
 from sentinel.redis_clients import async_redis, sync_redis
+from tenants.models import Tenant
 from tenants.services import key_mark_used
 
 log = logging.getLogger(__name__)
 
 STREAM = "sentinel:ledger"
-DEAD_LETTERS = "sentinel:ledger:dead"
+# Where earlier versions kept dead letters; the drain moves any left there into LedgerDeadLetter.
+OLD_DEAD_LETTERS = "sentinel:ledger:dead"
 GROUP = "ledger-writers"
 
 
@@ -90,7 +105,8 @@ async def write_directly(encoded: bytes) -> None:
 
 
 def _insert_directly(encoded: bytes) -> None:
-    _insert([_row({b"r": encoded})])
+    # A refused record is set aside here too, never raised into the request that handed it off.
+    _land([Queued(encoded)])
 
 
 def _ensure_group(client: redis.Redis) -> None:
@@ -103,20 +119,94 @@ def _ensure_group(client: redis.Redis) -> None:
 
 # The record's fields are the ledger table's columns (tests hold the two together).
 COLUMNS = tuple(f.name for f in fields(LedgerRecord))
-_CONVERT = {
-    "screening": lambda value: Jsonb(value) if value is not None else None,
-    "id": uuid.UUID,
-    "created_at": lambda stamp: datetime.fromtimestamp(stamp, UTC),
-    "cost_usd": Decimal,
-    "saved_cost_usd": Decimal,
+_COLUMN_SET = frozenset(COLUMNS)
+# A record queued by an older version lacks the fields added since: they take their defaults. The
+# id and the time have none (made per record), so a record without them is no record.
+_DEFAULTS = {f.name: f.default for f in fields(LedgerRecord) if f.default is not MISSING}
+# What JSON types each field may have (as tuples, which isinstance checks fastest); a timestamp may
+# come as a whole number.
+_TYPES = {
+    name: (int, float) if hint is float else typing.get_args(hint) or (hint,)
+    for name, hint in typing.get_type_hints(LedgerRecord).items()
 }
 
 
-def _row(message_fields: dict) -> tuple:
-    """A queued record as a row of the ledger table; raises on a record that cannot be one."""
-    data = orjson.loads(message_fields[b"r"])
-    data.setdefault("screening", None)  # records queued before the field existed
-    return tuple(_CONVERT[name](data[name]) if name in _CONVERT else data[name] for name in COLUMNS)
+class Refused(Exception):
+    """A record the ledger cannot take: what kind of refusal (LedgerDeadLetter.Kind) and why."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+def _uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a UUID") from None
+
+
+def _moment(stamp: float) -> datetime:
+    try:
+        return datetime.fromtimestamp(stamp, UTC)
+    except (ValueError, OverflowError, OSError):
+        raise ValueError(f"{stamp!r} is not a time") from None
+
+
+def _amount(text: str) -> Decimal:
+    """Money as Decimal; NaN and infinities are refused here, because Postgres would store a NaN and
+    every sum over it would be NaN."""
+    try:
+        amount = Decimal(text)
+    except ArithmeticError:
+        amount = None
+    if amount is None or not amount.is_finite():
+        raise ValueError(f"{text!r} is not an amount")
+    return amount
+
+
+_CONVERT = {
+    "screening": lambda value: Jsonb(value) if value is not None else None,
+    "id": _uuid,
+    "created_at": _moment,
+    "cost_usd": _amount,
+    "saved_cost_usd": _amount,
+}
+
+
+def _json_type(value: object) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", dict: "object", list: "array"}.get(
+        type(value), "null"
+    )
+
+
+def _row(raw: bytes) -> tuple:
+    """A queued record as a row of the ledger table; raises Refused for a record that cannot be one."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise Refused(LedgerDeadLetter.Kind.UNDECODABLE, f"not a ledger record: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise Refused(LedgerDeadLetter.Kind.UNDECODABLE, f"not a ledger record: a JSON {_json_type(data)}")
+    if not data.keys() >= _COLUMN_SET:
+        data = {**_DEFAULTS, **data}
+        missing = [name for name in COLUMNS if name not in data]
+        if missing:
+            raise Refused(LedgerDeadLetter.Kind.UNDECODABLE, f"not a ledger record: no {', '.join(missing)}")
+    for name, expected in _TYPES.items():
+        value = data[name]
+        # bool is an int to isinstance, never to a ledger column
+        if not isinstance(value, expected) or (value is True or value is False) and expected != (bool,):
+            raise Refused(
+                LedgerDeadLetter.Kind.UNDECODABLE, f"not a ledger record: {name} is a JSON {_json_type(value)}"
+            )
+    for name, convert in _CONVERT.items():
+        try:
+            data[name] = convert(data[name])
+        except ValueError as exc:
+            raise Refused(LedgerDeadLetter.Kind.VALUE, f"invalid value: {name} {exc}") from None
+    return tuple(data[name] for name in COLUMNS)
 
 
 def consumer_name() -> str:
@@ -127,6 +217,7 @@ def drain(*, batch_size: int = 1000, max_batches: int = 50) -> int:
     """Move queued records to Postgres; returns how many were read. Safe to run concurrently."""
     client = sync_redis()
     _ensure_group(client)
+    _adopt_old_dead_letters(client, batch_size)
     consumer = consumer_name()
     moved = 0
     for _ in range(max_batches):
@@ -145,32 +236,190 @@ def drain(*, batch_size: int = 1000, max_batches: int = 50) -> int:
     return moved
 
 
+@dataclass
+class Queued:
+    """One queued record: its bytes, its id in the stream ("" when written directly) and, once read,
+    its ledger row or why it cannot be one."""
+
+    raw: bytes
+    stream_id: str = ""
+    row: tuple | None = None
+    refusal: Refused | None = None
+
+    @classmethod
+    def from_message(cls, message_id: bytes | str, body: dict) -> Queued:
+        raw = body.get(b"r")
+        if raw is None:  # no message the gateway wrote: kept whole
+            refusal = Refused(LedgerDeadLetter.Kind.UNDECODABLE, "not a ledger record: the message carries none")
+            return cls(repr(body).encode(), _text(message_id), refusal=refusal)
+        return cls(raw, _text(message_id))
+
+
 def write_batch(client: redis.Redis, messages: list) -> None:
-    """Insert one batch, then acknowledge it. Never acknowledges a record that is neither in
-    Postgres nor in the dead-letter stream."""
+    """Insert one batch, then acknowledge it. Never acknowledges a record that is neither in the
+    ledger nor set aside as a dead letter."""
     ids = [message_id for message_id, _ in messages]
-    readable, dead = [], []
-    for message_id, message_fields in messages:
-        if not message_fields:  # deleted from the stream after a previous insert: nothing left to do
-            continue
-        try:
-            readable.append((_row(message_fields), message_id, message_fields))
-        except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
-            dead.append((message_id, message_fields, f"unreadable record: {exc!r}"))
-    try:
-        _insert([row for row, _, _ in readable])
-    except DatabaseError as exc:
-        if not _is_refusal(exc):
-            raise  # the database is unwell, not the records: leave them pending for a retry
-        dead.extend(_insert_one_by_one(readable))
+    # A message without fields was deleted from the stream after a previous insert: nothing to do.
+    _land([Queued.from_message(message_id, body) for message_id, body in messages if body])
     pipe = client.pipeline(transaction=False)
-    for message_id, message_fields, reason in dead:
-        pipe.xadd(DEAD_LETTERS, {**message_fields, b"reason": reason.encode(), b"stream_id": message_id})
     pipe.xack(STREAM, GROUP, *ids)
     pipe.xdel(STREAM, *ids)
     pipe.execute()
-    if dead:
-        log.error("ledger: %d record(s) Postgres refused moved to %s", len(dead), DEAD_LETTERS)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _land(queued: list[Queued]) -> None:
+    """Insert every record that is a ledger row and set the others aside with the reason. Raises,
+    leaving every record to a retry, when the database rather than a record is at fault."""
+    for item in queued:
+        if item.refusal is None:
+            try:
+                item.row = _row(item.raw)
+            except Refused as refusal:
+                item.refusal = refusal
+    refused = [item for item in queued if item.refusal is not None]
+    refused += _insert_isolating([item for item in queued if item.refusal is None])
+    if refused:
+        _set_aside(refused)
+
+
+def _insert_isolating(queued: list[Queued]) -> list[Queued]:
+    """Insert the records; when the database refuses them, insert each half on its own, down to the
+    single records it refuses, which are returned (with the refusal). k bad records among n cost
+    about 2k·log2(n/k) inserts rather than n, so a steady trickle of bad records cannot slow the
+    drain below the traffic; every good record still goes in this time."""
+    try:
+        _insert([item.row for item in queued])
+    except Exception as exc:
+        refusal = _refusal(exc)
+        if refusal is None:
+            raise  # the database is unwell, not the records: leave them queued for a retry
+        if len(queued) == 1:
+            queued[0].refusal = refusal
+            return queued
+        half = len(queued) // 2
+        return _insert_isolating(queued[:half]) + _insert_isolating(queued[half:])
+    return []
+
+
+# psycopg's classes for the connection, the server's state and resources (08, 53, 55, 57, 58),
+# serialization failures and deadlocks (40) and the server's own faults (XX): a retry cures them.
+_THE_DATABASES_FAULT = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.InternalError)
+
+
+def _refusal(exc: BaseException) -> Refused | None:
+    """Why the database refused the rows, or None when the fault is the database's rather than the
+    rows' (and the insert should be retried as it is). A refusal is one about the data: SQLSTATE
+    class 22 (data exception: too long, out of range, invalid text, a NUL in JSON), 23 (integrity:
+    foreign key, check, not null), 54 (a limit such as an index row too large), or psycopg refusing
+    a value before sending it (a NUL in text, a value it cannot adapt), which has no SQLSTATE."""
+    error = exc.__cause__ if isinstance(exc, django.db.Error) and isinstance(exc.__cause__, psycopg.Error) else exc
+    if not isinstance(error, psycopg.Error) or isinstance(error, _THE_DATABASES_FAULT):
+        return None
+    sqlstate = error.sqlstate
+    if sqlstate is None:
+        if isinstance(error, (psycopg.DataError, psycopg.ProgrammingError)):
+            return Refused(LedgerDeadLetter.Kind.VALUE, f"refused by psycopg: {error}")
+        return None
+    if sqlstate.startswith("23"):
+        kind = LedgerDeadLetter.Kind.CONSTRAINT
+    elif sqlstate.startswith(("22", "54")):
+        kind = LedgerDeadLetter.Kind.VALUE
+    else:
+        return None
+    diag = error.diag
+    parts = [f"refused by PostgreSQL ({sqlstate}): {diag.message_primary}", diag.message_detail, diag.context]
+    return Refused(kind, "; ".join(part.strip().replace("\n", "; ") for part in parts if part))
+
+
+# C0 and C1 control characters (tab and newline stay): NUL cannot be stored in Postgres text, and
+# the others garble a page or a log line.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, limit: int) -> str:
+    """Text any Postgres text column takes and any page shows as it is: control characters and
+    unpaired surrogates escaped, at most `limit` characters."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    text = _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def record_text(raw: bytes, *, limit: int = 20_000, indent: bool = True) -> str:
+    """A dead letter's record for people: JSON where it parses (orjson writes control characters as
+    \\u escapes), else its bytes with anything unprintable escaped; never more than `limit` characters."""
+    try:
+        text = orjson.dumps(orjson.loads(raw), option=orjson.OPT_INDENT_2 if indent else None).decode()
+    except orjson.JSONDecodeError:
+        text = raw.decode("utf-8", "backslashreplace")
+    return printable(text, limit)
+
+
+def _stream_time(stream_id: str) -> datetime | None:
+    """When a record was queued: a stream id starts with the milliseconds of its XADD."""
+    milliseconds = stream_id.partition("-")[0]
+    return datetime.fromtimestamp(int(milliseconds) / 1000, UTC) if milliseconds.isdigit() else None
+
+
+def _set_aside(refused: list[Queued]) -> None:
+    """Keep refused records as dead letters (once each, however often a retry brings them back),
+    with the tenant and request id they name where they can be read."""
+    named = [(item, _as_object(item.raw)) for item in refused]
+    tenant_ids = {data["tenant_id"] for _, data in named if _is_id(data.get("tenant_id"))}
+    existing = set(Tenant.objects.filter(pk__in=tenant_ids).values_list("pk", flat=True)) if tenant_ids else set()
+    now = datetime.now(UTC)
+    letters = []
+    for item, data in named:
+        tenant_id, request_id = data.get("tenant_id"), data.get("request_id")
+        letters.append(
+            LedgerDeadLetter(
+                digest=hashlib.sha256(item.raw).hexdigest(),
+                queued_at=_stream_time(item.stream_id) if item.stream_id else now,
+                tenant_id=tenant_id if _is_id(tenant_id) and tenant_id in existing else None,
+                request_id=printable(request_id, 128) if isinstance(request_id, str) else "",
+                kind=item.refusal.kind,
+                reason=printable(item.refusal.reason, 2000),
+                record=item.raw,
+                stream_id=item.stream_id,
+            )
+        )
+    LedgerDeadLetter.objects.bulk_create(letters, ignore_conflicts=True)
+    kinds = Counter(item.refusal.kind for item in refused)
+    log.error(
+        "ledger: %d record(s) refused and set aside as dead letters (%s)",
+        len(refused),
+        ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())),
+    )
+
+
+def _as_object(raw: bytes) -> dict:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _is_id(value: object) -> bool:
+    return type(value) is int and 0 < value < 2**63
+
+
+def _adopt_old_dead_letters(client: redis.Redis, count: int) -> None:
+    """Move dead letters an earlier version kept in a Redis stream into LedgerDeadLetter."""
+    entries = client.xrange(OLD_DEAD_LETTERS, count=count)
+    if not entries:
+        return
+    refused = []
+    for _, message_fields in entries:
+        reason = message_fields.pop(b"reason", b"").decode("utf-8", "backslashreplace")
+        item = Queued.from_message(message_fields.pop(b"stream_id", b""), message_fields)
+        item.refusal = Refused(LedgerDeadLetter.Kind.OTHER, reason)
+        refused.append(item)
+    _set_aside(refused)
+    client.xdel(OLD_DEAD_LETTERS, *[message_id for message_id, _ in entries])
 
 
 _TABLE = LedgerEntry._meta.db_table
@@ -209,24 +458,17 @@ def _insert(rows: list[tuple]) -> None:
     key_mark_used(last_used=last_used)
 
 
-def _is_refusal(exc: DatabaseError) -> bool:
-    """Errors about the data itself (a missing referenced row, a value out of range), as opposed to
-    errors about the connection or the server, which a later retry can cure."""
-    sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
-    return sqlstate.startswith(("22", "23"))  # data exception, integrity constraint violation
-
-
-def _insert_one_by_one(readable: list[tuple]) -> list[tuple]:
-    """A batch was refused: insert its records alone to find the ones at fault."""
-    dead = []
-    for row, message_id, message_fields in readable:
-        try:
-            _insert([row])
-        except DatabaseError as exc:
-            if not _is_refusal(exc):
-                raise
-            dead.append((message_id, message_fields, f"refused by Postgres: {exc}"))
-    return dead
+def backlog() -> tuple[int, float]:
+    """How many records are queued (read by a worker or not) and how long ago the oldest was handed
+    off, in seconds (0 with none queued): a drain that keeps failing shows as a growing age."""
+    pipe = sync_redis().pipeline(transaction=False)
+    pipe.xlen(STREAM)
+    pipe.xrange(STREAM, count=1)
+    length, oldest = pipe.execute()
+    if not oldest:
+        return length, 0.0
+    queued_ms = int(_text(oldest[0][0]).partition("-")[0])
+    return length, max(time.time() - queued_ms / 1000, 0.0)
 
 
 def pending_count() -> int:

@@ -76,6 +76,51 @@ class LedgerEntry(models.Model):
         return f"{self.request_id} {self.model_requested} {self.status_code}"
 
 
+class LedgerDeadLetter(models.Model):
+    """A ledger record the database refused, or that was no ledger record at all, kept byte for byte
+    with the reason, so that one bad record never holds up the others and nothing billed disappears
+    unseen. Written by the ledger drain (or the direct write while Redis is away), never edited.
+
+    Every column takes whatever the record holds: the record itself as bytes, the text columns
+    escaped and cut to size, the tenant without a foreign-key constraint (a record may name a tenant
+    that does not exist). So the write cannot be refused for what the record contains, and when it
+    fails all the same, the database is unwell and the record stays queued for a retry."""
+
+    class Kind(models.TextChoices):
+        UNDECODABLE = "undecodable", "not a ledger record"
+        VALUE = "value", "a value refused"
+        CONSTRAINT = "constraint", "a constraint violated"
+        OTHER = "other", "other"
+
+    digest = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the record: each is kept once.")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True, help_text="When it was set aside.")
+    queued_at = models.DateTimeField(null=True, help_text="When the gateway handed the record off.")
+    tenant = models.ForeignKey(
+        "tenants.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        db_constraint=False,
+        related_name="+",
+        help_text="The tenant the record names, when there is one by that id.",
+    )
+    request_id = models.CharField(max_length=128, blank=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    reason = models.TextField()
+    record = models.BinaryField(help_text="The record as it was queued.")
+    stream_id = models.CharField(
+        max_length=40, blank=True, help_text="Its id in the ledger stream (empty: written directly, Redis away)."
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "ledger dead letter"
+        indexes = [models.Index(fields=["tenant", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.request_id or self.stream_id or self.digest[:12]}"
+
+
 class RollupDue(models.Model):
     """A tenant's day whose rollup is out of date: written with the ledger rows that made it so, in
     the same transaction, and removed by the rollup job that folded them in. An insert, never an

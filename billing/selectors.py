@@ -15,7 +15,7 @@ from decimal import Decimal
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
-from billing.models import DailyRollup, LedgerEntry, Price, RollupDue
+from billing.models import DailyRollup, LedgerDeadLetter, LedgerEntry, Price, RollupDue
 from billing.money import ZERO
 from tenants.models import Tenant, VirtualKey
 
@@ -275,3 +275,11 @@ def price_label(price: Price | None) -> str:
     if price is None:
         return "deployment price or unpriced"
     return f"{price.model} from {price.effective_from:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def dead_letter_counts() -> dict[str, int]:
+    """Ledger records ever set aside as dead letters, by kind; every kind is there, zero included, so
+    a counter built on it exists before its first increase."""
+    counts = dict.fromkeys(LedgerDeadLetter.Kind.values, 0)
+    counts.update(LedgerDeadLetter.objects.order_by().values_list("kind").annotate(n=Count("id")))
+    return counts

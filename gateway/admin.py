@@ -26,6 +26,7 @@ from gateway.models import (
 )
 from gateway.services import kill_switch_set
 from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
+from sentinel.text import PlainTextForm, PlainTextInline
 from tenants.selectors import MANAGE
 
 
@@ -99,7 +100,7 @@ class ProviderAdmin(AnnouncesChanges):
         super().save_model(request, obj, form, change)
 
 
-class ReasonForm(forms.Form):
+class ReasonForm(PlainTextForm, forms.Form):
     reason = forms.CharField(max_length=300, help_text="Why: recorded with your name in the audit log.")
 
 
@@ -267,7 +268,7 @@ class ControlActionAdmin(OperatorOnlyAdmin):
         return False
 
 
-class ChainEntryInline(admin.TabularInline):
+class ChainEntryInline(PlainTextInline, admin.TabularInline):
     model = ChainEntry
     extra = 1
     autocomplete_fields = ["deployment"]

@@ -472,6 +472,9 @@ async def settled_spend(hold: BudgetHold) -> Decimal:
 
 # --- settle ------------------------------------------------------------------------------------
 
+# Budget id -> the period this process queued its threshold alert for.
+_alerts_queued: dict[int, date] = {}
+
 
 async def settle(
     ticket: Ticket,
@@ -533,9 +536,17 @@ async def settle(
     breakers.after_record(attempts, transitions, details)
     for hold, total in zip(ticket.budgets, totals, strict=True):
         total = int(total)
-        if hold.alert_units is not None and total >= hold.alert_units > total - spent_units:
+        # At or past the threshold, not "this request crossed it": a budget created (or its threshold
+        # lowered) after the period's spend had passed it alerts too. Queued once per process and
+        # period; the task keeps one alert per budget and period, whoever else queued it.
+        if (
+            hold.alert_units is not None
+            and total >= hold.alert_units
+            and _alerts_queued.get(hold.budget_id) != hold.period_start
+        ):
             from tenants.tasks import budget_alert
 
+            _alerts_queued[hold.budget_id] = hold.period_start
             await sync_to_async(budget_alert.delay)(
                 hold.budget_id, hold.period_start.isoformat(), str(from_units(total))
             )

@@ -171,6 +171,9 @@ def bearer_secret(authorization: str | None, x_api_key: str | None) -> str | Non
 
 
 INVALID_KEY = "Invalid API key. Check the key you passed in the Authorization header."
+# Sentinel's secrets are 50 characters (tenants.services.key_create). A longer one is not a key
+# Sentinel issued: it is refused as it is, never hashed or looked up.
+MAX_SECRET_CHARS = 128
 
 
 async def authenticate(authorization: str | None, x_api_key: str | None) -> KeyInfo:
@@ -181,6 +184,8 @@ async def authenticate(authorization: str | None, x_api_key: str | None) -> KeyI
             "invalid_api_key",
             "Missing API key. Pass your Sentinel virtual key as 'Authorization: Bearer <key>'.",
         )
+    if len(secret) > MAX_SECRET_CHARS:
+        raise GatewayError(401, "invalid_api_key", INVALID_KEY)
     return await authenticate_digest(key_digest(secret))
 
 

@@ -9,6 +9,7 @@ mirrors litellm's mapping so both paths behave the same.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 
 import orjson
@@ -22,6 +23,7 @@ class UpstreamError(Exception):
     retryable: bool  # retrying (this deployment or another) can help
     client_fault: bool  # the request itself is wrong: give it back, count nothing against the provider
     retry_after: float | None = None
+    param: str | None = None  # the request field at fault, for the client's error
 
     def __str__(self) -> str:
         return f"{self.status} {self.code}: {self.message}"
@@ -34,8 +36,22 @@ def timeout_error() -> UpstreamError:
     return UpstreamError(504, "upstream_timeout", "The provider did not answer in time.", True, False)
 
 
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\n\s*File \"")
+_PATH = re.compile(r"(?:/[\w.+-]+){2,}\.py\b")
+
+
+def client_text(text: str) -> str:
+    """An exception's text as a client may read it: no traceback, no server paths, one line, bounded
+    (litellm puts whole tracebacks into some of its exceptions' messages)."""
+    found = _TRACEBACK.search(text)
+    if found:
+        text = text[: found.start()]
+    text = _PATH.sub("<path>", " ".join(text.split()))
+    return text[:500] or "The provider's answer could not be read."
+
+
 def connection_error(detail: str) -> UpstreamError:
-    return UpstreamError(502, "provider_unreachable", f"Connection error: {detail}"[:500], True, False)
+    return UpstreamError(502, "provider_unreachable", f"Connection error: {client_text(detail)}"[:500], True, False)
 
 
 def _parse_retry_after(value: str | None) -> float | None:
@@ -75,6 +91,25 @@ def error_body(raw: bytes) -> tuple[str, str]:
     return str(error)[:500], ""
 
 
+_UNSUPPORTED = re.compile(r"does not support parameters: \[([^\]]*)\]")
+
+
+def unsupported_parameter(exc: BaseException) -> UpstreamError | None:
+    """litellm refusing an OpenAI parameter that the deployment's provider has no equivalent for
+    (`verbosity` for Anthropic, ...): the client's to fix, named as OpenAI names it. None for any
+    other exception."""
+    import litellm
+
+    if not isinstance(exc, litellm.UnsupportedParamsError):
+        return None
+    found = _UNSUPPORTED.search(str(exc))
+    names = re.findall(r"'([^']+)'", found.group(1)) if found else []
+    if not names:
+        return UpstreamError(400, "unsupported_parameter", "A parameter is not supported with this model.", False, True)
+    message = f"Unsupported parameter: '{names[0]}' is not supported with this model."
+    return UpstreamError(400, "unsupported_parameter", message, False, True, param=names[0])
+
+
 def classify(exc: BaseException) -> UpstreamError:
     """The verdict for an exception raised by litellm (or anything else a call raised)."""
     import litellm
@@ -82,19 +117,22 @@ def classify(exc: BaseException) -> UpstreamError:
 
     if isinstance(exc, UpstreamError):
         return exc
+    unsupported = unsupported_parameter(exc)
+    if unsupported is not None:
+        return unsupported
     if isinstance(exc, litellm.ContentPolicyViolationError):
-        return UpstreamError(400, "content_policy_violation", str(exc)[:500], False, True)
+        return UpstreamError(400, "content_policy_violation", client_text(str(exc)), False, True)
     if isinstance(exc, litellm.ContextWindowExceededError):
-        return UpstreamError(400, "context_length_exceeded", str(exc)[:500], False, True)
+        return UpstreamError(400, "context_length_exceeded", client_text(str(exc)), False, True)
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError, openai.APITimeoutError)):
         return timeout_error()
     if isinstance(exc, litellm.InternalServerError) and "connection error" in str(exc).lower():
         # litellm reports a connection that never got an answer as a 500 from the provider.
         return connection_error(str(exc))
     if isinstance(exc, openai.APIStatusError):
-        headers = getattr(exc.response, "headers", None) or {}
-        message = str(getattr(exc, "message", None) or exc)[:500]
+        headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+        message = client_text(str(getattr(exc, "message", None) or exc))
         return status_error(exc.status_code, message, str(getattr(exc, "code", "") or ""), headers.get("retry-after"))
     if isinstance(exc, openai.APIConnectionError):
         return connection_error(str(exc))
-    return UpstreamError(502, "provider_error", str(exc)[:500], True, False)
+    return UpstreamError(502, "provider_error", client_text(str(exc)), True, False)

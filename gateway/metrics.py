@@ -24,7 +24,8 @@ Recording, for the rest of the gateway:
 
 Breaker states are not recorded but read from Redis when /metrics is scraped (BreakerStates): the
 breakers live there, and a process that saw a breaker open must not keep saying so after another
-closed it.
+closed it. The ledger's queue and its dead letters are read the same way (LedgerState): Celery
+workers drain the ledger, and no scrape reaches them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import os
 
 from django.conf import settings
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
@@ -119,7 +120,7 @@ SCREENING_OUTAGES = Counter(
 )
 GUARDRAIL_SECONDS = Histogram(
     "sentinel_guardrail_duration_seconds",
-    "Calls to tenants' HTTP guardrails, by outcome (ok, timeout, status, error, malformed).",
+    "Calls to tenants' HTTP guardrails, by outcome (ok, timeout, status, error, malformed, refused).",
     ("outcome",),
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
@@ -164,6 +165,62 @@ class BreakerStates(Collector):
         return [family]
 
 
+class LedgerState(Collector):
+    """The ledger queue's length and the age of its oldest record (Redis), and the records ever set
+    aside as dead letters by kind (Postgres, sentinel_ledger_dead_letters_total: a counter, since
+    dead letters are never deleted)."""
+
+    NAMES = (
+        "sentinel_ledger_queued_records",
+        "sentinel_ledger_oldest_record_age_seconds",
+        "sentinel_ledger_dead_letters_total",
+    )
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        import redis
+        from django.db import DatabaseError
+
+        from billing.ledger import backlog
+        from billing.selectors import dead_letter_counts
+
+        families = []
+        try:
+            queued, oldest_age = backlog()
+        except redis.RedisError:
+            pass  # no word from Redis is no figure, not "empty"
+        else:
+            families.append(
+                GaugeMetricFamily(
+                    "sentinel_ledger_queued_records",
+                    "Ledger records handed off and not yet in Postgres (nor set aside as dead letters).",
+                    value=queued,
+                )
+            )
+            families.append(
+                GaugeMetricFamily(
+                    "sentinel_ledger_oldest_record_age_seconds",
+                    "Seconds since the oldest queued ledger record was handed off (0 when none is queued).",
+                    value=oldest_age,
+                )
+            )
+        try:
+            counts = dead_letter_counts()
+        except DatabaseError:
+            return families
+        dead = CounterMetricFamily(
+            "sentinel_ledger_dead_letters",
+            "Ledger records the database refused (or that were no ledger record), set aside as dead letters "
+            "instead of billed, by reason: undecodable, value, constraint or other.",
+            labels=("reason",),
+        )
+        for kind, count in counts.items():
+            dead.add_metric([kind], count)
+        return [*families, dead]
+
+
 # Exported metric names (as a scrape shows them), for alert rules and tests to check against.
 EXPORTED = (REQUEST_SECONDS, TTFT_SECONDS, OVERHEAD_SECONDS, REQUESTS, UPSTREAM_ATTEMPTS, TOKENS, COST, SAVED)
 EXPORTED += (
@@ -179,21 +236,23 @@ EXPORTED += (
 
 BREAKER_REGISTRY = CollectorRegistry(auto_describe=False)
 BREAKER_REGISTRY.register(BreakerStates())
+LEDGER_REGISTRY = CollectorRegistry(auto_describe=False)
+LEDGER_REGISTRY.register(LedgerState())
 
 
 def exposition() -> bytes:
     """What /metrics serves: every worker's samples (django-prometheus's and the gateway's; one
-    process's own when not in multiprocess mode) and the breaker states."""
+    process's own when not in multiprocess mode), the breaker states and the ledger's state."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         MultiProcessCollector(registry)
     else:
         registry = REGISTRY
-    return generate_latest(registry) + generate_latest(BREAKER_REGISTRY)
+    return generate_latest(registry) + generate_latest(BREAKER_REGISTRY) + generate_latest(LEDGER_REGISTRY)
 
 
 def exported_names() -> set[str]:
-    names = {"sentinel_breaker_state"}
+    names = {"sentinel_breaker_state", *LedgerState.NAMES}
     for metric in EXPORTED:
         name = metric._name
         if metric._type == "histogram":

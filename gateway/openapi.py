@@ -16,9 +16,27 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
 from gateway.batches.schemas import BatchCreate
+from gateway.bodies import BATCH_CREATE_IDENTIFIERS, CHAT_IDENTIFIERS, NO_CONTROL, document_limits
 from gateway.schemas import ChatRequest
 
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
+# What gateway.cache.controls_from accepts in the body's `cache` object (it refuses any other member).
+CACHE_CONTROLS = {
+    "description": "Sentinel's per-request cache controls (never sent to a provider).",
+    "anyOf": [
+        {"type": "null"},
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "no-cache": {"type": "boolean", "description": "Do not read the cache."},
+                "no-store": {"type": "boolean", "description": "Do not store the answer."},
+                "ttl": {"type": "integer", "minimum": 1, "maximum": 30 * 86400, "description": "Seconds."},
+                "namespace": {"type": "string", "maxLength": 100, "pattern": NO_CONTROL},
+            },
+        },
+    ],
+}
 
 
 def _component(model: type[BaseModel], prefix: str, components: dict[str, Any]) -> dict[str, str]:
@@ -164,8 +182,10 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
                 "operationId": "chat_completions_create",
                 "summary": "Create a chat completion (OpenAI-compatible)",
                 "description": (
-                    "OpenAI's chat completions API. Fields this schema does not name are passed to the "
-                    "provider as sent. With `stream: true` the answer is a `text/event-stream` of "
+                    "OpenAI's chat completions API: the fields of OpenAI's request schema, plus Sentinel's "
+                    "`cache` controls. Any other field is refused (400 `unknown_parameter`, naming it), as "
+                    "OpenAI refuses it: a request cannot set where or with which credentials the provider "
+                    "is called. With `stream: true` the answer is a `text/event-stream` of "
                     "`data:` lines, each a chat.completion.chunk, ending with `data: [DONE]` (or, if the "
                     "provider's stream broke off after it started, an error object)."
                 ),
@@ -184,8 +204,9 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
                     },
                     **_error_responses(
                         {
-                            400: "Malformed body: `invalid_json`, `missing_required_parameter`, `invalid_type`, "
-                            "`invalid_value`, or a request the provider refused as invalid; "
+                            400: "Malformed body: `invalid_json`, `missing_required_parameter`, `unknown_parameter`, "
+                            "`invalid_type`, `invalid_value`; `unsupported_parameter`: an OpenAI parameter the "
+                            "model's provider has no equivalent for; or a request the provider refused as invalid; "
                             "`content_policy_violation`: the tenant's screening policy blocked it.",
                             401: "`invalid_api_key`: missing, unknown, revoked or expired key.",
                             402: "`budget_exceeded`: a budget that applies is spent.",
@@ -464,6 +485,11 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     components = result.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     result["paths"] = {**gateway_paths(schemas), **batch_paths(schemas), **result.get("paths", {})}
+    document_limits(schemas, prefix="Chat", component="ChatChatRequest", identifiers=CHAT_IDENTIFIERS)
+    schemas["ChatChatRequest"]["properties"]["cache"] = CACHE_CONTROLS
+    document_limits(
+        schemas, prefix="SentinelBatchCreate", component="SentinelBatchCreate", identifiers=BATCH_CREATE_IDENTIFIERS
+    )
     components.setdefault("securitySchemes", {}).update(
         {
             "VirtualKey": {"type": "http", "scheme": "bearer", "description": "A Sentinel virtual key."},

@@ -18,7 +18,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -45,6 +45,7 @@ from gateway.transport import Event
 
 log = logging.getLogger(__name__)
 INTERNAL_ERROR = GatewayError(500, "internal_error", "Sentinel failed to handle this request; it has been logged.")
+BATCH_CANCELLED = GatewayError(409, "batch_cancelled", "The batch was cancelled before this request ran.")
 MAX_RETRY_WAIT_SECONDS = 5.0  # a longer Retry-After sends the request to the next deployment instead
 REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 SHED_POLL_SECONDS = 0.025  # how often a request waiting for a deployment slot asks again
@@ -57,11 +58,13 @@ class Queued:
     """A batch item on the request path: its key known by digest (a batch never holds the secret),
     its request id the item's, and capacity waited for instead of refused. Its ledger record id is
     fixed by the item and the run, so a run repeated after its worker lost the lease (and raced the
-    next one to the end) is billed once."""
+    next one to the end) is billed once. `start` is asked right before the request goes upstream
+    (False: the batch was cancelled meanwhile, and nothing is sent)."""
 
     key_digest: str
     request_id: str
     run: int = 0
+    start: Callable[[], Awaitable[bool]] | None = field(default=None, compare=False)
 
     @property
     def record_id(self) -> str:
@@ -176,6 +179,8 @@ async def chat_completions(headers, raw_body: bytes, *, queued: Queued | None = 
         hit = await consult_cache(call, route)
         if hit is not None:
             return await serve_from_cache(call, hit)
+        if queued is not None and queued.start is not None and not await queued.start():
+            raise BATCH_CANCELLED
         if call.request.stream:
             return await stream_from_chain(call, chain)
         return await complete_from_chain(call, chain)
@@ -605,7 +610,7 @@ def sse(payload: dict) -> bytes:
 
 def as_client_error(error: UpstreamError) -> GatewayError:
     """An error retrying cannot fix goes back to the client as it is (and trips nothing)."""
-    return GatewayError(error.status, error.code, error.message)
+    return GatewayError(error.status, error.code, error.message, param=error.param)
 
 
 def all_failed(last_error: UpstreamError | None, *, deadline_hit: bool = False) -> GatewayError:

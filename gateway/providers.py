@@ -12,6 +12,7 @@ import litellm
 from gateway import transport
 from gateway.failures import UpstreamError, classify
 from gateway.routing import Target
+from gateway.schemas import forwarded
 from gateway.transport import Event
 from sentinel import logs
 
@@ -21,9 +22,6 @@ litellm.drop_params = False
 # litellm logs through handlers of its own, and whole requests at DEBUG: route it through Sentinel's
 # (JSON, request id) and hold it at WARNING.
 logs.adopt_loggers(logs.LITELLM_LOGGERS)
-
-# Fields of the client's body that are ours or that the provider layer sets itself.
-_NOT_FORWARDED = frozenset({"model", "messages", "stream", "stream_options", "cache"})
 
 
 async def complete(target: Target, body: dict, *, timeout: float, request_id: str) -> dict:
@@ -74,13 +72,16 @@ async def open_stream(
 
 
 def _arguments(target: Target, body: dict, *, stream: bool, request_id: str) -> dict:
-    args = {k: v for k, v in body.items() if k not in _NOT_FORWARDED}
+    """litellm's keywords: OpenAI's parameters from the client's body (the allowlist, so nothing
+    the body holds besides can set where or how the call is made), then the deployment's settings."""
+    args = forwarded(body)
     args.update(dict(target.litellm_params))
     args.update(
         model=target.litellm_model,
         messages=body["messages"],
         stream=stream,
         num_retries=0,
+        # litellm's own (its logging reads settings from it): the client's OpenAI metadata is replaced.
         metadata={"sentinel_request_id": request_id},
     )
     if target.api_base:

@@ -1,7 +1,11 @@
 """Validation of chat-completion requests, with errors that name the offending field.
 
-The body is validated with pydantic (strict types, as OpenAI's API is strict) but forwarded as the
-client sent it, so parameters this gateway does not know still reach the provider.
+The body is validated with pydantic (strict types, as OpenAI's API is strict). What a client may
+send is an allowlist: OpenAI's request schema and Sentinel's `cache` controls. Anything else is
+refused as OpenAI refuses it (400 `unknown_parameter`), above all the settings litellm reads from
+the keywords of a call (`api_base`, `api_key`, `extra_headers`, cloud credentials, ...), which would
+let a caller send the operator's provider key wherever it liked. The provider layer (gateway.providers,
+gateway.transport) builds its calls from the same allowlist, never from the body minus a deny list.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from gateway.bodies import check_body
 from gateway.errors import GatewayError, invalid_request
 
 # Integers are bounded as the providers' APIs bound them.
@@ -36,7 +41,7 @@ Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # A content part of one of OpenAI's types must carry that type's payload (litellm's translation
@@ -64,7 +69,9 @@ def _part_rules() -> dict:
 
 
 class ContentPart(_Strict):
-    model_config = ConfigDict(json_schema_extra=_part_rules())
+    # A part is the model's input, which litellm translates into the provider's body and never reads
+    # as a setting: parts of other types, and fields beside the payload, go on as sent.
+    model_config = ConfigDict(extra="allow", json_schema_extra=_part_rules())
     type: str
 
     @model_validator(mode="after")
@@ -83,18 +90,44 @@ class ContentPart(_Strict):
 
 
 class Message(_Strict):
+    """OpenAI's message fields, and those of the messages Sentinel answers with (OpenAI's and
+    litellm's), so that a client can put an answer back into the conversation as the SDK gives it."""
+
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
+    # litellm's, from answers of providers it translates (reasoning, Anthropic's thinking blocks,
+    # generated images), and Anthropic's prompt caching marker, which litellm translates.
+    reasoning_content: str | None = None
+    thinking_blocks: list[dict[str, Any]] | None = None
+    reasoning_items: list[dict[str, Any]] | None = None
+    images: list[dict[str, Any]] | None = None
+    provider_specific_fields: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
 
 
 class StreamOptions(_Strict):
     include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+class Tool(_Strict):
+    # OpenAI's chat completions have function and custom tools. Other types are refused: litellm
+    # itself runs an "mcp" tool whose server_url names its MCP gateway.
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function", "custom"]
 
 
 class ChatRequest(_Strict):
+    """OpenAI's chat completion request (its published schema; the official SDK's
+    CompletionCreateParams, which tests/gateway/test_schemas.py holds this to) plus Sentinel's `cache`."""
+
     model: Annotated[str, Field(min_length=1, max_length=200)]
     messages: Annotated[list[Message], Field(min_length=1)]
     stream: bool = False
@@ -108,13 +141,54 @@ class ChatRequest(_Strict):
     stop: str | list[str] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    logprobs: bool | None = None
+    top_logprobs: integer(ge=0, le=20) | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    moderation: dict[str, Any] | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    # OpenAI's bounds. litellm keeps a `metadata` of its own: on its path the client's is not passed.
+    metadata: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+            Field(max_length=16),
+        ]
+        | None
+    ) = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
     user: str | None = None
+    # Sentinel's: read by gateway.cache.controls_from, never sent to a provider.
+    cache: dict[str, Any] | None = None
 
 
-_INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed")
+# The allowlist, in one place. Every field of ChatRequest may be sent; what goes to a provider as
+# the client sent it is the rest of OpenAI's parameters (model, messages and streaming are set by
+# the path that makes the call, and `cache` is Sentinel's).
+CHAT_PARAMETERS = frozenset(ChatRequest.model_fields)
+FORWARDED_PARAMETERS = CHAT_PARAMETERS - {"model", "messages", "stream", "stream_options", "cache"}
+
+
+def forwarded(body: dict) -> dict:
+    """The client's parameters for the provider: those on the allowlist, whatever else the body holds."""
+    return {name: value for name, value in body.items() if name in FORWARDED_PARAMETERS}
+
+
+_INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_logprobs")
 _UNION_LABELS = frozenset({"str", "int", "float", "bool", "none"})
 
 
@@ -135,8 +209,17 @@ def _param(loc: tuple) -> str:
 
 
 def validation_error(exc: ValidationError) -> GatewayError:
+    errors = exc.errors(include_url=False)
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        # Named as sent: the field's own name is never a union label, whatever its spelling.
+        *parent, name = unknown[0]["loc"]
+        param = f"{_param(tuple(parent))}.{name}" if parent else str(name)
+        return invalid_request(
+            f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter"
+        )
     # The deepest error is the most precise: a bad content part, not "content is not a string".
-    error = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
+    error = max(errors, key=lambda e: len(e["loc"]))
     param = _param(error["loc"])
     kind = error["type"]
     if kind == "missing":
@@ -164,6 +247,7 @@ def parse_chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
         raise invalid_request(f"Request body is not valid JSON: {exc}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid_request("Request body must be a JSON object.", code="invalid_json")
+    check_body(body, raw=raw)  # depth, NUL, identifiers: before anything reads or serialises it
     try:
         request = ChatRequest.model_validate(body)
     except ValidationError as exc:

@@ -21,11 +21,18 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.failures import UpstreamError, connection_error, error_body, status_error, timeout_error
+from gateway.failures import (
+    UpstreamError,
+    connection_error,
+    error_body,
+    status_error,
+    timeout_error,
+    unsupported_parameter,
+)
+from gateway.schemas import forwarded
 
 # litellm providers whose chat responses are OpenAI's format byte for byte.
 OPENAI_SHAPED_PROVIDERS = frozenset({"openai", "hosted_vllm"})
-_NOT_FORWARDED = frozenset({"model", "messages", "cache"})
 
 _sessions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -54,12 +61,12 @@ class FastRoute:
     supported: frozenset[str]
 
     def body(self, client_body: dict, *, stream: bool) -> bytes:
-        params = {k: v for k, v in client_body.items() if k not in _NOT_FORWARDED}
+        """The provider's body: OpenAI's parameters from the client's (the allowlist), mapped by
+        litellm for this model; the URL and the headers are the deployment's alone."""
+        params = forwarded(client_body)
         params["stream"] = stream
         if stream:
             params["stream_options"] = {"include_usage": True}
-        else:
-            params.pop("stream_options", None)
         mapped = {k: v for k, v in params.items() if k in self.supported}
         extra = {k: v for k, v in params.items() if k not in self.supported}
         optional = self.config.map_openai_params(
@@ -138,6 +145,9 @@ def _request_body(route: FastRoute, body: dict, *, stream: bool) -> bytes:
     try:
         return route.body(body, stream=stream)
     except Exception as exc:
+        unsupported = unsupported_parameter(exc)
+        if unsupported is not None:
+            raise unsupported from exc
         message = f"The request's parameters could not be translated for this model: {exc}"[:500]
         raise UpstreamError(400, "invalid_request", message, False, True) from exc
 

@@ -37,6 +37,7 @@ from sentinel.routing import websocket_urlpatterns  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/health/")
 REQUEST_ID_HEADER = b"x-sentinel-request-id"
+NOSNIFF = (b"x-content-type-options", b"nosniff")
 MULTIPART_ALLOWANCE = 64 * 1024
 
 
@@ -103,7 +104,10 @@ static_application = ASGIStaticFilesHandler(console_application)
 async def http_application(scope, receive, send) -> None:
     """Every HTTP request gets its id here: the client's when it is a sane token, else a new one.
     The id goes into the logging context, replaces the request's header (so the pipeline, the
-    ledger and the provider see the same one) and is returned on every response."""
+    ledger and the provider see the same one) and is returned on every response. Every response
+    also gets `X-Content-Type-Options: nosniff` here (Django's SecurityMiddleware adds it to the
+    console's, but the API is served without middleware): a browser never guesses a type, and so
+    never renders tenant bytes or an error echoing input as HTML."""
     headers = scope["headers"]
     sent = next((value for name, value in headers if name == REQUEST_ID_HEADER), None)
     request_id = request_id_from(sent.decode("latin-1") if sent is not None else None)
@@ -115,8 +119,12 @@ async def http_application(scope, receive, send) -> None:
     async def send_with_id(message) -> None:
         if message["type"] == "http.response.start":
             response_headers = list(message.get("headers") or ())
-            if not any(name.lower() == REQUEST_ID_HEADER for name, _ in response_headers):
-                message = {**message, "headers": [*response_headers, (REQUEST_ID_HEADER, encoded)]}
+            names = {name.lower() for name, _ in response_headers}
+            added = [(REQUEST_ID_HEADER, encoded)] if REQUEST_ID_HEADER not in names else []
+            if NOSNIFF[0] not in names:
+                added.append(NOSNIFF)
+            if added:
+                message = {**message, "headers": [*response_headers, *added]}
         await send(message)
 
     if scope["path"] in gateway_http.ROUTES:

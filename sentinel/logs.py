@@ -29,12 +29,28 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class ClientFaultFilter(logging.Filter):
+    """Django logs each SuspiciousOperation (an admin query string filtering across a relation the
+    admin does not offer, a forged Host header, a tampered session) at ERROR with a traceback on a
+    django.security.* logger, and answers 400. The fault is the client's: one warning line, no
+    traceback. (On a handler of its own: a filter on a handler sees records of child loggers.)"""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.WARNING:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info = record.exc_text = None
+        return True
+
+
 def config(level: str) -> dict:
     """The logging configuration (logging.config.dictConfig) for every Sentinel process."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"request_id": {"()": "sentinel.logs.RequestIdFilter"}},
+        "filters": {
+            "request_id": {"()": "sentinel.logs.RequestIdFilter"},
+            "client_fault": {"()": "sentinel.logs.ClientFaultFilter"},
+        },
         "formatters": {
             "json": {
                 "()": "pythonjsonlogger.orjson.OrjsonFormatter",
@@ -52,13 +68,20 @@ def config(level: str) -> dict:
                 "stream": "ext://sys.stdout",
                 "formatter": "json",
                 "filters": ["request_id"],
-            }
+            },
+            "client_faults": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stdout",
+                "formatter": "json",
+                "filters": ["request_id", "client_fault"],
+            },
         },
         "root": {"handlers": ["stdout"], "level": "WARNING"},
         "loggers": {
             **{name: {"level": level} for name in _OWN_LOGGERS},
             # Django logs every 4xx as a warning: the request log already says it, once.
             "django.request": {"level": "ERROR"},
+            "django.security": {"handlers": ["client_faults"], "level": "WARNING", "propagate": False},
             # uvicorn and celery install handlers of their own; these replace them with ours.
             "uvicorn": {"handlers": ["stdout"], "level": "INFO", "propagate": False},
             "uvicorn.error": {"level": "INFO"},

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from sentinel import logs
+from sentinel import egress, logs
 from sentinel.env import ENV_VARS, envbool, envfloat, envint, envlist, envstr, read_env  # noqa: F401
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -82,6 +82,29 @@ CSRF_TRUSTED_ORIGINS = envlist(
     "SENTINEL_CSRF_TRUSTED_ORIGINS", "", "Comma-separated origins trusted for console forms."
 )
 
+# --- HTTPS -------------------------------------------------------------------------------------
+
+# Behind a TLS-terminating proxy, Django learns a request came over HTTPS from the scheme uvicorn
+# sets: uvicorn takes X-Forwarded-Proto (and X-Forwarded-For) only from the proxies listed in
+# FORWARDED_ALLOW_IPS. SECURE_PROXY_SSL_HEADER would take the header from any client that reaches
+# the web process directly, so it stays unset.
+HTTPS = envbool(
+    "SENTINEL_HTTPS",
+    False,
+    "Sentinel is reached over HTTPS (through a proxy listed in FORWARDED_ALLOW_IPS that sends "
+    "X-Forwarded-Proto): Secure cookies, HSTS, and plain-HTTP console pages redirected to HTTPS.",
+)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]  # Prometheus scrapes each replica over the internal network
+HSTS_SECONDS = envint(
+    "SENTINEL_HSTS_SECONDS",
+    365 * 24 * 3600,
+    "With SENTINEL_HTTPS: how long browsers keep to HTTPS for this host and its subdomains (HSTS max-age).",
+)
+SECURE_HSTS_SECONDS = HSTS_SECONDS if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+
 # --- Django ------------------------------------------------------------------------------------
 
 INSTALLED_APPS = [
@@ -115,7 +138,6 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_ratelimit.middleware.RatelimitMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -159,9 +181,18 @@ CACHES = {
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "sentinel:channels"},
+        "CONFIG": {
+            # A consumer waits for its messages in BZPOPMIN calls that block 5 s (channels_redis'
+            # brpop_timeout). redis-py's default read timeout is also 5 s, so the read lost that race
+            # and the error ended the socket: reads get longer than the block.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}],
+            "prefix": "sentinel:channels",
+        },
     }
 }
+
+# Every sign-in with a password (console login, HTTP Basic on the API) passes the brute-force guard.
+AUTHENTICATION_BACKENDS = ["sentinel.authentication.GuardedModelBackend"]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -210,12 +241,17 @@ SPECTACULAR_SETTINGS = {
 }
 
 RATELIMIT_USE_CACHE = "default"
-RATELIMIT_VIEW = "sentinel.views.ratelimited"
 LOGIN_RATE_PER_USER = envstr(
-    "SENTINEL_LOGIN_RATE_PER_USER", "5/m", "Console login attempts allowed per account name (django-ratelimit rate)."
+    "SENTINEL_LOGIN_RATE_PER_USER",
+    "5/m",
+    "Failed sign-ins (console login, API Basic) allowed per account name from one client address "
+    "(django-ratelimit rate).",
 )
 LOGIN_RATE_PER_IP = envstr(
-    "SENTINEL_LOGIN_RATE_PER_IP", "30/m", "Console login attempts allowed per client address (django-ratelimit rate)."
+    "SENTINEL_LOGIN_RATE_PER_IP",
+    "30/m",
+    "Failed sign-ins (console login, API Basic) allowed per client address, whatever the account "
+    "(django-ratelimit rate).",
 )
 
 # --- Celery ------------------------------------------------------------------------------------
@@ -281,6 +317,11 @@ LEDGER_CLAIM_IDLE_MS = envint(
 # --- Gateway -----------------------------------------------------------------------------------
 
 MAX_BODY_BYTES = envint("SENTINEL_MAX_BODY_BYTES", 4 * 1024 * 1024, "Largest accepted API request body; above: 413.")
+MAX_HEADER_BYTES = envint(
+    "SENTINEL_MAX_HEADER_BYTES",
+    32 * 1024,
+    "Largest request head (request line and headers) the web server reads; above: 431.",
+)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BODY_BYTES
 KEY_CACHE_SECONDS = envfloat(
     "SENTINEL_KEY_CACHE_SECONDS",
@@ -363,6 +404,19 @@ LITELLM_LOCAL_MODEL_COST_MAP = envstr(
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = LITELLM_LOCAL_MODEL_COST_MAP
 os.environ.setdefault("LITELLM_TELEMETRY", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# --- Egress ------------------------------------------------------------------------------------
+
+# Tenant-set URLs (webhooks, guardrails) never reach internal addresses unless listed here (a bad
+# entry fails at start-up). Provider API bases are the operators' own and are not limited.
+EGRESS_ALLOW = egress.Allowlist.parse(
+    envlist(
+        "SENTINEL_EGRESS_ALLOW",
+        "",
+        "Comma-separated CIDRs and host names that tenant-set URLs (webhooks, guardrails) may reach although "
+        "internal (see docs/egress.md).",
+    )
+)
 
 # --- Logging -----------------------------------------------------------------------------------
 

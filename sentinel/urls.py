@@ -1,18 +1,10 @@
-from django.conf import settings
 from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
-from django_ratelimit.decorators import ratelimit
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from gateway import views as gateway_views
-
-# Brute force on the console's login: limited per address and per account name, across processes
-# (django-ratelimit counts in the shared Redis cache).
-admin.site.login = ratelimit(key="ip", rate=settings.LOGIN_RATE_PER_IP, method="POST")(
-    ratelimit(key="post:username", rate=settings.LOGIN_RATE_PER_USER, method="POST")(admin.site.login)
-)
 
 
 def api_not_found(request, path: str = "") -> JsonResponse:

@@ -1,13 +1,13 @@
 """Project-level views."""
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 
 
-def ratelimited(request: HttpRequest, exception: Exception) -> HttpResponse:
-    """What django-ratelimit answers once a caller is over a limit (e.g. repeated failed logins)."""
+def too_many_sign_ins(wait: int) -> HttpResponse:
+    """The console's answer to a sign-in the brute-force guard refused (sentinel.authentication)."""
     return HttpResponse(
-        "Too many attempts. Wait a minute and try again.",
+        "Too many failed sign-ins. Wait and try again.",
         status=429,
         content_type="text/plain",
-        headers={"Retry-After": "60"},
+        headers={"Retry-After": str(wait)},
     )

@@ -12,6 +12,10 @@ balancer) one worker can serve everything while the others idle (measured: one w
 32-connection load, halving throughput). With a socket per worker the kernel spreads connections
 evenly. This supervisor forks the workers, forwards SIGINT/SIGTERM to them, and replaces a worker that
 dies; a crash loop (workers dying again and again) stops it, so whatever runs it sees the failure.
+
+Each worker bounds the request head (request line and headers) at SENTINEL_MAX_HEADER_BYTES: uvicorn's
+httptools protocol has no such bound of its own (a 40 MB Authorization header was read, kept and
+handed to the application), so BoundedHttpToolsProtocol adds one.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -28,10 +33,122 @@ import tempfile
 import time
 from pathlib import Path
 
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from gateway.errors import GatewayError
 from sentinel import logs
 from sentinel.env import envstr
 
 APP = "sentinel.asgi:application"
+# After refusing a request head, how long the worker keeps reading (and dropping) what the client is
+# still sending before it closes the connection; see BoundedHttpToolsProtocol._refuse.
+LINGER_SECONDS = 5.0
+
+
+class HeadTooLarge(Exception):
+    """Raised from the parser's headers-complete callback: stops parsing a head over the bound."""
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a bound on each request's head (request target and headers).
+    The bytes read while a head is incomplete are counted: the parser keeps a header that has not
+    ended to itself, so a head still incomplete past the bound is refused there (at most one read,
+    64-256 KiB, is held beyond it). When a head completes, its exact size is added up only if it
+    could be over the bound (the reads that carried it were larger, or it came after another request
+    in the same read): the usual request pays one comparison. Over the bound: 431. Requests the
+    parser refuses, which uvicorn answers 400 in plain text, get the same treatment: an error in
+    OpenAI's shape with nosniff."""
+
+    def __init__(self, *args, max_head_bytes: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_head_bytes = max_head_bytes
+        self.head_received = 0  # bytes of the reads since this request's head began
+        self.reading_head = True
+        self.head_begun = False  # the parser has seen this head's first byte
+        self.pipelined = False  # this head began in a read that also carried the previous request
+        self.refused = False
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, with the bound, and this class's answers to what the parser refuses."""
+        if self.refused:
+            return  # lingering after an error: what the client still sends is dropped
+        self._unset_keepalive_if_required()
+        if self.reading_head:
+            self.head_received += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            if isinstance(error.__context__, HeadTooLarge):  # raised by on_headers_complete
+                self._refuse(self._too_large())
+            else:
+                self.logger.warning("Invalid HTTP request received.")
+                self._refuse(GatewayError(400, "invalid_http_request", "Invalid HTTP request received."))
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if not self.reading_head:
+            return
+        if not self.head_begun:
+            self.pipelined = False  # the read that ended the previous request held nothing of the next
+        elif self.head_received > self.max_head_bytes and not self.transport.is_closing():
+            self._refuse(self._too_large())
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.head_begun = True
+
+    def on_headers_complete(self) -> None:
+        self.reading_head = False
+        if (self.head_received > self.max_head_bytes or self.pipelined) and self._head_size() > self.max_head_bytes:
+            raise HeadTooLarge  # through the parser, to data_received
+        self.pipelined = False
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # The rest of this read, if any, is the next request's: its head is measured exactly.
+        self.reading_head, self.head_begun, self.head_received, self.pipelined = True, False, 0, True
+
+    def _head_size(self) -> int:
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)  # ": ", CRLF
+
+    def _too_large(self) -> GatewayError:
+        return GatewayError(
+            431,
+            "request_headers_too_large",
+            f"Request headers are larger than {self.max_head_bytes} bytes.",
+            kind="invalid_request_error",
+        )
+
+    def _refuse(self, error: GatewayError) -> None:
+        """Answer `error` and close. The close is graceful: the response, then end of stream, then
+        input is read and dropped for a moment. Closing a socket with unread input resets the
+        connection, which can destroy the response before a client still sending has read it."""
+        self.refused = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A request before it on this connection (pipelined) is still being answered: that answer
+            # is finished, then the connection closes; the refused request gets none.
+            self.cycle.keep_alive = False
+            return
+        body = error.body()
+        head = [STATUS_LINE[error.status]]
+        for name, value in [
+            *self.server_state.default_headers,
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-content-type-options", b"nosniff"),
+            (b"connection", b"close"),
+        ]:
+            head.append(name + b": " + value + b"\r\n")
+        self.transport.write(b"".join([*head, b"\r\n", body]))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
 
 def prepare_metrics_dir() -> Path:
@@ -70,11 +187,15 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(host: str, port: int, level: str) -> None:
-    """One worker: uvicorn (uvloop and httptools) on its own socket."""
+    """One worker: uvicorn (uvloop and httptools, with a bounded request head) on its own socket."""
     import uvicorn
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
+    from django.conf import settings
 
     config = uvicorn.Config(
         APP,
+        http=functools.partial(BoundedHttpToolsProtocol, max_head_bytes=settings.MAX_HEADER_BYTES),
         lifespan="off",
         access_log=False,  # the gateway logs each chat completion itself, with more to say
         log_config=logs.config(level),

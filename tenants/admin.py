@@ -11,6 +11,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -38,7 +39,7 @@ from tenants.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
-from tenants.selectors import MANAGE, SEE_SPEND
+from tenants.selectors import ALL_ROLES, MANAGE, SEE_SPEND
 from tenants.services import (
     KeyNotRotatable,
     key_create,
@@ -52,11 +53,18 @@ from tenants.services import (
 # --- members -------------------------------------------------------------------------------------
 
 
+NOT_ADDABLE = "No account you may add has this username. An operator adds people new to your tenants."
+
+
 class MembershipForm(forms.ModelForm):
     """Members are named by their exact username: listing accounts to pick from would show tenant
-    admins every account of the installation. Operators create accounts; tenant admins add them."""
+    admins every account of the installation. A tenant admin may add only accounts the console
+    already shows them (members of their tenants), and hears the same for any other name, whether
+    or not such an account exists; operators add any active account (`addable_from` is None)."""
 
-    username = forms.CharField(max_length=150, help_text="The exact username of an existing account.")
+    username = forms.CharField(max_length=150, help_text="The exact username of someone in one of your tenants.")
+    # The tenants whose members this editor may add (set per request by the admin); None: anyone.
+    addable_from: set[int] | None = set()
 
     class Meta:
         model = Membership
@@ -71,9 +79,12 @@ class MembershipForm(forms.ModelForm):
     def clean_username(self):
         if self.instance.pk:
             return self.instance.user
-        user = get_user_model().objects.filter(username=self.cleaned_data["username"], is_active=True).first()
+        accounts = get_user_model().objects.filter(username=self.cleaned_data["username"], is_active=True)
+        if self.addable_from is not None:
+            accounts = accounts.filter(memberships__tenant_id__in=self.addable_from)
+        user = accounts.first()
         if user is None:
-            raise ValidationError("No active account has this username.")
+            raise ValidationError(NOT_ADDABLE)
         return user
 
     def clean(self):
@@ -86,11 +97,21 @@ class MembershipForm(forms.ModelForm):
         return data
 
 
+def addable_from(request) -> set[int] | None:
+    """Whose members this editor may add to a tenant: their own tenants' (None: operators, anyone)."""
+    return None if request.user.is_superuser else tenant_ids_with(request, ALL_ROLES)
+
+
 class MembershipInline(TenantScopedInline, admin.TabularInline):
     model = Membership
     form = MembershipForm
     fields = ["username", "role"]
     extra = 0
+
+    def get_formset(self, request, obj=None, **kwargs):
+        formset = super().get_formset(request, obj, **kwargs)
+        formset.form.addable_from = addable_from(request)  # a class made for this request
+        return formset
 
 
 @admin.register(Tenant)
@@ -163,6 +184,11 @@ class MembershipAdmin(TenantScopedAdmin):
 
     def get_fields(self, request, obj=None):
         return ["tenant", "username", "role"]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.addable_from = addable_from(request)  # a class made for this request
+        return form
 
     def get_readonly_fields(self, request, obj=None):
         return ["tenant"] if obj else []
@@ -446,6 +472,10 @@ class BudgetAdmin(TenantScopedAdmin):
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
         announce_change()
+        if not change or {"limit_usd", "alert_at_percent", "period", "key"} & set(form.changed_data):
+            from tenants.tasks import budget_check
+
+            transaction.on_commit(lambda: budget_check.delay(obj.pk))
 
     def delete_model(self, request, obj):
         super().delete_model(request, obj)

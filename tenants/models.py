@@ -298,6 +298,15 @@ class WebhookEndpoint(models.Model):
     def __str__(self) -> str:
         return self.url
 
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from sentinel.egress import url_problem
+
+        problem = url_problem(self.url) if self.url else None
+        if problem:
+            raise ValidationError({"url": problem})
+
     def set_secret(self, secret: str) -> None:
         from sentinel.crypto import encrypt
 

@@ -23,7 +23,12 @@ _CONFIGURATION = [
 ]
 ROLE_PERMISSIONS: dict[str, list[str]] = {
     Membership.Role.VIEWER: _CONFIGURATION,
-    Membership.Role.FINANCE: [*_CONFIGURATION, "tenants.view_budgetalert", "billing.view_spendreport"],
+    Membership.Role.FINANCE: [
+        *_CONFIGURATION,
+        "tenants.view_budgetalert",
+        "billing.view_spendreport",
+        "billing.view_ledgerdeadletter",
+    ],
     Membership.Role.ADMIN: [
         *_CONFIGURATION,
         "tenants.change_tenant",
@@ -43,6 +48,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "tenants.view_webhookdelivery",
         "billing.view_ledgerentry",
         "billing.view_spendreport",
+        "billing.view_ledgerdeadletter",
         "gateway.view_cacheentry",
         "gateway.delete_cacheentry",
         "gateway.view_batch",

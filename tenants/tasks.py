@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from celery import shared_task
+from django.utils import timezone
 
 from tenants.models import Budget, BudgetAlert, WebhookDelivery
 from tenants.webhooks import MAX_ATTEMPTS, webhook_attempt, webhook_publish
@@ -60,3 +61,26 @@ def budget_alert(budget_id: int, period_start: str, spent_usd: str) -> None:
             "spent_usd": spent_usd,
         },
     )
+
+
+@shared_task(ignore_result=True)
+def budget_check(budget_id: int) -> None:
+    """A budget was saved: alert now if its period's settled spend is at its threshold already. The
+    gateway alerts when a request settles at or past the threshold; a budget created (or lowered)
+    after the spend passed it may see no such request this period (a hard budget already over its
+    limit admits none)."""
+    from billing.selectors import spend_in_period
+    from gateway.admission import period_bounds
+
+    budget = Budget.objects.filter(pk=budget_id).first()
+    if budget is None or budget.alert_at_percent is None:
+        return
+    start, end = period_bounds(budget.period, timezone.now())
+    spent = spend_in_period(
+        tenant_id=budget.tenant_id,
+        key_id=budget.key_id,
+        start=datetime.combine(start, datetime.min.time(), UTC),
+        end=end,
+    )
+    if spent * 100 >= budget.limit_usd * budget.alert_at_percent:
+        budget_alert(budget.pk, start.isoformat(), str(spent))

@@ -3,6 +3,10 @@ backoff, and keep a delivery log.
 
 Signature: `X-Sentinel-Signature: sha256=<hex>` over `<timestamp>.<body>` with the endpoint's secret,
 and `X-Sentinel-Timestamp` so receivers can refuse replays.
+
+Deliveries go through the egress guard (sentinel.egress): an endpoint whose URL it refuses (an
+internal address, at the time of the attempt) is never contacted, and the delivery fails at once
+with the guard's reason, never a status or an error from the target.
 """
 
 from __future__ import annotations
@@ -11,16 +15,18 @@ import hashlib
 import hmac
 import time
 
-import httpx
+import aiohttp
 import orjson
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from sentinel import egress
 from tenants.models import WebhookDelivery, WebhookEndpoint
 
 TIMEOUT_SECONDS = 5.0
 MAX_ATTEMPTS = 8
+MAX_ANSWER_BYTES = 64 * 1024  # only the status matters; the rest is not read
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -56,19 +62,24 @@ def webhook_attempt(*, delivery: WebhookDelivery) -> bool:
         "x-sentinel-timestamp": timestamp,
         "x-sentinel-signature": sign(delivery.endpoint.secret(), timestamp, body),
     }
-    status_code, error = None, ""
+    status_code, error, refused = None, "", False
     try:
-        response = httpx.post(delivery.endpoint.url, content=body, headers=headers, timeout=TIMEOUT_SECONDS)
-        status_code = response.status_code
+        reply = egress.post_sync(
+            delivery.endpoint.url, data=body, headers=headers, timeout=TIMEOUT_SECONDS, max_bytes=MAX_ANSWER_BYTES
+        )
+        status_code = reply.status
         ok = 200 <= status_code < 300
         if not ok:
             error = f"HTTP {status_code}"
-    except httpx.HTTPError as exc:
+    except egress.EgressRefused as exc:
+        # Final: retrying would not change the address, and the log says only what the guard saw.
+        ok, refused, error = False, True, f"refused by the egress guard: {exc.reason}"[:300]
+    except (aiohttp.ClientError, TimeoutError, egress.ResponseTooLarge) as exc:
         ok, error = False, f"{type(exc).__name__}: {exc}"[:300]
     attempts = delivery.attempts + 1
     if ok:
         status = WebhookDelivery.Status.DELIVERED
-    elif attempts >= MAX_ATTEMPTS:
+    elif refused or attempts >= MAX_ATTEMPTS:
         status = WebhookDelivery.Status.FAILED
     else:
         status = WebhookDelivery.Status.PENDING

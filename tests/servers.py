@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -13,7 +14,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -161,7 +162,8 @@ class CeleryWorker:
 def start_celery_worker(database: str, *, env: dict | None = None, name: str = "w") -> CeleryWorker:
     """A real Celery worker on the test database (solo pool: one process, killable as a unit)."""
     process_env = {**os.environ, "DATABASE_URL": database_url_for(database), **(env or {})}
-    log = open(BASE_DIR / "tests" / "artifacts" / f"celery-{name}-{free_port()}.log", "wb")  # noqa: SIM115
+    log_path = BASE_DIR / "tests" / "artifacts" / f"celery-{name}-{free_port()}.log"
+    log = open(log_path, "wb")  # noqa: SIM115
     process = subprocess.Popen(
         [
             sys.executable,
@@ -185,7 +187,20 @@ def start_celery_worker(database: str, *, env: dict | None = None, name: str = "
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+    wait_for_worker(log_path, process)
     return CeleryWorker(process)
+
+
+def wait_for_worker(log_path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Until the worker consumes: its start (importing litellm, Django) takes seconds, many more on a
+    loaded machine, and a test counting on a delivery must not spend its own wait on that."""
+    deadline = time.monotonic() + timeout
+    while b" ready." not in log_path.read_bytes():
+        if process.poll() is not None:
+            raise RuntimeError(f"celery worker exited with {process.returncode}: see {log_path}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"celery worker not ready after {timeout}s: see {log_path}")
+        time.sleep(0.1)
 
 
 class WebhookReceiver:
@@ -212,6 +227,71 @@ class WebhookReceiver:
 
     def close(self) -> None:
         self.server.shutdown()
+
+
+class Listener:
+    """An HTTP server on a loopback address that counts every TCP connection it accepts, so a test
+    can say that nothing reached it (`connections == 0`), and records the requests it answers with
+    `status`, `headers` and `body`."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        status: int = 200,
+        headers: dict[str, str] | None = None,
+        body: bytes = b'{"action": "allow"}',
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.connections = 0
+        self.requests: list[tuple[str, dict, bytes]] = []  # (path, headers, body)
+        lock = threading.Lock()
+        listener = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def answer(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                listener.requests.append(
+                    (self.path, {k.lower(): v for k, v in self.headers.items()}, self.rfile.read(length))
+                )
+                self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = answer
+
+            def log_message(self, *args):
+                pass
+
+        class Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            daemon_threads = True
+
+            def verify_request(self, request, client_address) -> bool:
+                with lock:
+                    listener.connections += 1
+                return True
+
+        self.server = Server((host, port), Handler)
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.host, self.port = host, self.server.server_address[1]
+        self.scheme = "https" if tls is not None else "http"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def url(self, path: str = "/", host: str | None = None) -> str:
+        """This listener's URL, or `host` (a name or another spelling of its address) with its port."""
+        host = host or (f"[{self.host}]" if ":" in self.host else self.host)
+        return f"{self.scheme}://{host}:{self.port}{path}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 @dataclass

@@ -4,6 +4,10 @@
 import os
 
 os.environ.setdefault("SENTINEL_DATA_DIR", ".data/test")
+# Tests deliver webhooks and guardrail calls to listeners on 127.0.0.1, which the egress guard refuses
+# unless an operator allows it. Set in the environment, so the gateways and workers tests start allow it
+# too; tests of the guard itself start theirs with SENTINEL_EGRESS_ALLOW="" (tests/sentinel/test_egress.py).
+os.environ.setdefault("SENTINEL_EGRESS_ALLOW", "127.0.0.1")
 
 from sentinel.settings import *  # noqa: E402,F403
 

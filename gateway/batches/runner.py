@@ -6,6 +6,11 @@ A worker runs a batch in slices of SLICE_SECONDS, then hands the rest to a fresh
 batch never holds a worker's slot away from other work (ledger batches) for long. Items are paced
 per tenant across every worker (pace.lua) and wait for capacity at admission instead of failing
 (429 and `overloaded` are waited out); failures retrying can fix go back to the queue with backoff.
+
+A claimed item is started (services.item_start) only right before its request goes upstream, after
+its turn in the pace and its admission. A cancel releases the items claimed and not started at
+once (in the database; this worker stops waiting on them when it next looks at the batch's status),
+and no item starts after it.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class Runner:
         self.lease = settings.BATCH_LEASE_SECONDS
         self.poll = min(1.0, self.lease / 4)
         self.running: dict[asyncio.Task, BatchItem] = {}
+        self.starting: set[asyncio.Task] = set()  # past their wait: asking to start, or started
 
     async def run(self) -> bool:
         """Run the batch's items for one slice; True when work is left for another slice."""
@@ -101,6 +107,8 @@ class Runner:
             if claiming and now - checked >= self.poll:
                 claiming = await sync_to_async(_status)(self.batch_id) == Batch.Status.IN_PROGRESS
                 checked = now
+                if not claiming:
+                    self.stop_waiting()
             free = settings.BATCH_CONCURRENCY - len(self.running)
             if claiming and free > 0:
                 for item in await sync_to_async(services.items_claim)(
@@ -121,6 +129,13 @@ class Runner:
             for task in done:
                 self.running.pop(task)
 
+    def stop_waiting(self) -> None:
+        """The batch stopped (cancelled, expiring): items still waiting for their turn will not
+        start; stop waiting on them (their rows were released by the cancel)."""
+        for task in self.running:
+            if task not in self.starting:
+                task.cancel()
+
     async def renew(self) -> None:
         while True:
             await asyncio.sleep(self.lease / 3)
@@ -132,19 +147,42 @@ class Runner:
 
     async def execute(self, job: Job, item: BatchItem) -> None:
         request_id = f"{job.public_id}:{item.line}"
-        try:
-            await take_turn(job.tenant_id, job.pace)
-            reply = await pipeline.chat_completions(
-                {},
-                orjson.dumps(item.body),
-                queued=pipeline.Queued(key_digest=job.key_digest, request_id=request_id, run=item.tries),
+        task = asyncio.current_task()
+        started = False
+
+        async def start() -> bool:
+            nonlocal started
+            self.starting.add(task)  # from here on, stop_waiting leaves this item alone
+            started = await sync_to_async(services.item_start)(
+                item_id=item.pk, batch_id=self.batch_id, owner=self.owner
             )
-            status, body = reply.status, orjson.loads(reply.body)
-        except Exception:
-            log.exception("batch item %s failed unexpectedly", request_id)
-            status, body = 500, pipeline.INTERNAL_ERROR.payload()
-            reply = None
-        await sync_to_async(self.record)(item, request_id, status, body, reply.headers if reply else {})
+            return started
+
+        try:
+            try:
+                await take_turn(job.tenant_id, job.pace)
+                reply = await pipeline.chat_completions(
+                    {},
+                    orjson.dumps(item.body),
+                    queued=pipeline.Queued(
+                        key_digest=job.key_digest, request_id=request_id, run=item.tries, start=start
+                    ),
+                )
+                status, body = reply.status, orjson.loads(reply.body)
+            except asyncio.CancelledError:
+                if task in self.starting:
+                    raise
+                return  # released before it started (stop_waiting): the cancel already wrote its row
+            except Exception:
+                log.exception("batch item %s failed unexpectedly", request_id)
+                status, body = 500, pipeline.INTERNAL_ERROR.payload()
+                reply = None
+            if not started and (body.get("error") or {}).get("code") == pipeline.BATCH_CANCELLED.code:
+                return  # refused at the start: the batch was cancelled while this item waited
+            self.starting.add(task)
+            await sync_to_async(self.record)(item, request_id, status, body, reply.headers if reply else {})
+        finally:
+            self.starting.discard(task)
 
     def record(self, item: BatchItem, request_id: str, status: int, body: dict, headers: dict) -> None:
         if status in RETRYABLE and item.tries + 1 < settings.BATCH_MAX_TRIES:

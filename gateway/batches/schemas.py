@@ -8,17 +8,25 @@ from typing import Annotated, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.bodies import BATCH_CREATE_IDENTIFIERS, check_body
 from gateway.errors import invalid_request
-from gateway.schemas import validation_error
+from gateway.schemas import integer, validation_error
 
 ENDPOINT = "/v1/chat/completions"
 MAX_METADATA_PAIRS = 16
-NO_NUL = r"^[^\x00]*$"  # PostgreSQL stores no NUL character in text or JSON
+NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"  # as gateway.bodies checks metadata (sentinel.text)
+
+
+class OutputExpiresAfter(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    anchor: Literal["created_at"]
+    seconds: integer(ge=3600, le=2592000)
 
 
 class BatchCreate(BaseModel):
-    # OpenAI's other fields (output_expires_after, ...) are accepted and ignored.
-    model_config = ConfigDict(extra="allow", strict=True)
+    # OpenAI's fields, and no others (400 unknown_parameter, as for chat requests).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     input_file_id: Annotated[str, Field(min_length=1, max_length=64)]
     endpoint: Literal["/v1/chat/completions"]  # Sentinel runs batches of chat completions only
@@ -26,13 +34,14 @@ class BatchCreate(BaseModel):
     metadata: (
         Annotated[
             dict[
-                Annotated[str, Field(max_length=64, pattern=NO_NUL)],
-                Annotated[str, Field(max_length=512, pattern=NO_NUL)],
+                Annotated[str, Field(max_length=64, pattern=NO_CONTROL)],
+                Annotated[str, Field(max_length=512, pattern=NO_CONTROL)],
             ],
             Field(max_length=MAX_METADATA_PAIRS),
         ]
         | None
     ) = None
+    output_expires_after: OutputExpiresAfter | None = None  # accepted: Sentinel keeps files until deleted
 
 
 def parse_batch_create(raw: bytes) -> BatchCreate:
@@ -44,6 +53,7 @@ def parse_batch_create(raw: bytes) -> BatchCreate:
         raise invalid_request(f"Request body is not valid JSON: {exc}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid_request("Request body must be a JSON object.", code="invalid_json")
+    check_body(body, identifiers=BATCH_CREATE_IDENTIFIERS, raw=raw)
     try:
         return BatchCreate.model_validate(body)
     except ValidationError as exc:

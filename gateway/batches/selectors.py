@@ -122,7 +122,8 @@ def batch_object(batch: Batch, counts: dict[str, int]) -> dict:
 
 def seconds_until_claimable(*, batch_id: int) -> float | None:
     """How soon one of the batch's unfinished items may be claimed (0: now): the end of a retry's
-    backoff, or of another worker's lease. None when nothing is unfinished."""
+    backoff, or of another worker's lease (on an item it runs, or has claimed and not started).
+    None when nothing is unfinished."""
     from django.db.models import Min
     from django.db.models.functions import Now
     from django.utils import timezone
@@ -130,9 +131,14 @@ def seconds_until_claimable(*, batch_id: int) -> float | None:
     queued, running = BatchItem.Status.QUEUED, BatchItem.Status.RUNNING
     found = BatchItem.objects.filter(batch_id=batch_id, status__in=(queued, running)).aggregate(
         unfinished=Count("id"),
-        ready=Count("id", filter=Q(status=queued) & (Q(not_before=None) | Q(not_before__lte=Now()))),
+        ready=Count(
+            "id",
+            filter=Q(status=queued)
+            & (Q(not_before=None) | Q(not_before__lte=Now()))
+            & (Q(lease_until=None) | Q(lease_until__lt=Now())),
+        ),
         retry_at=Min("not_before", filter=Q(status=queued)),
-        lease_ends=Min("lease_until", filter=Q(status=running)),
+        lease_ends=Min("lease_until"),
     )
     if not found["unfinished"]:
         return None

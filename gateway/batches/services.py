@@ -1,26 +1,31 @@
 """Writes to files, batches and their items.
 
 Items move with conditional updates, never check-then-act: a worker claims items whose status says
-they are free (queued, or running under a lease that ran out), and writes a result only while the
-lease is still its own. So when a worker dies, or stalls past its lease and wakes up after another
-worker re-ran its items, each item still gets exactly one result.
+they are free (queued and not leased, or leased under a lease that ran out), starts one (queued →
+running) only right before its request goes upstream and only while the batch is in progress, and
+writes a result only while the lease is still its own. So when a worker dies, or stalls past its
+lease and wakes up after another worker re-ran its items, each item still gets exactly one result;
+and a cancel releases every item not started yet, claimed or not, at once.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
 import orjson
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from gateway.batches.models import Batch, BatchFile, BatchItem
 from gateway.batches.validation import read_requests
+
+log = logging.getLogger(__name__)
 
 COMPLETION_WINDOW = timedelta(hours=24)
 UNFINISHED = (BatchItem.Status.QUEUED, BatchItem.Status.RUNNING)
@@ -77,10 +82,29 @@ def batch_create(
     return batch
 
 
-@transaction.atomic
 def batch_start(*, batch_id: int) -> bool:
     """Read the input file into items and start the batch (in_progress), or fail it with the errors
-    of every bad line. True when it started. Safe to repeat: only a validating batch is read."""
+    of every bad line. True when it started. Safe to repeat: only a validating batch is read.
+
+    Reading fails the batch when it fails for a reason of its own (a value the database refuses, a
+    bug): reading it again would fail again, each sweep, until the batch expired. Only a database
+    that is away leaves it validating, for the sweep to start it again."""
+    try:
+        return _batch_read(batch_id=batch_id)
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception:
+        log.exception("batch %s: its input file could not be read", batch_id)
+        now = timezone.now()
+        errors = [{"code": "invalid_file", "message": "The input file could not be read.", "param": None, "line": None}]
+        Batch.objects.filter(pk=batch_id, status=Batch.Status.VALIDATING).update(
+            status=Batch.Status.FAILED, failed_at=now, errors={"object": "list", "data": errors}
+        )
+        return False
+
+
+@transaction.atomic
+def _batch_read(*, batch_id: int) -> bool:
     batch = Batch.objects.select_for_update().select_related("input_file").filter(pk=batch_id).first()
     if batch is None or batch.status not in (Batch.Status.VALIDATING, Batch.Status.CANCELLING):
         return False
@@ -111,15 +135,23 @@ def batch_start(*, batch_id: int) -> bool:
 
 @transaction.atomic
 def batch_cancel(*, batch: Batch) -> Batch:
-    """Stop a batch: nothing new starts (queued items are cancelled); requests in flight finish, and
-    the batch is closed (cancelled) with what was done by then. Cancelling a cancelled or cancelling
-    batch changes nothing; a finished one cannot be cancelled (the caller checks)."""
-    now = timezone.now()
-    if Batch.objects.filter(pk=batch.pk, status__in=(Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS)).update(
-        status=Batch.Status.CANCELLING, cancelling_at=now
-    ):
+    """Stop a batch: every item not started yet is cancelled at once, those a worker has claimed and
+    is waiting to run included; requests already started finish, and the batch is closed (cancelled)
+    with what was done by then. The batch row is locked first: a worker starting an item holds the
+    same lock (item_start), so each start either happened before the cancel or is refused after it.
+    Cancelling a cancelled or cancelling batch changes nothing; a finished one cannot be cancelled
+    (the caller checks)."""
+    locked = (
+        Batch.objects.select_for_update()
+        .filter(pk=batch.pk, status__in=(Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS))
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if locked is not None:
+        now = timezone.now()
+        Batch.objects.filter(pk=batch.pk).update(status=Batch.Status.CANCELLING, cancelling_at=now)
         BatchItem.objects.filter(batch_id=batch.pk, status=BatchItem.Status.QUEUED).update(
-            status=BatchItem.Status.CANCELLED, finished_at=now
+            status=BatchItem.Status.CANCELLED, finished_at=now, lease_owner="", lease_until=None
         )
         from gateway.batches.tasks import finalize_batch
 
@@ -142,7 +174,7 @@ def batch_expire(*, batch_id: int) -> bool:
         if batch.status != Batch.Status.IN_PROGRESS:
             return False
         BatchItem.objects.filter(batch_id=batch.pk, status=BatchItem.Status.QUEUED).update(
-            status=BatchItem.Status.EXPIRED, finished_at=now
+            status=BatchItem.Status.EXPIRED, finished_at=now, lease_owner="", lease_until=None
         )
     batch_finalize(batch_id=batch_id)
     return True
@@ -238,12 +270,14 @@ def _lease_end(seconds: float):
 
 
 def items_claim(*, batch_id: int, owner: str, count: int, lease_seconds: float) -> list[BatchItem]:
-    """Take up to `count` items of a running batch: queued ones whose backoff is over, and running
-    ones whose lease ran out (their worker died or stalled). Rows other workers are claiming at the
-    same moment are skipped, not waited for."""
+    """Lease up to `count` items of a running batch: queued ones whose backoff is over and that no
+    live lease holds, and running ones whose lease ran out (their worker died or stalled). They stay
+    queued until item_start. Rows other workers are claiming at the same moment are skipped, not
+    waited for."""
+    free = Q(lease_until=None) | Q(lease_until__lt=Now())
     claimable = (
-        Q(status=BatchItem.Status.QUEUED, not_before=None)
-        | Q(status=BatchItem.Status.QUEUED, not_before__lte=Now())
+        Q(free, status=BatchItem.Status.QUEUED, not_before=None)
+        | Q(free, status=BatchItem.Status.QUEUED, not_before__lte=Now())
         | Q(status=BatchItem.Status.RUNNING, lease_until__lt=Now())
     )
     with transaction.atomic():
@@ -256,16 +290,38 @@ def items_claim(*, batch_id: int, owner: str, count: int, lease_seconds: float) 
         if not ids:
             return []
         BatchItem.objects.filter(id__in=ids).update(
-            status=BatchItem.Status.RUNNING, lease_owner=owner, lease_until=_lease_end(lease_seconds)
+            status=BatchItem.Status.QUEUED, lease_owner=owner, lease_until=_lease_end(lease_seconds)
         )
     return list(BatchItem.objects.filter(id__in=ids).order_by("line"))
 
 
+def item_start(*, item_id: int, batch_id: int, owner: str) -> bool:
+    """Mark a claimed item running, right before its request goes upstream: only while the batch is
+    in progress and the claim is still this worker's. Under the batch row's lock, which
+    batch_cancel takes too: after a cancel has returned, no item starts. False: do not run it."""
+    with transaction.atomic():
+        running = (
+            Batch.objects.select_for_update(no_key=True)
+            .filter(pk=batch_id, status=Batch.Status.IN_PROGRESS)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if running is None:
+            return False
+        return (
+            BatchItem.objects.filter(pk=item_id, status=BatchItem.Status.QUEUED, lease_owner=owner).update(
+                status=BatchItem.Status.RUNNING
+            )
+            == 1
+        )
+
+
 def leases_renew(*, owner: str, item_ids: list[int], lease_seconds: float) -> int:
-    """Extend this worker's leases on the items it is still running; returns how many it still holds."""
+    """Extend this worker's leases on the items it has claimed or is running; returns how many it
+    still holds."""
     if not item_ids:
         return 0
-    return BatchItem.objects.filter(id__in=item_ids, status=BatchItem.Status.RUNNING, lease_owner=owner).update(
+    return BatchItem.objects.filter(id__in=item_ids, status__in=UNFINISHED, lease_owner=owner).update(
         lease_until=_lease_end(lease_seconds)
     )
 
@@ -280,10 +336,12 @@ def item_finish(
     prompt_tokens: int = 0,
     completion_tokens: int = 0,
 ) -> bool:
-    """Write the item's result, if the lease is still this worker's; False when another worker has
-    taken the item over (this run's result is dropped: the other run's will be the one)."""
+    """Write the item's result, if the lease is still this worker's (running, or claimed and
+    answered without going upstream: a cache hit, a refusal); False when another worker has taken
+    the item over (this run's result is dropped: the other run's will be the one) or a cancel or
+    expiry released it."""
     return (
-        BatchItem.objects.filter(pk=item_id, status=BatchItem.Status.RUNNING, lease_owner=owner).update(
+        BatchItem.objects.filter(pk=item_id, status__in=UNFINISHED, lease_owner=owner).update(
             status=BatchItem.Status.SUCCEEDED if succeeded else BatchItem.Status.FAILED,
             response_status=response_status,
             response=response,
@@ -300,7 +358,7 @@ def item_finish(
 def item_retry(*, item_id: int, owner: str, delay_seconds: float) -> bool:
     """Back to the queue after a failure retrying can fix; its next run is a new run (tries + 1)."""
     return (
-        BatchItem.objects.filter(pk=item_id, status=BatchItem.Status.RUNNING, lease_owner=owner).update(
+        BatchItem.objects.filter(pk=item_id, status__in=UNFINISHED, lease_owner=owner).update(
             status=BatchItem.Status.QUEUED,
             tries=F("tries") + 1,
             not_before=_lease_end(delay_seconds),
@@ -329,7 +387,7 @@ def batches_sweep() -> Sweep:
     now = timezone.now()
     stale = now - timedelta(seconds=max(60.0, 2 * settings.BATCH_LEASE_SECONDS))
     left = BatchItem.objects.filter(batch_id=OuterRef("pk"), status__in=UNFINISHED)
-    live = BatchItem.objects.filter(batch_id=OuterRef("pk"), status=BatchItem.Status.RUNNING, lease_until__gte=Now())
+    live = BatchItem.objects.filter(batch_id=OuterRef("pk"), status__in=UNFINISHED, lease_until__gte=Now())
     to_expire = list(
         Batch.objects.filter(
             status__in=(Batch.Status.VALIDATING, Batch.Status.IN_PROGRESS), expires_at__lte=now

@@ -1,14 +1,23 @@
 """Reading a batch's input file: one request a line, each checked as the chat endpoint would check
-it, so that a batch fails at once, with every bad line named, rather than request by request."""
+it, so that a batch fails at once, with every bad line named, rather than request by request. A line
+is bounded as a chat request is (size, depth, NUL, control characters) before it is serialised, and
+whatever else goes wrong reading one line is that line's error, never a crash of the whole file
+(which would leave the batch validating, read again by every sweep)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import orjson
+from django.conf import settings
 
+from gateway.bodies import check_body
 from gateway.errors import GatewayError
 from gateway.schemas import parse_chat_request
+from sentinel.text import control_character
+
+log = logging.getLogger(__name__)
 
 MAX_LISTED_ERRORS = 100
 MAX_CUSTOM_ID = 512
@@ -39,7 +48,11 @@ def read_requests(content: bytes, *, endpoint: str, max_requests: int) -> tuple[
     for number, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue
-        request, error = _read_line(raw, number, endpoint)
+        try:
+            request, error = _read_line(raw, number, endpoint)
+        except Exception:  # a bug must cost this line, not the file
+            log.exception("batch input line %s could not be read", number)
+            request, error = None, line_error("unreadable_line", "This line could not be read.", line=number)
         if error is None and request.custom_id in seen:
             error = line_error(
                 "duplicate_custom_id",
@@ -67,9 +80,10 @@ def read_requests(content: bytes, *, endpoint: str, max_requests: int) -> tuple[
 
 
 def _read_line(raw: str, number: int, endpoint: str) -> tuple[Request | None, dict | None]:
-    if "\\u0000" in raw:
+    limit = settings.MAX_BODY_BYTES
+    if len(raw) > limit or len(raw.encode()) > limit:  # as large as a chat request may be
         return None, line_error(
-            "invalid_json_line", "NUL characters (\\u0000) cannot be stored; remove them.", line=number
+            "request_too_large", f"This line is larger than a request may be ({limit} bytes).", line=number
         )
     try:
         data = orjson.loads(raw)
@@ -78,10 +92,10 @@ def _read_line(raw: str, number: int, endpoint: str) -> tuple[Request | None, di
     if not isinstance(data, dict):
         return None, line_error("invalid_json_line", "Each line must be a JSON object.", line=number)
     custom_id = data.get("custom_id")
-    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID:
+    if not (isinstance(custom_id, str) and 0 < len(custom_id) <= MAX_CUSTOM_ID) or control_character(custom_id):
         return None, line_error(
             "invalid_custom_id",
-            f"custom_id must be a non-empty string of at most {MAX_CUSTOM_ID} characters.",
+            f"custom_id must be a non-empty string of at most {MAX_CUSTOM_ID} characters, without control characters.",
             line=number,
             param="custom_id",
         )
@@ -95,6 +109,7 @@ def _read_line(raw: str, number: int, endpoint: str) -> tuple[Request | None, di
     if not isinstance(body, dict):
         return None, line_error("invalid_body", "body must be a JSON object.", line=number, param="body")
     try:
+        check_body(body, raw=raw)  # before it is serialised below
         _, body = parse_chat_request(orjson.dumps(body))
     except GatewayError as error:
         param = f"body.{error.param}" if error.param else "body"

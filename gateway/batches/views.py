@@ -10,6 +10,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
+from django.utils.http import content_disposition_header
 
 from gateway.auth import KeyInfo, authenticate, ensure_not_blocked
 from gateway.batches import selectors, services
@@ -176,7 +177,15 @@ async def file_content(request: HttpRequest, file_id: str) -> HttpResponse:
             raise not_found("file", file_id)
     except GatewayError as error:
         return error_response(error)
-    return HttpResponse(bytes(found.content), content_type="application/octet-stream")
+    # Tenant bytes, never a page: a download, whose type a browser may not guess.
+    return HttpResponse(
+        bytes(found.content),
+        content_type="application/octet-stream",
+        headers={
+            "content-disposition": content_disposition_header(as_attachment=True, filename=found.filename),
+            "x-content-type-options": "nosniff",
+        },
+    )
 
 
 # --- batches -----------------------------------------------------------------------------------

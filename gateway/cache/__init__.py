@@ -24,6 +24,7 @@ from gateway.cache.keys import CacheKey
 from gateway.errors import invalid_request
 from gateway.localstate import TTLCache
 from sentinel.redis_clients import async_redis
+from sentinel.text import control_character
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,11 @@ def controls_from(body: dict, headers) -> Controls:
         if not isinstance(field, dict):
             raise invalid_request("'cache' must be an object.", param="cache", code="invalid_type")
         values.update({k.lower(): v for k, v in field.items()})
+        ttl = values.get("ttl")
+        if "ttl" in {k.lower() for k in field} and (not isinstance(ttl, int) or isinstance(ttl, bool)):
+            # JSON has integers: "60" or true in the body is a client's mistake (headers carry text).
+            message = "cache ttl must be a whole number of seconds."
+            raise invalid_request(message, param="cache.ttl", code="invalid_type")
     unknown = set(values) - {"no-cache", "no-store", "ttl", "namespace"}
     if unknown:
         raise invalid_request(f"Unknown cache control: {sorted(unknown)[0]}.", param="cache", code="invalid_value")
@@ -79,8 +85,11 @@ def controls_from(body: dict, headers) -> Controls:
         if not 1 <= ttl <= 30 * 86400:
             raise invalid_request("cache ttl must be between 1 s and 30 days.", param="cache.ttl", code="invalid_value")
     namespace = values.get("namespace", "")
-    if not isinstance(namespace, str) or len(namespace) > 100:
-        raise invalid_request("cache namespace must be a string of at most 100 characters.", param="cache.namespace")
+    if not isinstance(namespace, str) or len(namespace) > 100 or control_character(namespace):
+        raise invalid_request(
+            "cache namespace must be a string of at most 100 characters, without control characters.",
+            param="cache.namespace",
+        )
     for flag in ("no-cache", "no-store"):
         if not isinstance(values.get(flag, False), bool):
             raise invalid_request(f"cache {flag} must be true or false.", param=f"cache.{flag}", code="invalid_type")

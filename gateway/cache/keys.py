@@ -16,7 +16,7 @@ import orjson
 from gateway.cache.acceptance import normalize_prompt
 
 # Body fields that cannot change the answer; every other field (temperature, max_tokens, tools,
-# response_format, seed, stop, ... and ones this gateway does not know) is part of the key.
+# response_format, seed, stop, ...) is part of the key.
 ANSWER_NEUTRAL = frozenset(
     {"model", "messages", "stream", "stream_options", "user", "metadata", "cache", "store", "service_tier"}
 )

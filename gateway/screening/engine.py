@@ -12,23 +12,31 @@ Where the pipeline calls it:
                                     does; such an answer is never cached)
     screen_stream(call, first, rest) a stream: see gateway.screening.streaming (bounded holdback)
 
-Local checks (gateway.screening.personal_data, .injection, .moderation) are plain CPU work of tens
-of microseconds on a typical prompt and run inline; the outside services (a moderation provider
+Local checks (gateway.screening.personal_data, .credentials, .injection, .moderation) are plain CPU
+work: tens of microseconds on a typical prompt, milliseconds on thousands of characters. Up to
+INLINE_CHARS they run inline; a request or an answer carrying more text is screened in a worker
+thread, so no request waits on the event loop behind another's screening. The outside services (a moderation provider
 through litellm, the tenant's HTTP guardrail) run concurrently, on the already-redacted text, and
 only when no local check blocked. Their outages follow the tenant's settings: by default input that
 cannot be screened is refused (503 screening_unavailable) and an answer already generated is
 delivered; both are counted (metrics, ledger).
 
-Which messages: personal data in every message but the system/developer prompt (the tenant's own);
-injection in user and tool messages (tool results are how injections arrive indirectly); moderation
-in user messages. A tenant without a policy costs one attribute test.
+Which texts: every text a request carries (gateway.screening.engine.segments: content strings, text
+and refusal parts, the `name`, tool-call arguments) in every message. Personal data and secrets are
+looked for in all of them; injection and moderation in all but the system/developer prompt (the
+tenant's own instructions, which routinely say what to ignore and what is forbidden): user turns,
+assistant turns and their tool calls (a client can forge the history), and tool results (how
+injections arrive indirectly). A tenant without a policy costs one attribute test.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 from collections.abc import Awaitable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from gateway import metrics
@@ -40,11 +48,13 @@ from gateway.screening.policy import GUARDRAIL, INJECTION, MODERATION, Policy
 log = logging.getLogger(__name__)
 OFF, LOG, REDACT, BLOCK = "off", "log", "redact", "block"
 IN, OUT = "in", "out"
-SYSTEM_ROLES = frozenset({"system", "developer"})
-INJECTION_ROLES = frozenset({"user", "tool", "function"})
-MODERATION_ROLES = frozenset({"user"})
+SYSTEM_ROLES = frozenset({"system", "developer"})  # the tenant's own instructions: personal data only
 MODERATION_CATEGORIES = frozenset(moderation.CATEGORIES)
 CONTENT_FILTER = "content_filter"
+# Up to this many characters in a request (or an answer), the local checks run on the event loop
+# (under a millisecond: a thread hop would cost about as much); beyond, in a worker thread.
+INLINE_CHARS = 1_000
+_LOCAL_CHECKS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="screening")
 
 
 def placeholder(check: str) -> str:
@@ -115,8 +125,50 @@ def summary(call) -> dict | None:
 # --- text in messages --------------------------------------------------------------------------
 
 
-def segments(messages: list) -> list[tuple[int, int | None, str, str]]:
-    """Every text in the messages: (message index, content part index or None, role, text)."""
+@dataclass
+class Text:
+    """One text a request carries, and where it sits in the messages (`path`: keys and indexes from
+    the message down, e.g. ("tool_calls", 0, "function", "arguments"))."""
+
+    index: int
+    path: tuple
+    role: str
+    text: str
+    arguments: object = None  # tool-call arguments: the parsed JSON (screened as its canonical text)
+
+    @property
+    def checked(self) -> str:
+        """What the checks read: the text, with JSON escapes (\\n, \\", \\u0001) blanked in
+        arguments, same length (spans map back one to one). Read as text, "\\nAIza..." is a word
+        character before the key, and a pattern that must not start inside a word would skip it."""
+        return self.text if self.arguments is None else _JSON_ESCAPE.sub(lambda m: " " * len(m.group()), self.text)
+
+    @property
+    def param(self) -> str:
+        """OpenAI's way of naming the field: messages[1].tool_calls[0].function.arguments."""
+        name = f"messages[{self.index}]"
+        for step in self.path:
+            name += f"[{step}]" if isinstance(step, int) else f".{step}"
+        return name
+
+
+_NO_ARGUMENTS = object()
+_JSON_ESCAPE = re.compile(r'\\(?:u[0-9a-fA-F]{4}|["\\/bfnrt])')
+
+
+def _arguments(raw: str) -> object:
+    """Tool-call arguments as JSON, or _NO_ARGUMENTS when they are not JSON."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return _NO_ARGUMENTS
+
+
+def segments(messages: list) -> list[Text]:
+    """Every text in the messages: string content, text and refusal parts, the `name`, the
+    arguments of an assistant's tool calls (and of a legacy function_call). Tool-call arguments
+    that are JSON are screened as their canonical text (no \\u escapes, so `m\\u00fcller.de` is read
+    as `müller.de`)."""
     found = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -124,28 +176,73 @@ def segments(messages: list) -> list[tuple[int, int | None, str, str]]:
         role, content = message.get("role", ""), message.get("content")
         if isinstance(content, str):
             if content:
-                found.append((i, None, role, content))
+                found.append(Text(i, ("content",), role, content))
         elif isinstance(content, list):
             for j, part in enumerate(content):
-                if isinstance(part, dict) and isinstance(part.get("text"), str) and part["text"]:
-                    found.append((i, j, role, part["text"]))
+                if not isinstance(part, dict):
+                    continue
+                for field_name in ("text", "refusal"):
+                    if isinstance(part.get(field_name), str) and part[field_name]:
+                        found.append(Text(i, ("content", j, field_name), role, part[field_name]))
+        if isinstance(message.get("name"), str) and message["name"]:
+            found.append(Text(i, ("name",), role, message["name"]))
+        calls = message.get("tool_calls")
+        for k, tool_call in enumerate(calls if isinstance(calls, list) else ()):
+            function = tool_call.get("function") if isinstance(tool_call, dict) else None
+            if isinstance(function, dict):
+                found.extend(_arguments_text(i, ("tool_calls", k, "function", "arguments"), role, function))
+        legacy = message.get("function_call")
+        if isinstance(legacy, dict):
+            found.extend(_arguments_text(i, ("function_call", "arguments"), role, legacy))
     return found
 
 
-def _write(messages: list, i: int, j: int | None, text: str) -> None:
-    if j is None:
-        messages[i]["content"] = text
-    else:
-        messages[i]["content"][j]["text"] = text
+def _arguments_text(i: int, path: tuple, role: str, function: dict) -> list[Text]:
+    raw = function.get("arguments")
+    if not isinstance(raw, str) or not raw:
+        return []
+    parsed = _arguments(raw)
+    if parsed is _NO_ARGUMENTS:
+        return [Text(i, path, role, raw)]
+    return [Text(i, path, role, json.dumps(parsed, ensure_ascii=False), arguments=parsed)]
 
 
-def _param(i: int, j: int | None) -> str:
-    return f"messages[{i}].content" if j is None else f"messages[{i}].content[{j}].text"
+def _write(messages: list, text: Text, spans: list[Span]) -> None:
+    """Mask `spans` in `text` and put the result where the text came from (and in `text`)."""
+    masked, _ = mask(text.text, spans, bare=text.path == ("name",))  # a name allows [A-Za-z0-9_-] only
+    if text.arguments is not None:
+        parsed = _arguments(masked)
+        if parsed is _NO_ARGUMENTS:
+            # A span crossed the JSON's syntax: mask each string in the arguments on its own instead.
+            parsed = _mask_strings(text.arguments, {span.check for span in spans})
+            masked = json.dumps(parsed, ensure_ascii=False)
+        text.arguments = parsed
+    text.text = masked
+    target = messages[text.index]
+    for step in text.path[:-1]:
+        target = target[step]
+    target[text.path[-1]] = masked
 
 
-def mask(text: str, spans: list[Span], cut: int | None = None) -> tuple[str, int]:
-    """`text` with each span replaced by its placeholder; also where `cut` (a position in `text`)
-    lands in the result (past a placeholder that straddles it)."""
+def _mask_strings(value: object, checks: set[str]) -> object:
+    """Every string in a JSON value masked on its own for the checks that fired on the whole; a
+    value no personal-data check can find again on its own (a guardrail's span) is masked whole."""
+    kinds = tuple(checks & set(personal_data.KINDS))
+    if len(kinds) < len(checks):
+        return placeholder(GUARDRAIL)
+    if isinstance(value, str):
+        found = personal_data.find(value, kinds)
+        return mask(value, found)[0] if found else value
+    if isinstance(value, list):
+        return [_mask_strings(item, checks) for item in value]
+    if isinstance(value, dict):
+        return {key: _mask_strings(item, checks) for key, item in value.items()}
+    return value
+
+
+def mask(text: str, spans: list[Span], cut: int | None = None, *, bare: bool = False) -> tuple[str, int]:
+    """`text` with each span replaced by its placeholder (`bare`: without brackets); also where
+    `cut` (a position in `text`) lands in the result (past a placeholder that straddles it)."""
     cut = len(text) if cut is None else cut
     pieces, position, new_cut = [], 0, None
     for span in sorted(spans, key=lambda s: s.start):
@@ -154,7 +251,7 @@ def mask(text: str, spans: list[Span], cut: int | None = None) -> tuple[str, int
         if new_cut is None and cut <= span.start:
             new_cut = sum(map(len, pieces)) + (cut - position)
         pieces.append(text[position : span.start])
-        pieces.append(placeholder(span.check))
+        pieces.append(placeholder(span.check).strip("[]") if bare else placeholder(span.check))
         position = span.end
         if new_cut is None and cut < span.end:
             new_cut = sum(map(len, pieces))
@@ -211,18 +308,35 @@ async def screen_input(call) -> None:
     if policy is None:
         return
     record = call.screening = Screening(tenant=call.key.tenant_slug)
-    kinds = policy.personal_data_kinds
-    injection_action, moderation_action = policy.action(INJECTION), policy.action(MODERATION)
     record.ran_in = [name for name, _ in policy.input]
     messages = call.body["messages"]
     texts = segments(messages)
+    if sum(len(text.text) for text in texts) > INLINE_CHARS:
+        # Long text: the checks run in a worker thread, so the event loop goes on serving other
+        # requests meanwhile (the thread releases the interpreter between patterns).
+        blocks = await asyncio.get_running_loop().run_in_executor(
+            _LOCAL_CHECKS, _screen_locally, policy, record, messages, texts
+        )
+    else:
+        blocks = _screen_locally(policy, record, messages, texts)
+    if blocks:
+        raise blocked([check for check, _ in blocks], blocks[0][1])
+    await _screen_input_remotely(call, policy, record, texts, policy.action(MODERATION))
+
+
+def _screen_locally(policy: Policy, record: Screening, messages: list, texts: list[Text]) -> list[tuple[str, str]]:
+    """The local checks on every text: redactions written into the messages; the blocks returned
+    as (check, param)."""
+    kinds = policy.personal_data_kinds
+    injection_action, moderation_action = policy.action(INJECTION), policy.action(MODERATION)
     blocks: list[tuple[str, str]] = []
-    for index, (i, j, role, text) in enumerate(texts):
+    for text in texts:
+        screened = text.role not in SYSTEM_ROLES
         spans = local_spans(
-            text,
-            kinds=() if role in SYSTEM_ROLES else kinds,
-            injection_on=injection_action != OFF and role in INJECTION_ROLES,
-            moderation_on=moderation_action != OFF and role in MODERATION_ROLES,
+            text.checked,
+            kinds=kinds,
+            injection_on=injection_action != OFF and screened,
+            moderation_on=moderation_action != OFF and screened,
             region=policy.phone_region,
         )
         redact = []
@@ -233,22 +347,18 @@ async def screen_input(call) -> None:
             action = policy.action(check)
             record.fire(check, IN, action)
             if action == BLOCK:
-                blocks.append((check, _param(i, j)))
+                blocks.append((check, text.param))
             elif action == REDACT:
                 redact.append(Span(check, span.start, span.end))
         if redact:
-            text, _ = mask(text, redact)
-            _write(messages, i, j, text)
-            texts[index] = (i, j, role, text)
-    if blocks:
-        raise blocked([check for check, _ in blocks], blocks[0][1])
-    await _screen_input_remotely(call, policy, record, texts, moderation_action)
+            _write(messages, text, redact)
+    return blocks
 
 
 async def _screen_input_remotely(call, policy: Policy, record: Screening, texts: list, moderation_action: str) -> None:
     """The moderation provider and the guardrail, concurrently, on the redacted text."""
     provider = await resources.moderation_provider(policy) if moderation_action != OFF else None
-    moderated = "\n\n".join(text for _, _, role, text in texts if role in MODERATION_ROLES)
+    moderated = "\n\n".join(text.text for text in texts if text.role not in SYSTEM_ROLES)
     jobs: dict[str, Awaitable] = {}
     if provider is not None and moderated:
         jobs[MODERATION] = moderation.moderate(provider, moderated)
@@ -260,7 +370,7 @@ async def _screen_input_remotely(call, policy: Policy, record: Screening, texts:
             timeout=policy.guardrail_timeout,
             request_id=call.request_id,
             tenant=call.key.tenant_slug,
-            texts=[(role, text) for _, _, role, text in texts],
+            texts=[(text.role, text.text) for text in texts],
         )
     if not jobs:
         return
@@ -296,15 +406,12 @@ async def _screen_input_remotely(call, policy: Policy, record: Screening, texts:
         raise unavailable(outage)
 
 
-def _apply_guardrail_redactions(messages: list, texts: list, verdict: guardrail.Verdict) -> None:
+def _apply_guardrail_redactions(messages: list, texts: list[Text], verdict: guardrail.Verdict) -> None:
     by_text: dict[int, list[Span]] = {}
     for text_id, start, end in verdict.redactions:
         by_text.setdefault(text_id, []).append(Span(GUARDRAIL, start, end))
     for text_id, spans in by_text.items():
-        i, j, role, text = texts[text_id]
-        text, _ = mask(text, spans)
-        _write(messages, i, j, text)
-        texts[text_id] = (i, j, role, text)
+        _write(messages, texts[text_id], spans)
 
 
 # --- output ------------------------------------------------------------------------------------
@@ -352,7 +459,11 @@ async def screen_response(call, response: dict) -> None:
         if not isinstance(content, str) or not content:
             continue
         redact, block = [], False
-        for span in output_spans(policy, content):
+        if len(content) > INLINE_CHARS:
+            spans = await asyncio.get_running_loop().run_in_executor(_LOCAL_CHECKS, output_spans, policy, content)
+        else:
+            spans = output_spans(policy, content)
+        for span in spans:
             check = check_of(span)
             if check == MODERATION:
                 record.categories.add(span.check)

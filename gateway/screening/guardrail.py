@@ -7,21 +7,23 @@ every message, after Sentinel's own redactions), signed like webhooks: `X-Sentin
 Answer: `{"action": "allow"}`, `{"action": "block"}`, or
 `{"action": "redact", "redactions": [{"id": <text id>, "start": <int>, "end": <int>}]}` (character
 offsets into that text). Anything else, an error status, or no answer within the timeout is a
-failure, and the tenant's outage setting decides.
+failure, and the tenant's outage setting decides. So is a URL the egress guard refuses (an internal
+address, at the time of the call): the request goes through sentinel.egress, which follows no
+redirect and caps the answer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 
-import aiohttp
 import orjson
 
 from gateway import metrics
-from gateway.transport import http_session
+from sentinel import egress
 from tenants.webhooks import sign
+
+MAX_ANSWER_BYTES = 256 * 1024  # a verdict, even with a redaction per word of a long prompt
 
 
 class GuardrailUnavailable(Exception):
@@ -77,15 +79,14 @@ async def consult(
     started = time.perf_counter()
     outcome = "ok"
     try:
-        async with asyncio.timeout(timeout):
-            async with http_session().post(
-                url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as response:
-                if response.status != 200:
-                    outcome = "status"
-                    raise GuardrailUnavailable(f"status {response.status}")
-                raw = await response.read()
-        verdict = _verdict(raw, [len(text) for _, text in texts])
+        reply = await egress.post(url, data=body, headers=headers, timeout=timeout, max_bytes=MAX_ANSWER_BYTES)
+        if reply.status != 200:
+            outcome = "status"
+            raise GuardrailUnavailable(f"status {reply.status}")
+        verdict = _verdict(reply.body, [len(text) for _, text in texts])
+    except egress.EgressRefused as refused:
+        outcome = "refused"
+        raise GuardrailUnavailable(f"refused by the egress guard: {refused.reason}") from None
     except TimeoutError:
         outcome = "timeout"
         raise GuardrailUnavailable("timeout") from None

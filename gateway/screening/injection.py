@@ -1,4 +1,6 @@
-"""Prompt injection and jailbreak attempts: a hand-written, conservative set of patterns.
+"""Prompt injection and jailbreak attempts: a hand-written, conservative set of patterns, and beside
+them a learned classifier for what patterns miss (gateway.screening.injection_model: other languages,
+paraphrases, obfuscation, instructions hidden in documents and tool results).
 
 No well-kept library does this offline: llm-guard and Rebuff classify with a Hugging Face model
 (a download at run time) or a hosted API, and the embedding model this gateway ships (MiniLM) costs
@@ -15,15 +17,16 @@ import base64
 import binascii
 import re
 
-from gateway.screening.personal_data import Span
+from gateway.screening import injection_model
+from gateway.screening.spans import Span, lowercase, lowered
 
 INJECTION = "injection"
 
 _W = r"(?:\s+\w+){0,5}\s+"  # a few words between the parts of a phrase
 # (anchors, pattern): a pattern is only tried on text that contains one of its anchors (lowercase),
 # which keeps a long prompt to a few substring searches instead of 23 regular expressions.
-_PATTERNS: tuple[tuple[tuple[str, ...], re.Pattern], ...] = tuple(
-    (anchors, re.compile(pattern, re.IGNORECASE))
+_PATTERNS: tuple[tuple[tuple[str, ...], re.Pattern, re.Pattern], ...] = tuple(
+    (anchors, re.compile(pattern, re.IGNORECASE), lowered(pattern))
     for anchors, pattern in (
         # Ignore / disregard / forget the instructions (in English, German, French, Spanish, Italian).
         (
@@ -165,17 +168,23 @@ def _decoded(text: str) -> list[tuple[int, int, str]]:
     return found
 
 
-def _matches(text: str) -> list[re.Match]:
-    lowered = text.lower()
+def _matches(text: str) -> list[tuple[int, int]]:
+    folded = lowercase(text)
+    lowered_text = folded if folded is not None else text.lower()
     found = []
-    for anchors, pattern in _PATTERNS:
-        if any(anchor in lowered for anchor in anchors):
-            found.extend(pattern.finditer(text))
+    for anchors, any_case, lower_case in _PATTERNS:
+        if any(anchor in lowered_text for anchor in anchors):
+            if folded is not None:
+                found.extend(m.span() for m in lower_case.finditer(folded))
+            else:
+                found.extend(m.span() for m in any_case.finditer(text))
     return found
 
 
 def find(text: str) -> list[Span]:
-    spans = [Span(INJECTION, m.start(), m.end()) for m in _matches(text)]
+    """The patterns' findings, and the learned model's (gateway.screening.injection_model)."""
+    spans = [Span(INJECTION, start, end) for start, end in _matches(text)]
+    spans.extend(injection_model.find(text))
     if len(text) >= 24:
         for start, end, decoded in _decoded(text):
             if _matches(decoded):

@@ -105,6 +105,15 @@ class ScreeningPolicy(models.Model):
     def __str__(self) -> str:
         return f"screening policy of {self.tenant}"
 
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from sentinel.egress import url_problem
+
+        problem = url_problem(self.guardrail_url) if self.guardrail_url else None
+        if problem:
+            raise ValidationError({"guardrail_url": problem})
+
     def set_guardrail_secret(self, secret: str) -> None:
         self.guardrail_secret_encrypted = encrypt("guardrail-secrets", secret)
 

@@ -17,7 +17,7 @@ import asyncio
 import re
 from dataclasses import dataclass
 
-from gateway.screening.personal_data import Span
+from gateway.screening.spans import Span, lowercase, lowered
 
 MODERATION = "moderation"
 
@@ -155,18 +155,20 @@ _ANCHORS = {
 }
 CATEGORIES = tuple(_CATEGORIES)
 _LOCAL = [
-    (category, _ANCHORS[category], re.compile(pattern, re.IGNORECASE)) for category, pattern in _CATEGORIES.items()
+    (category, _ANCHORS[category], re.compile(pattern, re.IGNORECASE), lowered(pattern))
+    for category, pattern in _CATEGORIES.items()
 ]
 
 
 def find(text: str) -> list[Span]:
     """Spans the local check flags (the span's check is the category, e.g. `self-harm`)."""
     spans = []
-    lowered = text.lower()
-    for category, anchors, pattern in _LOCAL:
-        if not any(anchor in lowered for anchor in anchors):
+    folded = lowercase(text)
+    lowered_text = folded if folded is not None else text.lower()
+    for category, anchors, any_case, lower_case in _LOCAL:
+        if not any(anchor in lowered_text for anchor in anchors):
             continue
-        match = pattern.search(text)
+        match = lower_case.search(folded) if folded is not None else any_case.search(text)
         if match:
             spans.append(Span(category, match.start(), match.end()))
     return spans

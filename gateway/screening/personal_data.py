@@ -12,9 +12,8 @@ Libraries do the judging, a regular expression only proposes candidates:
   is a hand-written pattern with HMRC's prefix rules;
 - IP addresses: the standard library's `ipaddress` (loopback, unspecified and netmasks are not data
   about anyone);
-- secrets: detect-secrets' own detector patterns (AWS, GitHub, GitLab, Slack, Stripe, JWT, private
-  keys, ...), plus hand-written ones for keys it does not know (current OpenAI and Anthropic keys,
-  Google API keys, Hugging Face tokens, Sentinel's own) and a password stated in prose;
+- secrets: gateway.screening.credentials (detect-secrets' detector and keyword rules, plus the
+  formats of major providers it does not know), each masked whole;
 - e-mail addresses: a hand-written pattern (validators such as email-validator check one address,
   they do not find addresses in text), which leaves out file names like icon@2x.png and SSH remotes
   like git@github.com:org/repo.
@@ -29,30 +28,11 @@ stdnum lacks), scrubadub (unmaintained since 2023; regular expressions without c
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
-from dataclasses import dataclass
 
 import phonenumbers
-from detect_secrets.plugins.artifactory import ArtifactoryDetector
-from detect_secrets.plugins.aws import AWSKeyDetector
-from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
-from detect_secrets.plugins.basic_auth import BasicAuthDetector
-from detect_secrets.plugins.discord import DiscordBotTokenDetector
-from detect_secrets.plugins.github_token import GitHubTokenDetector
-from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
-from detect_secrets.plugins.jwt import JwtTokenDetector
-from detect_secrets.plugins.mailchimp import MailchimpDetector
-from detect_secrets.plugins.npm import NpmDetector
-from detect_secrets.plugins.openai import OpenAIDetector
-from detect_secrets.plugins.private_key import PrivateKeyDetector
-from detect_secrets.plugins.pypi_token import PypiTokenDetector
-from detect_secrets.plugins.sendgrid import SendGridDetector
-from detect_secrets.plugins.slack import SlackDetector
-from detect_secrets.plugins.square_oauth import SquareOAuthDetector
-from detect_secrets.plugins.stripe import StripeDetector
-from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
-from detect_secrets.plugins.twilio import TwilioKeyDetector
 from stdnum import iban, luhn
 from stdnum.br import cpf
 from stdnum.ca import sin
@@ -62,6 +42,9 @@ from stdnum.in_ import aadhaar
 from stdnum.it import codicefiscale
 from stdnum.se import personnummer
 from stdnum.us import ssn
+
+from gateway.screening import credentials
+from gateway.screening.spans import Span, lowercase, lowered
 
 EMAIL, PHONE, CARD, IBAN, NATIONAL_ID, IP_ADDRESS, SECRET = (
     "email",
@@ -76,13 +59,6 @@ KINDS = (SECRET, CARD, IBAN, NATIONAL_ID, EMAIL, IP_ADDRESS, PHONE)  # also the 
 _PRIORITY = {kind: rank for rank, kind in enumerate(KINDS)}
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
-    check: str
-    start: int
-    end: int
-
-
 # Patterns that must not start inside a word begin with the character they consume and look behind
 # it afterwards (`\d(?<![\w-]\d)` for `(?<![\w-])\d`, `sk-(?<!\wsk-)` for `\bsk-`): the same matches,
 # but Python's engine can then skip ahead to the characters a match can start with instead of trying
@@ -93,8 +69,10 @@ class Span:
 # --- e-mail ------------------------------------------------------------------------------------
 
 _EMAIL = re.compile(
-    r"(?<![\w.%+-])[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+"
-    r"([A-Za-z]{2,24})(?![\w-]|\.\w|:[\w~/]|\()"
+    # Letters of any script (jürgen@müller.de, an internationalised domain), an apostrophe in the
+    # local part (o'connor@...), a punycode top-level domain (xn--...).
+    r"\w(?<![\w.%+-]\w)[\w.%+'-]{0,63}@(?:[^\W_](?:[\w-]{0,61}[^\W_])?\.)+"
+    r"([^\W\d_]{2,24}|[Xx][Nn]--[A-Za-z0-9-]{1,59})(?![\w-]|\.\w|:[\w~/]|\()"
 )
 # Not top-level domains here but file extensions (icon@2x.png) and attributes in code (x@w.shape).
 _NOT_TLD = frozenset(
@@ -104,6 +82,8 @@ _NOT_TLD = frozenset(
 
 
 def _emails(text: str) -> list[Span]:
+    if "@" not in text:
+        return []
     return [Span(EMAIL, m.start(), m.end()) for m in _EMAIL.finditer(text) if m.group(1).lower() not in _NOT_TLD]
 
 
@@ -123,6 +103,19 @@ _PHONE_CUE = re.compile(
 )
 
 
+@functools.cache
+def _national_lengths(region: str) -> frozenset[int]:
+    """How many digits a national number of `region` can have, with or without its trunk prefix
+    (libphonenumber's metadata): a digit run of another length cannot be valid there, and is not
+    handed to the matcher (about 150 microseconds a run)."""
+    metadata = phonenumbers.PhoneMetadata.metadata_for_region(region)
+    if metadata is None or not metadata.general_desc.possible_length:
+        return frozenset(range(4, 18))
+    lengths = set(metadata.general_desc.possible_length)
+    prefix = len(metadata.national_prefix or "")
+    return frozenset(lengths | {length + prefix for length in lengths} | {length + 1 for length in lengths})
+
+
 def _phones(text: str, region: str, found: list[Span]) -> list[Span]:
     """Numbers valid in the tenant's region, and numbers written with a country code (+44 ..., 0044
     ...) whose length is possible there: the code is signal enough, and it spares an up-to-date
@@ -139,7 +132,10 @@ def _phones(text: str, region: str, found: list[Span]) -> list[Span]:
             # 00 is the international prefix almost everywhere (the tenant's region may use another).
             candidate, shift = "+" + candidate[2:], 1
         leniency = _POSSIBLE if candidate.startswith("+") else _VALID
-        matches = list(phonenumbers.PhoneNumberMatcher(candidate, region, leniency=leniency))
+        if leniency is _VALID and digits not in _national_lengths(region):
+            matches = []
+        else:
+            matches = list(phonenumbers.PhoneNumberMatcher(candidate, region, leniency=leniency))
         if not matches and leniency is _VALID and _PHONE_CUE.search(text[max(0, run.start() - 40) : run.start()]):
             for other in _OTHER_REGIONS:
                 matches = list(phonenumbers.PhoneNumberMatcher(run.group(), other, leniency=_VALID))
@@ -153,7 +149,10 @@ def _phones(text: str, region: str, found: list[Span]) -> list[Span]:
 
 # --- payment cards -----------------------------------------------------------------------------
 
-_CARD_RUN = re.compile(r"\d(?<![\w-]\d)(?:[ -]?\d){11,18}(?![\w]|-\d)")
+_CARD_RUN = re.compile(r"\d(?<![\w-]\d)(?:[ .-]?\d){11,18}(?![\w]|[-.]\d)")
+# Dots are a separator only in the printed groups (4539.1488.0343.6467, Amex 3782.822463.10005), so a
+# decimal number is not read as a card.
+_DOTTED_CARD = re.compile(r"\d{4}(?:\.\d{4}){2,3}(?:\.\d{1,3})?|\d{4}\.\d{6}\.\d{4,5}")
 # Card networks: number prefix and lengths (Visa, Mastercard 51-55 and 2221-2720, Amex, Diners,
 # JCB, Discover, UnionPay, Maestro).
 _CARD_NETWORKS = (
@@ -175,6 +174,8 @@ def _card_network_fits(digits: str) -> bool:
 def _cards(text: str) -> list[Span]:
     spans = []
     for run in _CARD_RUN.finditer(text):
+        if "." in run.group() and not _DOTTED_CARD.fullmatch(run.group()):
+            continue
         digits = re.sub(r"\D", "", run.group())
         if _card_network_fits(digits) and luhn.is_valid(digits):
             spans.append(Span(CARD, run.start(), run.end()))
@@ -184,12 +185,14 @@ def _cards(text: str) -> list[Span]:
 # --- IBANs -------------------------------------------------------------------------------------
 
 _IBAN_RUN = re.compile(r"(?<![\w])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}(?![\w])", re.IGNORECASE)
+_IBAN_RUN_LOWER = lowered(_IBAN_RUN.pattern)
 
 
 def _ibans(text: str) -> list[Span]:
     spans = []
-    for run in _IBAN_RUN.finditer(text):
-        candidate = run.group()
+    folded = lowercase(text)
+    for run in _IBAN_RUN_LOWER.finditer(folded) if folded is not None else _IBAN_RUN.finditer(text):
+        candidate = text[run.start() : run.end()]
         # The run may have swallowed a following word: try the longest prefix that is an IBAN.
         end = len(candidate)
         while end >= 15:
@@ -225,9 +228,16 @@ _NATIONAL_IDS: tuple[tuple[re.Pattern, object], ...] = (
 )
 
 
+# The codice fiscale's pattern starts with a letter, so it is tried at every letter of a text; its
+# digits-and-letters middle (…80A01H501…) starts with a digit, which the engine can skip to.
+_CODICE_FISCALE_MIDDLE = re.compile(r"\d\d[A-Za-z]\d\d[A-Za-z]\d{3}")
+
+
 def _national_ids(text: str) -> list[Span]:
     spans = []
     for pattern, valid in _NATIONAL_IDS:
+        if valid is codicefiscale.is_valid and not _CODICE_FISCALE_MIDDLE.search(text):
+            continue
         for match in pattern.finditer(text):
             if valid(match.group()):
                 spans.append(Span(NATIONAL_ID, match.start(), match.end()))
@@ -269,68 +279,9 @@ def _ip_addresses(text: str) -> list[Span]:
 
 # --- secrets -----------------------------------------------------------------------------------
 
-_DETECT_SECRETS = (
-    ArtifactoryDetector,
-    AWSKeyDetector,
-    AzureStorageKeyDetector,
-    BasicAuthDetector,
-    DiscordBotTokenDetector,
-    GitHubTokenDetector,
-    GitLabTokenDetector,
-    MailchimpDetector,
-    NpmDetector,
-    OpenAIDetector,
-    PypiTokenDetector,
-    SendGridDetector,
-    SlackDetector,
-    SquareOAuthDetector,
-    StripeDetector,
-    TelegramBotTokenDetector,
-    TwilioKeyDetector,
-)
-_SECRET_PATTERNS: tuple[re.Pattern, ...] = tuple(
-    pattern for detector in _DETECT_SECRETS for pattern in detector().denylist
-) + (
-    re.compile(r"sk-(?<!\wsk-)(?:proj-|svcacct-|admin-|ant-(?:api|admin)\d\d-|sen-)?[A-Za-z0-9_-]{20,}"),
-    re.compile(r"AIza(?<!\wAIza)[0-9A-Za-z_-]{35}"),
-    re.compile(r"hf_(?<!\whf_)[A-Za-z0-9]{30,}"),
-    re.compile(r"xai-(?<!\wxai-)[A-Za-z0-9]{40,}"),
-    re.compile(r"[sr]k_(?<!\w[sr]k_)(?:live|test)_[0-9a-zA-Z]{24,}"),
-)
-_JWT = JwtTokenDetector()
-_JWT_PATTERN = _JWT.denylist[0]
-_PRIVATE_KEY_BEGIN = re.compile(
-    "|".join(re.escape(p.pattern) for p in PrivateKeyDetector().denylist) + r"|BEGIN ENCRYPTED PRIVATE KEY"
-)
-_PRIVATE_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
-# "my password is hunter2", "pwd: P@ss-1234": a value with a digit or a symbol, so "password is
-# required" or "password: at least 12 characters" are not one.
-_STATED_PASSWORD = re.compile(
-    r"p(?<!\wp)(?:assword|asswd|assphrase|asscode|wd|in code)\s*(?:is|was|=|:)\s*[\"'`]?"
-    r"((?=[^\s\"'`]*[A-Za-z])(?=[^\s\"'`]*[\d!@#$%^&*_+=?~])[^\s\"'`]{6,64})",
-    re.IGNORECASE,
-)
-
 
 def _secrets(text: str) -> list[Span]:
-    spans = []
-    for pattern in _SECRET_PATTERNS:
-        for match in pattern.finditer(text):
-            start, end = match.span(1) if pattern.groups and match.group(1) else match.span()
-            spans.append(Span(SECRET, start, end))
-    if "eyJ" in text:
-        for match in _JWT_PATTERN.finditer(text):
-            if match.group().count(".") >= 2 and _JWT.is_formally_valid(match.group()):
-                spans.append(Span(SECRET, match.start(), match.end()))
-    if "PRIVATE KEY" in text or "PuTTY" in text:
-        for match in _PRIVATE_KEY_BEGIN.finditer(text):
-            start = text.rfind("-----", 0, match.start())
-            start = start if start >= 0 and match.start() - start <= 5 else match.start()
-            end = _PRIVATE_KEY_END.search(text, match.end())
-            spans.append(Span(SECRET, start, end.end() if end else len(text)))
-    for match in _STATED_PASSWORD.finditer(text):
-        spans.append(Span(SECRET, *match.span(1)))
-    return spans
+    return credentials.find(text)
 
 
 # --- all of them -------------------------------------------------------------------------------

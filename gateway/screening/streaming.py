@@ -1,12 +1,18 @@
 """Screening a streamed answer as it flows, holding back at most a bounded window.
 
 Each choice's content is relayed with its last `window` characters (the policy's stream_window,
-64 by default, 32 to 1024) held back: a finding that starts before the held-back part has, by then,
-`window` characters after its start in view, so any card number, IBAN, phone number or e-mail
-address no longer than the window is caught whole even when it arrives split across chunks, and
-the client never receives a piece of it. The text is never delayed by more than the window (and
-is released in full with the finish reason). Longer findings (a PEM private key) can be cut: their
-start is masked, what lies beyond the window may not be.
+64 by default, 32 to 1024, and never less than MIN_HOLD) held back: a finding that starts before the
+held-back part has, by then, `window` characters after its start in view, so any card number, IBAN,
+phone number or e-mail address no longer than that is caught whole even when it arrives split
+across chunks, and the client never receives a piece of it. Two kinds of finding can be longer, and
+are held back until they end:
+- a token still arriving (the text ends inside a run of token characters: an API key, a JWT, an
+  e-mail address) is held whole, up to MAX_TOKEN characters, so a 93-character GitHub token or a
+  long JWT is judged complete, never cut at the window;
+- a private key is held from its BEGIN line until its END line (or the end of the answer), then
+  masked whole.
+Otherwise the text is never delayed by more than the window, and is released in full with the
+finish reason.
 
 A block (the policy's output action) ends the choice there with finish_reason "content_filter";
 what the provider still sends is read (for its usage, which is billed) and dropped. Provider
@@ -18,6 +24,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from gateway.screening.credentials import unterminated_private_key
 from gateway.screening.engine import (
     BLOCK,
     CONTENT_FILTER,
@@ -34,7 +41,12 @@ from gateway.screening.personal_data import Span
 from gateway.screening.policy import Policy
 from gateway.transport import Event
 
-CONTEXT = 32  # characters already released, kept as context for patterns that look behind
+CONTEXT = 128  # characters already released, kept as context for patterns that look behind (key = ...)
+MIN_HOLD = 48  # the longest finding with spaces in it: an IBAN of 34 characters in groups of four
+MAX_TOKEN = 4096  # a run of token characters longer than this is released at the window after all
+# What a token, an e-mail address or a JWT is made of: a run of these at the end of the held-back
+# text may not be complete yet.
+_TOKEN_CHARS = frozenset("@.+/=%~:'_-")
 
 
 @dataclass
@@ -48,7 +60,7 @@ class StreamScreen:
     def __init__(self, policy: Policy, record: Screening) -> None:
         self.policy = policy
         self.record = record
-        self.window = policy.stream_window
+        self.window = max(policy.stream_window, MIN_HOLD)
         self.choices: dict[int, _Choice] = {}
         record.ran_out = [
             name
@@ -125,7 +137,7 @@ class StreamScreen:
         text = state.pending
         if not text:
             return ""
-        cut = len(text) if final else max(0, len(text) - self.window)
+        cut = len(text) if final else self._cut(state.context, text)
         if cut == 0:
             return ""
         offset = len(state.context)
@@ -149,3 +161,21 @@ class StreamScreen:
         released, state.pending = text[:cut], text[cut:]
         state.context = (state.context + released)[-CONTEXT:]
         return released
+
+    def _cut(self, context: str, text: str) -> int:
+        """How much of the held-back text may go now: all but the window, less a token still
+        arriving, less a private key from its BEGIN line until its END line has arrived."""
+        key = unterminated_private_key(context + text)
+        if key is not None:
+            return max(0, key - len(context))
+        cut = max(0, len(text) - self.window)
+        run = len(text)
+        while run > 0 and len(text) - run < MAX_TOKEN and _is_token_char(text[run - 1]):
+            run -= 1
+        if run < cut and len(text) - run < MAX_TOKEN:
+            cut = run
+        return cut
+
+
+def _is_token_char(char: str) -> bool:
+    return char.isalnum() or char in _TOKEN_CHARS

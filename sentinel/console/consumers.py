@@ -41,8 +41,9 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
         for group in getattr(self, "joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
 
-    async def receive_json(self, content, **kwargs) -> None:
-        """The socket only listens; anything a browser sends is ignored."""
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        """The socket only listens: anything a client sends, JSON or not, is ignored (decoding it
+        would end the socket with an error on the first frame that is not JSON)."""
 
     async def tenant_summary(self, message: dict) -> None:
         summary = message["summary"]

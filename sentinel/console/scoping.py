@@ -3,7 +3,8 @@
 Model permissions come from the role groups (tenants.roles); these classes decide which rows they
 reach. A tenant-scoped admin lists, searches, filters, autocompletes, shows and edits only rows of
 tenants where the user holds a role that allows it, and answers 404 for any other object's URL.
-Operator-only admins (providers, deployments, prices, ...) are for superusers alone.
+Operator-only admins (providers, deployments, prices, ...) are for superusers alone. The forms of
+both refuse control characters in their text fields (sentinel.text).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from django.contrib import admin
 from django.http import Http404
 from django.urls import reverse
 
+from sentinel.text import PlainTextAdmin, PlainTextInline
 from tenants.models import Membership, Tenant, VirtualKey
 from tenants.selectors import ALL_ROLES, MANAGE
 
@@ -66,7 +68,7 @@ class TenantFilter(admin.SimpleListFilter):
         return queryset.filter(**{self.lookup: int(value)})
 
 
-class TenantScopedAdmin(admin.ModelAdmin):
+class TenantScopedAdmin(PlainTextAdmin, admin.ModelAdmin):
     """A ModelAdmin whose rows each belong to one tenant, reached from the model by `tenant_lookup`.
     Members holding one of `view_roles` see a tenant's rows; `manage_roles` add, change and delete."""
 
@@ -148,7 +150,7 @@ class TenantScopedAdmin(admin.ModelAdmin):
         raise Http404(f"No {opts.verbose_name} with this id among yours.")
 
 
-class TenantScopedInline:
+class TenantScopedInline(PlainTextInline):
     """An inline on a tenant-scoped admin: editable where the user manages the parent's tenant."""
 
     def _parent_allows(self, request, obj) -> bool:
@@ -170,7 +172,7 @@ class TenantScopedInline:
         self.parent_admin = admin_site.get_model_admin(parent_model)
 
 
-class OperatorOnlyAdmin(admin.ModelAdmin):
+class OperatorOnlyAdmin(PlainTextAdmin, admin.ModelAdmin):
     """Configuration of the whole installation (providers, routing, prices, tiers, breakers, kill
     switches and their audit): superusers only, whatever permissions a user was given."""
 

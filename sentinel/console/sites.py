@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.auth.decorators import login_not_required
 from django.urls import path
+from django.utils.decorators import method_decorator
+from django.views.decorators.cache import never_cache
 
 
 class ConsoleSite(admin.AdminSite):
@@ -19,6 +22,18 @@ class ConsoleSite(admin.AdminSite):
             path("circuits/", self.admin_view(views.circuits_view), name="circuits"),
             *super().get_urls(),
         ]
+
+    @method_decorator(never_cache)
+    @login_not_required
+    def login(self, request, extra_context=None):
+        """Django's login page; a sign-in the brute-force guard refused is 429 with Retry-After
+        (sentinel.authentication), not the form again."""
+        from sentinel.authentication import refused_wait
+        from sentinel.views import too_many_sign_ins
+
+        response = super().login(request, extra_context)
+        wait = refused_wait(request)
+        return too_many_sign_ins(wait) if wait is not None else response
 
     def each_context(self, request):
         context = super().each_context(request)

@@ -5,9 +5,9 @@ import orjson
 from bench import routing
 
 
-def test_the_routing_benchmark_reports_per_prompt_timings(capsys):
-    assert routing.main(["--quick"]) == 0
-    saved = orjson.loads((routing.RESULTS_DIR / "routing.json").read_bytes())
+def test_the_routing_benchmark_reports_per_prompt_timings(capsys, tmp_path):
+    assert routing.main(["--quick", "--out", str(tmp_path)]) == 0
+    saved = orjson.loads((tmp_path / "routing.json").read_bytes())
     result = saved["results"]
     assert (saved["scenario"], saved["quick"]) == ("routing", True)
     assert result["prompts"] >= 200

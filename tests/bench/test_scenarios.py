@@ -102,6 +102,7 @@ def test_screening_times_every_scenario(tmp_path, test_database_name, bench_redi
 
     names = [row["scenario"] for row in result["scenarios"]]
     assert names[0] == "no policy" and "long ~4k chars, all checks (redact)" in names
+    assert "single 4k user message, all checks (redact)" in names  # issue 25: one long message
     rows = result["scenarios"]
     assert rows[0]["p50_ms"] >= 0 and all(0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"] for row in rows[1:])
 

@@ -4,16 +4,20 @@ edits that never rewrite history, and the read-only ledger."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import openpyxl
+import pytest
 from django.db.models import Sum
 from django.test import Client
 from django.utils import timezone
 
-from billing.models import LedgerEntry, Price
+from billing.ledger import STREAM
+from billing.models import LedgerDeadLetter, LedgerEntry, Price
+from sentinel.redis_clients import sync_redis
 from tests.billing.conftest import DAYS, drain_all, hand_off_all, record
 from tests.conftest import unique
 
@@ -171,3 +175,74 @@ def test_the_ledger_is_read_only(spend_data):
     assert admin.post(f"/admin/billing/ledgerentry/{entry.pk}/delete/", {"post": "yes"}).status_code == 403
     entry.refresh_from_db()
     assert (entry.cost_usd, entry.status_code) == before
+
+
+# --- ledger dead letters ---------------------------------------------------------------------------
+
+DEAD_LETTERS = "/admin/billing/ledgerdeadletter/"
+
+
+@pytest.fixture
+def dead_letters(tenancy, empty_queue) -> dict:
+    """Records the database refused, set aside by a real drain: one of tenant A (markup and a NUL in
+    it), one of B, and one naming no tenant (bytes that are not UTF-8, markup, a NUL, a terminal escape)."""
+    a = record(tenancy.tenant, request_id=unique("dl-a"), model="<script>alert(1)</script>\x00")
+    b = record(tenancy.other, request_id=unique("dl-b"), status=70000)
+    stray = b"\xff\xfe<b>bold</b>\x00\x1b[31m " + unique("stray").encode()
+    client = sync_redis()
+    for raw in (a.encode(), b.encode(), stray):
+        client.xadd(STREAM, {"r": raw})
+    drain_all()
+    return {
+        name: LedgerDeadLetter.objects.get(digest=hashlib.sha256(raw).hexdigest())
+        for name, raw in (("a", a.encode()), ("b", b.encode()), ("stray", stray))
+    }
+
+
+def listed(response) -> set[int]:
+    assert response.status_code == 200, response.status_code
+    return {letter.pk for letter in response.context["cl"].result_list}
+
+
+def test_finance_and_admins_see_their_tenants_dead_letters_operators_all(tenancy, dead_letters):
+    a, b, stray = (dead_letters[name].pk for name in ("a", "b", "stray"))
+    assert listed(as_user(tenancy.finance).get(DEAD_LETTERS)) & {a, b, stray} == {a}
+    assert listed(as_user(tenancy.owner).get(DEAD_LETTERS)) & {a, b, stray} == {a}
+    assert listed(as_user(tenancy.outsider).get(DEAD_LETTERS)) & {a, b, stray} == {b}
+    assert listed(as_user(tenancy.superuser).get(DEAD_LETTERS)) >= {a, b, stray}
+    assert as_user(tenancy.viewer).get(DEAD_LETTERS).status_code == 403
+    finance = as_user(tenancy.finance)
+    assert DEAD_LETTERS in finance.get("/admin/").content.decode()
+    assert finance.get(f"{DEAD_LETTERS}{b}/change/").status_code == 404
+    assert finance.get(f"{DEAD_LETTERS}{stray}/change/").status_code == 404
+
+
+def test_a_dead_letter_shows_when_whose_why_and_the_record_escaped(tenancy, dead_letters):
+    letter = dead_letters["a"]
+    page = as_user(tenancy.finance).get(f"{DEAD_LETTERS}{letter.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert tenancy.tenant.name in html
+    assert letter.request_id in html
+    assert "refused by psycopg: PostgreSQL text fields cannot contain NUL (0x00) bytes" in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;\\u0000" in html
+    assert "<script>alert" not in html
+    assert "\x00" not in html
+
+    stray = as_user(tenancy.superuser).get(f"{DEAD_LETTERS}{dead_letters['stray'].pk}/change/").content.decode()
+    assert "\\xff\\xfe&lt;b&gt;bold&lt;/b&gt;\\x00\\x1b[31m" in stray
+    assert "not a ledger record: not JSON" in stray
+    assert "\x00" not in stray and "\x1b" not in stray
+
+    listing = as_user(tenancy.superuser).get(DEAD_LETTERS, {"q": letter.request_id}).content.decode()
+    assert "&lt;script&gt;" in listing and "<script>alert" not in listing
+
+
+def test_dead_letters_are_read_only(tenancy, dead_letters):
+    letter = dead_letters["a"]
+    root = as_user(tenancy.superuser)
+    assert root.post(f"{DEAD_LETTERS}{letter.pk}/change/", {"reason": "fine"}).status_code == 403
+    assert root.post(f"{DEAD_LETTERS}{letter.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert root.get(f"{DEAD_LETTERS}add/").status_code == 403
+    letter.refresh_from_db()
+    assert letter.reason == "refused by psycopg: PostgreSQL text fields cannot contain NUL (0x00) bytes"

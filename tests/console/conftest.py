@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from billing.models import LedgerEntry
+from billing.models import LedgerDeadLetter, LedgerEntry
 from gateway.models import Batch, BatchFile, CacheEntry
 from gateway.screening.models import ScreeningPolicy
 from tenants.models import Budget, BudgetAlert, Membership, VirtualKey, WebhookDelivery, WebhookEndpoint
@@ -59,6 +59,14 @@ def _objects(tenancy, tenant, member, marker: str, side: str) -> dict:
             key=key,
             model_requested="gpt-4o-mini",
             status_code=200,
+        ),
+        "ledgerdeadletter": LedgerDeadLetter.objects.create(
+            digest=unique("digest"),
+            tenant=tenant,
+            request_id=f"{marker}-{side}",
+            kind=LedgerDeadLetter.Kind.VALUE,
+            reason="refused",
+            record=b"{}",
         ),
         "cacheentry": CacheEntry.objects.create(
             tenant=tenant,

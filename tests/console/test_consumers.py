@@ -1,10 +1,15 @@
 """The console's websocket with a real client against a real gateway process: refused without a
 session; each member gets their own tenants' live summaries only (without money unless their role
-includes spend), and only operators get circuit transitions."""
+includes spend), and only operators get circuit transitions; sockets stay open while idle, ignore
+what clients send, and end without an error in the log."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import socket as raw_socket
+import time
 from datetime import timedelta
 
 import pytest
@@ -16,6 +21,7 @@ from gateway.breakers import breaker_force
 from gateway.models import Deployment
 from sentinel.console.live import live_publish
 from tests.billing.conftest import drain_all, hand_off_all, record
+from tests.conftest import unique
 from tests.console.conftest import as_user
 
 
@@ -142,3 +148,65 @@ def test_each_socket_gets_its_own_tenants_events_only(gateway, tenancy, make_mod
             "actor": t.superuser.get_username(),
         }
         assert expected_a in seen and expected_b in seen  # operators get every tenant's summaries
+
+
+def errors_since(gateway, start: int) -> list[str]:
+    return [line for line in gateway.log_lines()[start:] if '"level":"ERROR"' in line]
+
+
+def a_client_gone_before_the_handshake(gateway, user) -> None:
+    """Asks for the socket with a valid session, then leaves before the server accepts it."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+    session = as_user(user).cookies["sessionid"].value
+    with raw_socket.create_connection((host, int(port))) as raw:
+        raw.sendall(
+            f"GET /ws/console/ HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Origin: {gateway.url}\r\nCookie: sessionid={session}\r\n\r\n".encode()
+        )
+
+
+def some_traffic(tenant) -> None:
+    """A request of the tenant's in the last minute, so that the live publisher has a summary for it."""
+    hand_off_all([record(tenant, at=timezone.now() - timedelta(seconds=5), request_id=unique("live"))])
+    drain_all()
+
+
+def test_idle_sockets_stay_open_and_disconnects_log_no_error(gateway, tenancy):
+    """A consumer waits for its events in Redis reads that block 5 s (channels_redis); those reads
+    used to time out at the same 5 s, which ended every idle socket with "Exception in ASGI
+    application" (the browser reconnected, and the next one died the same way). Sockets now stay
+    open while idle, and neither a closing handshake, nor a dropped connection, nor a client gone
+    before the handshake completed logs anything at ERROR."""
+    start = len(gateway.log_lines())
+    some_traffic(tenancy.tenant)
+    for _ in range(5):
+        a_client_gone_before_the_handshake(gateway, tenancy.owner)
+    sockets = [socket(gateway, tenancy.owner), socket(gateway, tenancy.viewer), socket(gateway, tenancy.owner)]
+    for ws in sockets:
+        assert receive(ws)["type"] == "hello"
+
+    time.sleep(12)  # idle across two of the channel layer's blocking reads
+    live_publish(now=timezone.now())
+    for ws in sockets:
+        assert receive(ws)["tenant_id"] == tenancy.tenant.pk  # still open, still hearing its tenant
+
+    sockets[0].close()
+    sockets[1].close(code=1001)  # a browser leaving the page
+    sockets[2].socket.close()  # gone without a closing handshake
+    time.sleep(1.0)
+    assert errors_since(gateway, start) == []
+
+
+def test_whatever_a_client_sends_is_ignored(gateway, tenancy):
+    start = len(gateway.log_lines())
+    some_traffic(tenancy.tenant)
+    with socket(gateway, tenancy.owner) as ws:
+        assert receive(ws)["type"] == "hello"
+        ws.send("not json")
+        ws.send(b"\x00\xff binary")
+        ws.send('{"type": "circuit.transition", "deployment": "forged"}')
+        live_publish(now=timezone.now())
+        assert receive(ws)["tenant_id"] == tenancy.tenant.pk  # the socket is still open, and got nothing forged
+    time.sleep(0.5)
+    assert errors_since(gateway, start) == []

@@ -24,6 +24,7 @@ SCOPED = {
     "webhookendpoint": ("tenants", {"admin"}, True, None),
     "webhookdelivery": ("tenants", {"admin"}, False, None),
     "ledgerentry": ("billing", {"admin"}, False, None),
+    "ledgerdeadletter": ("billing", {"admin", "finance"}, False, None),
     "cacheentry": ("gateway", {"admin"}, False, None),
     "batch": ("gateway", {"admin"}, False, None),
     "screeningpolicy": ("screening", {"admin"}, True, "Tenant "),

@@ -68,6 +68,17 @@ def test_the_sla_alerts_are_there():
     assert "sentinel_breaker_state" in by_name["SentinelBreakerOpen"]["expr"]
 
 
+def test_the_ledger_alerts_are_there():
+    """A dead letter warns at once; a ledger queue whose oldest record keeps ageing (the drain fails or
+    does not run) pages."""
+    by_name = {rule["alert"]: rule for rule in rules(ALERTS)}
+    dead_letters = by_name["SentinelLedgerDeadLetters"]
+    assert "increase(sentinel_ledger_dead_letters_total[15m])" in dead_letters["expr"]
+    assert "for" not in dead_letters
+    assert by_name["SentinelLedgerStalled"]["expr"] == "max(sentinel_ledger_oldest_record_age_seconds) > 120"
+    assert by_name["SentinelLedgerStalled"]["labels"]["severity"] == "page"
+
+
 BROKEN = {
     "a broken expression": "sum(rate(sentinel_requests_total[5m])",
     "an unknown metric": "sum(rate(sentinel_requests_totl[5m])) > 1",
@@ -96,7 +107,7 @@ def promtool(*args: str, cwd: Path = PROMETHEUS_DIR) -> subprocess.CompletedProc
 def test_promtool_accepts_the_rules_and_the_prometheus_config():
     checked = promtool("check", "rules", "alerts.yml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 6 rules found" in checked.stdout
+    assert "SUCCESS: 8 rules found" in checked.stdout
     config = promtool("check", "config", "prometheus.yml")
     assert config.returncode == 0, config.stdout + config.stderr
 

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from io import StringIO
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from django.core.management import call_command
 
 from billing.ledger import drain
 from billing.models import LedgerEntry
-from gateway.autoroute import classify
+from gateway.autoroute import HEAD_CHARS, TAIL_CHARS, classify
 from gateway.mock_provider import answer_text
 
 EVAL = Path(__file__).resolve().parents[1] / "data" / "routing_eval.jsonl"
@@ -57,20 +55,17 @@ def test_only_the_last_user_message_counts():
     assert classify([{"role": "system", "content": "Be brief."}]).route == "fast"  # no user text at all
 
 
-def test_classifying_takes_well_under_a_millisecond():
-    rows = [json.loads(line)["prompt"] for line in EVAL.read_text().splitlines()]
-    rows.append("Please summarize the following. " + "lorem ipsum dolor sit amet " * 4000)  # 100k characters
-    medians = []
-    for prompt in rows:
-        messages = [{"role": "user", "content": prompt}]
-        timings = []
-        for _ in range(5):
-            started = time.perf_counter()
-            classify(messages)
-            timings.append(time.perf_counter() - started)
-        medians.append(statistics.median(timings))
-    assert statistics.median(medians) < 0.0002
-    assert max(medians) < 0.001  # the longest prompt too: only its head and tail are read
+def test_a_long_prompt_is_read_by_its_head_and_tail_only():
+    """What keeps classifying cheap for any prompt (its speed is measured by `python -m bench routing`)."""
+    middle = "lorem ipsum dolor sit amet " * 4000
+    head = "Please summarize the following. " + "x " * (HEAD_CHARS // 2)
+    tail = " y" * (TAIL_CHARS // 2)
+    demanding = "Prove that the square root of 2 is irrational, step by step."
+    plain = classify([{"role": "user", "content": head + middle + tail}])
+    hidden = classify([{"role": "user", "content": head + middle + demanding + middle + tail}])
+    assert hidden == plain  # a cue in the unread middle changes nothing
+    shown = classify([{"role": "user", "content": demanding + middle + tail}])
+    assert (shown.route, shown.reason) != (plain.route, plain.reason)  # the same cue in the head is read
 
 
 def test_the_labeled_set_is_large_balanced_and_routed_accurately():

@@ -290,6 +290,8 @@ def test_the_header_forms_of_the_controls(served, tenant, live_db):
         {"cache": "yes"},
         {"cache": {"ttl": -5}},
         {"cache": {"ttl": "soon"}},
+        {"cache": {"ttl": "60"}},  # the body is JSON: a number, not text
+        {"cache": {"ttl": True}},
         {"cache": {"nocache": True}},
         {"cache": {"no-cache": "maybe"}},
     ],

@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import httpx
 import openai
+import orjson
 import pytest
 from django.utils import timezone
 from openai import OpenAI
@@ -68,6 +69,61 @@ def test_max_tokens_reaches_the_provider(client, model):
     completion = client.chat.completions.create(model=alias, messages=ask("short"), max_tokens=5)
     assert completion.choices[0].message.content == answer_text("short", 5)
     assert completion.choices[0].finish_reason == "length"
+
+
+def test_the_sdks_parameters_all_pass(client, model, mock_provider):
+    """What the official SDK sends in normal use is on the allowlist (anything else is refused:
+    tests/gateway/test_providers.py), and reaches the provider as sent."""
+    alias, (provider,) = model
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            "strict": True,
+        },
+    }
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    completion = client.chat.completions.create(
+        model=alias,
+        messages=[
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "sdk parameters"}], "name": "ada"},
+        ],
+        tools=[weather],
+        tool_choice="auto",
+        parallel_tool_calls=False,
+        response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}},
+        temperature=0.2,
+        top_p=0.9,
+        seed=7,
+        stop=["\n\n"],
+        presence_penalty=0.1,
+        frequency_penalty=0.1,
+        logit_bias={"50256": -100},
+        logprobs=True,
+        top_logprobs=2,
+        max_completion_tokens=50,
+        store=True,
+        metadata={"job": "nightly"},
+        user="user-1",
+        safety_identifier="user-1-hash",
+        prompt_cache_key="sdk-test",
+        service_tier="auto",
+        extra_body={"cache": {"no-store": True}},
+    )
+    assert completion.choices[0].message.content == answer_text("sdk parameters")
+    sent = orjson.loads(mock_provider.stats(provider)["last_body"])
+    assert sent["tools"] == [weather] and sent["seed"] == 7 and sent["metadata"] == {"job": "nightly"}
+    assert sent["logit_bias"] == {"50256": -100} and sent["safety_identifier"] == "user-1-hash"
+    assert "cache" not in sent  # Sentinel's own
+
+    # An answer goes back into the conversation as the SDK gives it.
+    followed = client.chat.completions.create(
+        model=alias, messages=[*ask("first"), completion.choices[0].message, *ask("and then?")]
+    )
+    assert followed.choices[0].message.content == answer_text("and then?")
 
 
 def test_x_api_key_header_also_authenticates(gateway, api_key, model):

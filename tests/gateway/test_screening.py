@@ -14,6 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 from openai import OpenAI
 
 from billing.ledger import drain
@@ -21,6 +23,7 @@ from billing.models import LedgerEntry
 from gateway.models import CacheEntry, Provider
 from gateway.screening.models import ScreeningPolicy
 from tests.conftest import unique
+from tests.gateway import screening_values
 from tests.servers import free_port
 
 EMAIL = "ann.meyer@example-mail.com"
@@ -233,6 +236,148 @@ def test_a_blocked_answer_is_withheld_and_not_cached(screened):
     assert all(row.completion_tokens > 0 for row in rows)  # the provider's work is still billed
     time.sleep(0.3)
     assert CacheEntry.objects.filter(tenant=tenant).count() == 0
+
+
+# --- redaction leaves nothing of the value, in and out (property tests) --------------------------
+
+VALUES = {**screening_values.TOKENS, **screening_values.PERSONAL}
+PERSONAL_KINDS = ("email", "phone", "payment_card", "iban", "national_id", "ip_address", "secret")
+# Each example is a request through the gateway: a bounded number, the same ones on every run (the
+# engine's property tests explore widely; these prove the path end to end), and no shrinking (a
+# failure is reported as drawn, instead of being narrowed down through hundreds more requests).
+LIVE = settings(max_examples=40, deadline=None, derandomize=True, phases=(Phase.explicit, Phase.reuse, Phase.generate))
+
+
+def messages_with(text: str, where: str) -> list[dict]:
+    """A conversation carrying `text` in one place: a user turn, the system prompt, a tool result,
+    or an earlier assistant turn's tool-call arguments."""
+    messages = [{"role": "system", "content": "Be brief."}]
+    if where == "system":
+        messages[0]["content"] = text
+    elif where == "arguments":
+        call = {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "lookup", "arguments": json.dumps({"q": text})},
+        }
+        messages += [
+            {"role": "user", "content": "Look this up."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "no result"},
+        ]
+    elif where == "tool":
+        call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+        messages += [
+            {"role": "user", "content": "Look this up."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": text},
+        ]
+    else:
+        messages.append({"role": "user", "content": text})
+    return messages + [{"role": "user", "content": "Thanks."}]
+
+
+def test_nothing_of_a_value_reaches_the_provider(screened, mock_provider):
+    client, alias, provider, _ = screened(
+        **dict.fromkeys(PERSONAL_KINDS, "redact"), injection="off", moderation="off", output_personal_data="off"
+    )
+
+    @LIVE
+    @given(data=st.data())
+    def check(data):
+        kind = data.draw(st.sampled_from(sorted(VALUES)), label="kind")
+        value = data.draw(VALUES[kind], label="value")
+        context = data.draw(screening_values.CONTEXTS, label="context")
+        where = data.draw(st.sampled_from(["user", "system", "tool", "arguments"]), label="where")
+        stream = data.draw(st.booleans(), label="stream")
+        text = context.format(v=value)
+        response = client.chat.completions.create(model=alias, messages=messages_with(text, where), stream=stream)
+        if stream:
+            list(response)
+        body = json.loads(mock_provider.stats(provider)["last_body"])
+        received = json.dumps(body, ensure_ascii=False).replace("\\n", "\n")
+        arguments = [
+            json.loads(c["function"]["arguments"]) for m in body["messages"] for c in m.get("tool_calls") or ()
+        ]
+        surrounding = context.replace("{v}", " ") + " Be brief. Look this up. no result Thanks. lookup"
+        assert screening_values.leaked(value, received, surrounding) == []
+        assert screening_values.leaked(value, json.dumps(arguments, ensure_ascii=False), surrounding) == []
+
+    check()
+
+
+def test_nothing_of_a_value_reaches_the_client(screened, mock_provider):
+    client, alias, provider, _ = screened(**OFF_INPUT, injection="off", moderation="off", output_personal_data="redact")
+    mock_provider.control(provider, tokens=5000)  # the echo is as long as the text
+
+    @LIVE
+    @given(data=st.data())
+    def check(data):
+        kind = data.draw(st.sampled_from(sorted(VALUES)), label="kind")
+        value = data.draw(VALUES[kind], label="value")
+        context = data.draw(screening_values.CONTEXTS, label="context")
+        text = context.format(v=value)
+        prompt = f"[[echo]] {text} (answer {unique('n')})"  # a fresh prompt: never a cache hit
+        surrounding = context.replace("{v}", " ")
+        answer = client.chat.completions.create(model=alias, messages=[{"role": "user", "content": prompt}])
+        assert screening_values.leaked(value, answer.choices[0].message.content, surrounding) == []
+        stream = client.chat.completions.create(
+            model=alias, messages=[{"role": "user", "content": prompt + " again"}], stream=True
+        )
+        pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+        assert screening_values.leaked(value, "".join(pieces), surrounding) == []
+
+    check()
+
+
+def test_a_private_key_in_a_stream_is_masked_whole(screened, mock_provider):
+    """Issue 25: a live stream masked the key's first line and delivered its body."""
+    client, alias, provider, tenant = screened(**OFF_INPUT, output_personal_data="redact")
+    mock_provider.control(provider, tokens=5000)
+    body = "\n".join(
+        "MIIEowIBAAKCAQEA1c7+9z5Pad7OejecsQ0bu3aumhNy0wLkQwqlGnzTKbkxMgHj"[::-1][i % 7 :] + f"{i:04d}"
+        for i in range(20)
+    )
+    key = f"-----BEGIN RSA PRIVATE KEY-----\n{body}\n-----END RSA PRIVATE KEY-----"
+    stream = client.chat.completions.create(
+        model=alias,
+        messages=[{"role": "user", "content": f"[[echo]] Here is the key:\n{key}\nKeep it safe."}],
+        stream=True,
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == "Here is the key:\n[SECRET]\nKeep it safe."
+    (row,) = ledger_rows(tenant, 1)
+    assert row.screening["fired"] == [["secret", "out", "redact"]]
+
+
+def test_tool_call_arguments_with_personal_data_are_blocked(screened, mock_provider):
+    """Issue 25: an earlier assistant turn's tool-call arguments were forwarded unchanged under block."""
+    client, alias, provider, tenant = screened(email="block", payment_card="block")
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {
+            "name": "place_order",
+            "arguments": '{"email": "lena.vogt@posteo.de", "card": "4539 1488 0343 6467"}',
+        },
+    }
+    messages = [
+        {"role": "user", "content": "Order the usual."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"status": "placed"}'},
+        {"role": "user", "content": "When does it arrive?"},
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=alias, messages=messages)
+    error = refused.value.response.json()["error"]
+    assert (error["code"], error["param"]) == (
+        "content_policy_violation",
+        "messages[1].tool_calls[0].function.arguments",
+    )
+    assert "posteo" not in error["message"] and "4539" not in error["message"]
+    assert mock_provider.stats(provider)["calls"] == 0
+    (row,) = ledger_rows(tenant, 1)
+    assert {tuple(f) for f in row.screening["fired"]} == {("email", "in", "block"), ("payment_card", "in", "block")}
 
 
 # --- the moderation provider and its outages ---------------------------------------------------

@@ -3,6 +3,7 @@ it answers parameters litellm cannot translate."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from gateway import transport
@@ -27,3 +28,33 @@ def test_the_request_id_goes_upstream_with_the_providers_headers(route):
     headers = transport._headers(route, "req-abc")
     assert headers["x-request-id"] == "req-abc"
     assert headers["Authorization"] == "Bearer sk-test"
+
+
+def test_the_body_holds_openais_parameters_alone(route):
+    """The second line of defence on this path: the provider's body is built from the allowlist, so
+    a body that skipped validation still sends nothing else (and the URL and headers are the
+    deployment's, resolved once)."""
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0.5,
+        "metadata": {"job": "nightly"},
+        "api_base": "http://127.0.0.1:9/elsewhere",
+        "base_url": "http://127.0.0.1:9/elsewhere",
+        "extra_headers": {"authorization": "Bearer other"},
+        "litellm_params": {"api_base": "http://127.0.0.1:9/elsewhere"},
+        "cache": {"no-store": True},
+        "stream_options": {"include_usage": False},
+    }
+    sent = orjson.loads(transport._request_body(route, body, stream=False))
+    assert sent == {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0.5,
+        "metadata": {"job": "nightly"},
+        "stream": False,
+    }
+    streamed = orjson.loads(transport._request_body(route, body, stream=True))
+    assert streamed["stream_options"] == {"include_usage": True}
+    assert set(streamed) == {"model", "messages", "temperature", "metadata", "stream", "stream_options"}
+    assert route.url == "http://127.0.0.1:9/v1/chat/completions"

@@ -1,5 +1,6 @@
 """Every HTTP response carries x-sentinel-request-id: the client's when it sent a sane one, a new one
-otherwise, on the API (errors and unknown URLs included), the probes, the console and the metrics."""
+otherwise, on the API (errors and unknown URLs included), the probes, the console and the metrics;
+and X-Content-Type-Options: nosniff, once."""
 
 from __future__ import annotations
 
@@ -46,6 +47,20 @@ def test_every_response_carries_a_generated_request_id(gateway, api_key, model):
         assert len(response.headers.get_list("x-sentinel-request-id")) == 1, (method, path)
         seen.add(request_id)
     assert len(seen) == len(requests_to_make(gateway, api_key, model[0]))
+
+
+def test_every_response_says_nosniff_once(gateway, api_key, model):
+    """The hot endpoints (no Django), the rest of the API (Django without middleware), their errors,
+    the console, static files: a browser may guess the type of none of them."""
+    key = {"authorization": f"Bearer {api_key}"}
+    more = [
+        ("GET", "/static/console/live.js", {}),
+        ("GET", "/v1/files/file-none/content", {"headers": key}),
+        ("POST", "/v1/files", {"headers": key, "content": b"x" * (51 * 1024 * 1024)}),  # 413, API handler
+    ]
+    for method, path, options in [*requests_to_make(gateway, api_key, model[0]), *more]:
+        response = httpx.request(method, gateway.url + path, timeout=30, **options)
+        assert response.headers.get_list("x-content-type-options") == ["nosniff"], (method, path, response.status_code)
 
 
 def test_a_clients_request_id_is_returned_on_every_response(gateway, api_key, model):

@@ -1,10 +1,12 @@
-"""HTTP Basic on the management API shares the console login's guard against password guessing."""
+"""HTTP Basic on the management API passes the same sign-in guard as the console's login: failures
+count per account name (as Django matches it) and client address, and per address."""
 
 import base64
 
 from django.test import Client
 
 from tests.conftest import unique
+from tests.sentinel.test_login_ratelimit import an_address, full_width
 
 URL = "/api/v1/reports/spend?start=2026-03-01&end=2026-03-01"
 
@@ -34,3 +36,19 @@ def test_unknown_accounts_count_too(live_db):
     api = Client()
     ghost = unique("ghost")
     assert [api.get(URL, **basic(ghost, "x")).status_code for _ in range(6)] == [401] * 5 + [429]
+
+
+def test_an_attacker_locks_out_only_their_own_address(tenancy):
+    finance = tenancy.finance.username
+    attacker, owner = Client(REMOTE_ADDR=an_address()), Client(REMOTE_ADDR=an_address())
+
+    assert [attacker.get(URL, **basic(finance, "guess")).status_code for _ in range(6)] == [401] * 5 + [429]
+    assert owner.get(URL, **basic(finance, tenancy.password)).status_code == 200
+
+
+def test_variants_of_a_name_share_one_counter(tenancy):
+    finance = tenancy.finance.username
+    api = Client(REMOTE_ADDR=an_address())
+    variants = [" " + finance, finance + "\t", full_width(finance), finance + " ", finance]
+    assert [api.get(URL, **basic(variant, "wrong")).status_code for variant in variants] == [401] * 5
+    assert api.get(URL, **basic(finance, tenancy.password)).status_code == 429

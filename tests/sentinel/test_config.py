@@ -33,6 +33,8 @@ def test_the_docs_name_no_variable_the_code_does_not_read():
 @pytest.mark.parametrize(("reader", "value"), [(envint, "ten"), (envfloat, "fast"), (envbool, "maybe")])
 def test_bad_values_fail_loudly(monkeypatch, reader, value):
     monkeypatch.setenv("SENTINEL_TEST_VALUE", value)
-    with pytest.raises(ValueError, match="SENTINEL_TEST_VALUE"):
-        reader("SENTINEL_TEST_VALUE", 1, "test")
-    ENV_VARS[:] = [v for v in ENV_VARS if v.name != "SENTINEL_TEST_VALUE"]
+    try:
+        with pytest.raises(ValueError, match="SENTINEL_TEST_VALUE"):
+            reader("SENTINEL_TEST_VALUE", 1, "test")
+    finally:  # the readers record what they read: leave the registry as it was
+        ENV_VARS[:] = [v for v in ENV_VARS if v.name != "SENTINEL_TEST_VALUE"]

@@ -177,3 +177,23 @@ def test_records_carry_the_current_request_id():
     outside = logging.LogRecord("x", logging.INFO, __file__, 1, "m", None, None)
     logs.RequestIdFilter().filter(outside)
     assert outside.request_id is None
+
+
+def test_a_hostile_admin_query_string_is_a_400_logged_as_a_warning(gateway, tenancy):
+    """Filtering the admin across a relation it does not offer (here: password hashes by prefix,
+    through the key's tenant's members) raises DisallowedModelAdminLookup, which Django logs at
+    ERROR with a traceback. It is the client's fault: a 400, and one warning line, no traceback."""
+    from tests.console.conftest import as_user
+
+    start = len(gateway.log_lines())
+    cookies = {"sessionid": as_user(tenancy.owner).cookies["sessionid"].value}
+    for query in ("tenant__memberships__user__password__startswith=pbkdf2", "tenant__slug=x"):
+        refused = httpx.get(f"{gateway.url}/admin/tenants/virtualkey/?{query}", cookies=cookies, timeout=30)
+        assert refused.status_code == 400
+        assert refused.headers["x-content-type-options"] == "nosniff"
+    records = json_lines(gateway.log_lines()[start:])
+    assert [r for r in records if r["level"] in ("ERROR", "CRITICAL")] == []
+    warnings = [r for r in records if r["logger"] == "django.security.DisallowedModelAdminLookup"]
+    assert [r["level"] for r in warnings] == ["WARNING", "WARNING"]
+    assert warnings[0]["message"] == "Filtering by tenant__memberships__user__password__startswith not allowed"
+    assert not any("exc_info" in r for r in warnings)

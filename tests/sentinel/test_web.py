@@ -1,11 +1,14 @@
 """The web process (python -m sentinel.web): workers on SO_REUSEPORT sockets, a killed worker
-replaced while the others keep serving, and nothing left behind when it stops."""
+replaced while the others keep serving, nothing left behind when it stops, and a bounded request
+head."""
 
 import os
 import signal
+import socket
 import time
 
 import httpx
+import orjson
 import psutil
 
 from tests.servers import start_gateway
@@ -82,3 +85,66 @@ def test_readiness_names_an_unreachable_database_while_liveness_holds(test_datab
 def test_readiness_is_ok_when_database_and_redis_answer(gateway):
     ready = httpx.get(f"{gateway.url}/health/ready", timeout=5)
     assert (ready.status_code, ready.json()) == (200, {"status": "ok"})
+
+
+def test_an_oversized_request_head_is_refused_and_the_server_stays_up(gateway, api_key, model):
+    """uvicorn's httptools protocol reads headers of any size: a 40 MB Authorization header was read
+    and hashed. Here the head is bounded (SENTINEL_MAX_HEADER_BYTES, 32 KiB): 431 in OpenAI's error
+    shape, whichever endpoint and header, and the next request is served as usual."""
+    chat = {"model": model[0], "messages": [{"role": "user", "content": "hi"}]}
+    for path, headers in [
+        ("/v1/chat/completions", {"authorization": "Bearer sk-sen-" + "x" * (40 * 1024 * 1024)}),
+        ("/v1/chat/completions", {"x-api-key": "y" * (64 * 1024)}),
+        ("/v1/models", {"x-padding": "z" * (33 * 1024)}),
+        ("/admin/login/", {"cookie": "sessionid=" + "c" * (40 * 1024)}),
+    ]:
+        refused = httpx.post(gateway.url + path, headers=headers, json=chat, timeout=60)
+        assert refused.status_code == 431, (path, refused.status_code)
+        assert refused.json() == {
+            "error": {
+                "message": "Request headers are larger than 32768 bytes.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "request_headers_too_large",
+            }
+        }
+        assert refused.headers["x-content-type-options"] == "nosniff"
+        assert refused.headers["connection"] == "close"
+
+    # Behind a small request in the same read (pipelined), a large head is measured all the same: the
+    # small one is answered, then the connection closes.
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        small = b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+        raw.sendall(small + b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 40_000 + b"\r\n\r\n")
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 200 OK")
+
+    served = httpx.post(
+        f"{gateway.base_url}/chat/completions", headers={"authorization": f"Bearer {api_key}"}, json=chat, timeout=30
+    )
+    assert served.status_code == 200
+    assert gateway.process.poll() is None
+    assert not [line for line in gateway.log_lines() if '"level":"ERROR"' in line]
+
+
+def test_a_head_just_under_the_bound_is_served(gateway, api_key, model):
+    chat = {"model": model[0], "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": f"Bearer {api_key}", "x-padding": "p" * (30 * 1024)}
+    assert httpx.post(f"{gateway.base_url}/chat/completions", headers=headers, json=chat, timeout=30).status_code == 200
+
+
+def test_a_malformed_request_is_answered_in_openais_error_shape(gateway):
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n")
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0] == b"HTTP/1.1 400 Bad Request"
+    assert b"x-content-type-options: nosniff" in head.split(b"\r\n")
+    assert orjson.loads(body)["error"]["code"] == "invalid_http_request"
+    assert httpx.get(f"{gateway.url}/health/live", timeout=5).status_code == 200

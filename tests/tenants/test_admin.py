@@ -1,5 +1,6 @@
 """Keys and members in the console: a secret appears once, on the page answering the POST that made
-it, and nowhere after; rotation from the key's page; tenant admins add members by exact username."""
+it, and nowhere after; rotation from the key's page; tenant admins add the people of their own
+tenants by exact username, and hear nothing about other accounts."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from tenants.models import Membership, VirtualKey
-from tenants.services import key_create, key_digest
+from tenants.services import key_create, key_digest, membership_save
 from tests.conftest import unique
 from tests.console.conftest import as_user
 
@@ -58,25 +59,94 @@ def test_rotating_from_the_console_shows_the_successors_secret_once(tenancy, set
     assert VirtualKey.objects.filter(name=key.name).count() == 2
 
 
-def test_tenant_admins_add_members_by_exact_username(tenancy):
-    newcomer = get_user_model().objects.create_user(unique("newcomer"), password="x")
+NOT_ADDABLE = "No account you may add has this username. An operator adds people new to your tenants."
+
+
+def filled(form, prefix_data: dict | None = None) -> dict:
+    """POST data that submits `form` (an admin form or formset form) as the page shows it."""
+    data = dict(prefix_data or {})
+    for field in form:
+        if field.field.disabled:
+            continue
+        value = field.field.prepare_value(field.value())
+        if isinstance(value, bool) or field.widget_type == "checkbox":
+            if value:
+                data[field.html_name] = "on"
+        elif value is not None:
+            data[field.html_name] = value
+    return data
+
+
+def tenant_page_post(client, tenant, username: str, role: str = "viewer"):
+    """Saves the tenant's page with one new member row, as a browser would."""
+    url = reverse("admin:tenants_tenant_change", args=[tenant.pk])
+    page = client.get(url)
+    data = filled(page.context["adminform"].form)
+    (inline,) = page.context["inline_admin_formsets"]
+    formset = inline.formset
+    for form in formset.forms:
+        data = filled(form, data)
+    prefix = formset.prefix
+    new = len(formset.forms)
+    data.update(
+        {
+            f"{prefix}-TOTAL_FORMS": str(new + 1),
+            f"{prefix}-INITIAL_FORMS": str(formset.initial_form_count()),
+            f"{prefix}-MIN_NUM_FORMS": "0",
+            f"{prefix}-MAX_NUM_FORMS": "1000",
+            f"{prefix}-{new}-username": username,
+            f"{prefix}-{new}-role": role,
+        }
+    )
+    return client.post(url, data)
+
+
+def test_adding_a_member_never_tells_whether_an_unrelated_account_exists(tenancy, make_tenant):
+    """A tenant admin may add the people of their own tenants; for any other name, an account that
+    exists elsewhere, one that is inactive, or none at all, the answer is the same and nothing is
+    added. Operators add anyone (someone new to every tenant included)."""
+    User = get_user_model()
+    newcomer = User.objects.create_user(unique("newcomer"), password="x")
+    retired = User.objects.create_user(unique("retired"), password="x", is_active=False)
     owner = as_user(tenancy.owner)
     add = "/admin/tenants/membership/add/"
 
-    unknown = owner.post(add, {"tenant": tenancy.tenant.pk, "username": "no-such-account", "role": "viewer"})
-    assert "No active account has this username." in unknown.content.decode()
-    elsewhere = owner.post(add, {"tenant": tenancy.other.pk, "username": newcomer.username, "role": "viewer"})
-    assert "tenant" in elsewhere.context["adminform"].form.errors
+    for name in (newcomer.username, retired.username, tenancy.outsider.username, unique("no-such-account")):
+        refused = owner.post(add, {"tenant": tenancy.tenant.pk, "username": name, "role": "viewer"})
+        assert refused.status_code == 200
+        assert refused.context["adminform"].form.errors == {"username": [NOT_ADDABLE]}, name
+        via_tenant_page = tenant_page_post(owner, tenancy.tenant, name)
+        (inline,) = via_tenant_page.context["inline_admin_formsets"]
+        assert inline.formset.forms[-1].errors == {"username": [NOT_ADDABLE]}, name
+    assert not Membership.objects.filter(tenant=tenancy.tenant, user__in=[newcomer, retired, tenancy.outsider]).exists()
     assert not Membership.objects.filter(user=newcomer).exists()
 
-    done = owner.post(add, {"tenant": tenancy.tenant.pk, "username": newcomer.username, "role": "finance"})
+    # Someone from another of the owner's tenants: shown to them already, so theirs to add.
+    elsewhere = make_tenant(name="Tenant C")
+    colleague = User.objects.create_user(unique("colleague"), password="x")
+    membership_save(tenant=elsewhere, user=tenancy.owner, role="viewer")
+    membership_save(tenant=elsewhere, user=colleague, role="finance")
+    done = owner.post(add, {"tenant": tenancy.tenant.pk, "username": colleague.username, "role": "finance"})
     assert done.status_code == 302
-    newcomer.refresh_from_db()
-    assert Membership.objects.get(user=newcomer).tenant == tenancy.tenant
-    assert newcomer.is_staff and list(newcomer.groups.values_list("name", flat=True)) == ["Tenant finance"]
-    twice = owner.post(add, {"tenant": tenancy.tenant.pk, "username": newcomer.username, "role": "admin"})
+    assert Membership.objects.get(user=colleague, tenant=tenancy.tenant).role == "finance"
+    twice = owner.post(add, {"tenant": tenancy.tenant.pk, "username": colleague.username, "role": "admin"})
     assert "member of the tenant already" in twice.content.decode()
-    assert as_user(newcomer).get("/admin/billing/spendreport/").status_code == 200
+    assert as_user(colleague).get("/admin/billing/spendreport/").status_code == 200
+    # Another tenant of the owner's is still not theirs to add people to (they are no admin there).
+    other = owner.post(add, {"tenant": tenancy.other.pk, "username": colleague.username, "role": "viewer"})
+    assert "tenant" in other.context["adminform"].form.errors
+
+    operator = as_user(tenancy.superuser)
+    assert (
+        operator.post(add, {"tenant": tenancy.tenant.pk, "username": newcomer.username, "role": "viewer"}).status_code
+        == 302
+    )
+    assert tenant_page_post(operator, tenancy.tenant, retired.username).status_code == 200  # inactive: nobody's
+    newcomer2 = User.objects.create_user(unique("newcomer"), password="x")
+    assert tenant_page_post(operator, tenancy.tenant, newcomer2.username, "admin").status_code == 302
+    newcomer.refresh_from_db()
+    assert newcomer.is_staff and list(newcomer.groups.values_list("name", flat=True)) == ["Tenant viewers"]
+    assert Membership.objects.get(user=newcomer2).role == "admin"
 
 
 def test_each_key_shows_its_own_usage_and_its_cost_only_to_who_may_see_spend(tenancy):

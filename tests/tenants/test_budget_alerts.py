@@ -1,4 +1,5 @@
-"""Soft budget thresholds: an alert once per period, as a signed webhook delivered with retries."""
+"""Soft budget thresholds: an alert once per period, as a signed webhook delivered with retries; also
+for a budget created (or lowered) after its period's spend had passed the threshold."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ from decimal import Decimal
 
 import httpx
 import pytest
+from django.utils import timezone
 
 from gateway.models import Deployment
 from tenants.models import Budget, BudgetAlert, WebhookDelivery, WebhookEndpoint
 from tenants.webhooks import sign
+from tests.billing.conftest import drain_all, hand_off_all, record
+from tests.conftest import unique
+from tests.console.conftest import as_user
 from tests.servers import WebhookReceiver, start_celery_worker
 
 
@@ -91,3 +96,54 @@ def test_an_endpoint_of_another_tenant_hears_nothing(gateway, celery_worker, ten
         assert not WebhookDelivery.objects.filter(endpoint=outsider_endpoint).exists()
     finally:
         receiver.close()
+
+
+def spend_today(tenant, cost: str) -> None:
+    """Settled spend of the tenant today, through the ledger as the gateway records it."""
+    hand_off_all([record(tenant, cost=cost, request_id=unique("spent"))])
+    drain_all()
+
+
+def test_a_budget_created_past_its_threshold_alerts_at_once(celery_worker, tenancy, live_db):
+    """Spend already over the threshold (here over the limit too: the hard budget admits no request
+    that could alert) when the budget is created in the console: the alert comes right away."""
+    spend_today(tenancy.tenant, "0.06")
+    owner = as_user(tenancy.owner)
+    saved = owner.post(
+        "/admin/tenants/budget/add/",
+        {"tenant": tenancy.tenant.pk, "period": "daily", "limit_usd": "0.05", "alert_at_percent": "80", "hard": "on"},
+    )
+    assert saved.status_code == 302
+    budget = Budget.objects.get(tenant=tenancy.tenant)
+    wait_for(lambda: BudgetAlert.objects.filter(budget=budget).exists(), timeout=60)  # worker start included
+    alert = BudgetAlert.objects.get(budget=budget)
+    assert (alert.period_start, alert.spent_usd) == (timezone.now().date(), Decimal("0.06"))
+
+
+def test_a_budget_under_its_threshold_does_not_alert_when_saved(celery_worker, tenancy, live_db):
+    spend_today(tenancy.tenant, "0.01")
+    spend_today(tenancy.other, "0.05")
+    for tenant, admin in ((tenancy.tenant, tenancy.owner), (tenancy.other, tenancy.outsider)):
+        saved = as_user(admin).post(
+            "/admin/tenants/budget/add/",
+            {"tenant": tenant.pk, "period": "daily", "limit_usd": "0.05", "alert_at_percent": "80", "hard": "on"},
+        )
+        assert saved.status_code == 302
+    # The worker takes its tasks in order: once B's alert is there, A's budget was checked too.
+    wait_for(lambda: BudgetAlert.objects.filter(budget__tenant=tenancy.other).exists(), timeout=60)
+    assert not BudgetAlert.objects.filter(budget__tenant=tenancy.tenant).exists()
+
+
+def test_a_budget_past_its_threshold_alerts_on_the_next_request(gateway, celery_worker, tenant, make_key, make_model):
+    """A budget the console did not save (or one whose alert the save did not send): the gateway
+    alerts when a request settles at or past the threshold, not only when one crosses it."""
+    spend_today(tenant, "0.04")
+    model, (provider,) = make_model()
+    Deployment.objects.filter(name=provider).update(input_price_override=0, output_price_override=Decimal("0.00025"))
+    budget = Budget.objects.create(tenant=tenant, period="daily", limit_usd=Decimal("0.10"), alert_at_percent=30)
+    key = make_key(tenant)
+    body = {"model": model, "messages": [{"role": "user", "content": "past"}], "max_tokens": 40}
+    answered = httpx.post(f"{gateway.base_url}/chat/completions", headers={"authorization": f"Bearer {key}"}, json=body)
+    assert answered.status_code == 200
+    wait_for(lambda: BudgetAlert.objects.filter(budget=budget).exists(), timeout=60)  # worker start included
+    assert BudgetAlert.objects.get(budget=budget).spent_usd == Decimal("0.05")

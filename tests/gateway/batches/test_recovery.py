@@ -22,9 +22,9 @@ WORKERS = {**FAST_BATCHES, "SENTINEL_BATCH_CONCURRENCY": "3", "SENTINEL_BATCH_RU
 
 
 def held_by(worker) -> list[int]:
-    """Lines whose lease the worker (process) holds: its owner name carries its pid."""
+    """Lines whose lease the worker (process) holds (claimed or running): its owner name carries its pid."""
     return list(
-        BatchItem.objects.filter(status="running", lease_owner__contains=f"-{worker.pid}-").values_list(
+        BatchItem.objects.filter(status__in=("queued", "running"), lease_owner__contains=f"-{worker.pid}-").values_list(
             "line", flat=True
         )
     )

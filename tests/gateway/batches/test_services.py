@@ -172,6 +172,7 @@ def test_a_batch_closes_once_with_its_files(make_batch):
 def test_expiry_fails_what_did_not_run_and_closes_when_flights_land(make_batch):
     batch = make_batch(3)
     (running,) = services.items_claim(batch_id=batch.pk, owner="a", count=1, lease_seconds=30)
+    assert services.item_start(item_id=running.pk, batch_id=batch.pk, owner="a") is True
     Batch.objects.filter(pk=batch.pk).update(expires_at=timezone.now())
 
     assert services.batches_sweep().to_expire == [batch.pk]
@@ -195,3 +196,136 @@ def test_the_sweep_finds_work_a_dead_worker_left(make_batch):
     assert batch.pk not in services.batches_sweep().to_run  # its leases are live
     time.sleep(0.3)
     assert batch.pk in services.batches_sweep().to_run
+
+
+@pytest.fixture
+def validating_batch(make_tenant, make_key):
+    def make(content: bytes) -> Batch:
+        tenant = make_tenant()
+        make_key(tenant)
+        key = VirtualKey.objects.get(tenant=tenant)
+        file = BatchFile.objects.create(
+            tenant=tenant, key=key, purpose="batch", filename="in.jsonl", bytes=len(content), content=content
+        )
+        # Created long ago: the sweep would start it again if it were left validating.
+        return Batch.objects.create(
+            tenant=tenant,
+            key=key,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            input_file=file,
+            created_at=timezone.now() - timedelta(hours=1),
+            expires_at=timezone.now() + timedelta(hours=23),
+        )
+
+    return make
+
+
+def test_a_file_whose_reading_fails_fails_its_batch_once_and_the_sweep_leaves_it(validating_batch, monkeypatch):
+    batch = validating_batch(b'{"custom_id": "a"}\n')
+
+    def broken(*args, **kwargs):
+        raise RecursionError("a bug in reading")
+
+    monkeypatch.setattr(services, "read_requests", broken)  # stands for any bug on the way
+    assert services.batch_start(batch_id=batch.pk) is False
+    batch.refresh_from_db()
+    assert batch.status == Batch.Status.FAILED
+    assert batch.errors == {
+        "object": "list",
+        "data": [{"code": "invalid_file", "message": "The input file could not be read.", "param": None, "line": None}],
+    }
+    assert not BatchItem.objects.filter(batch=batch).exists()
+    assert batch.pk not in services.batches_sweep().to_start
+
+
+def test_a_line_nested_300_deep_fails_the_batch_with_the_line_named(validating_batch):
+    """Issue #15, 5: reading such a line crashed (orjson.dumps gives up past 255 levels), and the
+    sweep started the batch again and again."""
+    good = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    }
+    deep = {**good, "custom_id": "b", "body": {**good["body"], "x": [[]]}}
+    content = orjson.dumps(good) + b"\n" + orjson.dumps(deep).replace(b"[[]]", b"[" * 300 + b"]" * 300)
+    batch = validating_batch(content)
+
+    assert services.batch_start(batch_id=batch.pk) is False
+    batch.refresh_from_db()
+    assert batch.status == Batch.Status.FAILED
+    assert [(e["line"], e["code"], e["param"]) for e in batch.errors["data"]] == [(2, "nesting_too_deep", "body.x")]
+    assert batch.pk not in services.batches_sweep().to_start
+
+
+def statuses(batch: Batch) -> dict[int, str]:
+    return dict(BatchItem.objects.filter(batch=batch).values_list("line", "status"))
+
+
+def test_cancel_releases_claimed_items_at_once_and_nothing_starts_after_it(make_batch):
+    """Issue 25: a worker's claimed items ran after the cancel (16 upstream calls while `cancelling`)."""
+    batch = make_batch(6)
+    claimed = services.items_claim(batch_id=batch.pk, owner="a", count=4, lease_seconds=30)
+    assert services.item_start(item_id=claimed[0].pk, batch_id=batch.pk, owner="a") is True  # upstream now
+    assert statuses(batch) == {1: "running", 2: "queued", 3: "queued", 4: "queued", 5: "queued", 6: "queued"}
+
+    services.batch_cancel(batch=batch)
+    # Claimed but not started (2-4) are released with the unclaimed ones, at once.
+    assert statuses(batch) == {
+        1: "running",
+        2: "cancelled",
+        3: "cancelled",
+        4: "cancelled",
+        5: "cancelled",
+        6: "cancelled",
+    }
+    assert BatchItem.objects.filter(batch=batch, status="cancelled").exclude(lease_owner="").count() == 0
+    for item in claimed[1:]:
+        assert services.item_start(item_id=item.pk, batch_id=batch.pk, owner="a") is False
+        assert (
+            services.item_finish(item_id=item.pk, owner="a", succeeded=True, response_status=200, response={}) is False
+        )
+    assert claim(batch, "b", 10) == []
+    assert statuses(batch)[2] == "cancelled"  # nothing moved
+
+    # The request in flight finishes and the batch closes with it.
+    assert services.item_finish(
+        item_id=claimed[0].pk, owner="a", succeeded=True, response_status=200, response={"ok": 1}
+    )
+    assert services.batch_finalize(batch_id=batch.pk) is True
+    batch.refresh_from_db()
+    assert batch.status == "cancelled"
+    assert statuses(batch) == {
+        1: "succeeded",
+        2: "cancelled",
+        3: "cancelled",
+        4: "cancelled",
+        5: "cancelled",
+        6: "cancelled",
+    }
+
+
+def test_a_start_waits_for_a_cancel_in_progress_and_is_refused(make_batch):
+    """The batch row's lock orders a start and a cancel: a start that comes while a cancel holds the
+    row waits for it, then sees the batch cancelling."""
+    batch = make_batch(2)
+    (item, _) = services.items_claim(batch_id=batch.pk, owner="a", count=2, lease_seconds=30)
+
+    def start_elsewhere() -> bool:
+        try:
+            return services.item_start(item_id=item.pk, batch_id=batch.pk, owner="a")
+        finally:
+            connection.close()
+
+    from django.db import transaction
+
+    with ThreadPoolExecutor(1) as pool, transaction.atomic():
+        Batch.objects.select_for_update().get(pk=batch.pk)  # what batch_cancel holds while it writes
+        pending = pool.submit(start_elsewhere)
+        time.sleep(0.3)
+        assert not pending.done()  # waiting on the lock
+        Batch.objects.filter(pk=batch.pk).update(status=Batch.Status.CANCELLING)
+        BatchItem.objects.filter(batch=batch, status="queued").update(status="cancelled")
+    assert pending.result(timeout=10) is False
+    assert statuses(batch) == {1: "cancelled", 2: "cancelled"}

@@ -4,12 +4,14 @@ real Celery worker runs it through the request path, and the SDK reads the resul
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from decimal import Decimal
 
 import httpx
 import openai
 import orjson
 import pytest
+from django.utils import timezone
 from openai import OpenAI
 
 from billing.ledger import drain
@@ -102,6 +104,11 @@ def test_a_file_with_bad_lines_fails_the_batch_naming_each_line(gateway, batch_w
         orjson.dumps({**good, "custom_id": "fifth", "body": {"model": alias, "messages": []}}),
         orjson.dumps({**good, "custom_id": "sixth", "body": {**good["body"], "stream": True}}),
         orjson.dumps({**good, "custom_id": "seventh\u0000"}),  # PostgreSQL cannot store a NUL
+        # Issue #15, 5: a line 300 deep crashed the read, and the batch stayed validating.
+        orjson.dumps({**good, "custom_id": "ninth", "body": {**good["body"], "x": [[]]}}).replace(
+            b"[[]]", b"[" * 300 + b"]" * 300
+        ),
+        orjson.dumps({**good, "custom_id": "tenth", "body": {**good["body"], "user": "a\u0000"}}),
     ]
     client = sdk(gateway, api_key)
     uploaded = client.files.create(file=("bad.jsonl", b"\n".join(lines)), purpose="batch")
@@ -119,7 +126,9 @@ def test_a_file_with_bad_lines_fails_the_batch_naming_each_line(gateway, batch_w
         (5, "duplicate_custom_id", "custom_id"),
         (6, "invalid_value", "body.messages"),
         (7, "invalid_value", "body.stream"),
-        (8, "invalid_json_line", None),
+        (8, "invalid_custom_id", "custom_id"),
+        (9, "nesting_too_deep", "body.x"),
+        (10, "invalid_value", "body.user"),
     ]
     assert not BatchItem.objects.filter(batch__public_id=batch.id).exists()  # nothing ran
     assert batch.request_counts.total == 0
@@ -239,6 +248,44 @@ def test_cancel_stops_new_work_and_closes_with_what_was_done(
     calls = mock_provider.stats(provider)["calls"]
     time.sleep(1.0)
     assert mock_provider.stats(provider)["calls"] == calls  # nothing runs after it closed
+
+
+def test_cancel_releases_claimed_items_and_nothing_starts_upstream_after_it(
+    gateway, batch_worker, make_tenant, make_key, make_model, mock_provider
+):
+    """Issue 25, scaled down (30 lines at 30 a minute instead of 12): a worker claims several items
+    and waits for each one's turn; before the fix those claimed items still ran after the cancel."""
+    tenant = make_tenant(requests_per_minute=1000, batch_requests_per_minute=30, cache_enabled=False)  # one every 2 s
+    client = sdk(gateway, make_key(tenant))
+    alias, (provider,) = make_model()
+    prompts = [f"paced cancel {i}" for i in range(30)]
+    uploaded = client.files.create(file=("paced.jsonl", jsonl(alias, prompts)), purpose="batch")
+    created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    items = BatchItem.objects.filter(batch__public_id=created.id)
+    wait_for(lambda: items.filter(status="succeeded").count() >= 3, 60, "three requests to complete")
+
+    client.batches.cancel(created.id)
+    # At once: no item is left queued, claimed or not; running are only those already let go upstream.
+    assert items.filter(status="queued").count() == 0
+    running = items.filter(status="running").count()
+    calls = mock_provider.stats(provider)["calls"]
+    batch = finished(client, created.id)
+
+    assert batch.status == "cancelled"
+    succeeded = items.filter(status="succeeded").count()
+    final_calls = mock_provider.stats(provider)["calls"]
+    assert final_calls == succeeded  # every upstream call was an item that ran, no other
+    assert final_calls <= calls + running  # after the cancel, only requests already started reached it
+    assert items.filter(status="cancelled").count() == 30 - succeeded
+    assert {row["error"]["code"] for row in output_lines(client, batch.error_file_id)} == {"batch_cancelled"}
+    # Each request that reached the provider had started before the cancel (its ledger row's start:
+    # the record's time less its latency; 50 ms for the clocks' rounding).
+    drain()
+    cancelled_at = Batch.objects.get(public_id=created.id).cancelling_at.timestamp() + 0.05
+    rows = LedgerEntry.objects.filter(request_id__startswith=f"{created.id}:", status_code=200)
+    assert rows.count() == succeeded
+    for row in rows:
+        assert row.created_at.timestamp() - row.latency_ms / 1000 < cancelled_at, row.request_id
 
 
 def test_another_tenants_files_and_batches_are_not_found(gateway, batch_worker, tenancy, make_key, make_model):
@@ -388,3 +435,96 @@ def test_upload_size_has_its_own_bound(gateway, api_key, test_database_name):
         assert client.files.create(file=("fits.jsonl", b"x" * 1000), purpose="batch").bytes == 1000
     finally:
         small.stop()
+
+
+def test_a_line_with_a_parameter_outside_the_allowlist_fails_the_batch_naming_it(
+    gateway, batch_worker, tenant, api_key, model
+):
+    alias, _ = model
+    good = orjson.loads(jsonl(alias, ["fine"]).splitlines()[0])
+    redirected = {**good, "custom_id": "second", "body": {**good["body"], "api_base": "http://127.0.0.1:9/x"}}
+    client = sdk(gateway, api_key)
+    content = orjson.dumps(good) + b"\n" + orjson.dumps(redirected)
+    uploaded = client.files.create(file=("params.jsonl", content), purpose="batch")
+    create = {"input_file_id": uploaded.id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    with pytest.raises(openai.BadRequestError) as refused:  # the batch endpoint has its allowlist too
+        client.batches.create(**create, extra_body={"api_base": "http://127.0.0.1:9/x"})
+    assert (refused.value.code, refused.value.param) == ("unknown_parameter", "api_base")
+    batch = finished(client, client.batches.create(**create).id)
+
+    assert batch.status == "failed"
+    assert [(e.line, e.code, e.param, e.message) for e in batch.errors.data] == [
+        (2, "unknown_parameter", "body.api_base", "Unrecognized request argument supplied: api_base")
+    ]
+    assert not BatchItem.objects.filter(batch__public_id=batch.id).exists()  # nothing ran
+
+
+def test_an_item_stored_with_such_a_parameter_is_refused_when_it_runs(
+    gateway, batch_worker, make_tenant, make_key, make_model
+):
+    """An item accepted before the allowlist (stored by an older version) goes through the request
+    path, which refuses it: a per-item 400, the rest of the batch runs, and the batch closes."""
+    from gateway.batches.tasks import run_batch
+    from tenants.models import VirtualKey
+    from tests.gateway.test_providers import Listener, translated_model
+
+    tenant = make_tenant()
+    client = sdk(gateway, make_key(tenant))
+    key = VirtualKey.objects.get(tenant=tenant)
+    alias, _ = make_model()
+    translated, _ = translated_model("ollama/llama3", "ollama")
+    redirect = Listener()
+    try:
+        file = BatchFile.objects.create(
+            tenant=tenant, key=key, purpose="batch", filename="old.jsonl", bytes=2, content=b"{}"
+        )
+        batch = Batch.objects.create(
+            tenant=tenant,
+            key=key,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            input_file=file,
+            status=Batch.Status.IN_PROGRESS,
+            expires_at=timezone.now() + timedelta(hours=24),
+        )
+        ask = [{"role": "user", "content": "stored"}]
+        BatchItem.objects.bulk_create(
+            [
+                BatchItem(batch=batch, line=1, custom_id="fine", body={"model": alias, "messages": ask}),
+                BatchItem(
+                    batch=batch,
+                    line=2,
+                    custom_id="redirected",
+                    body={"model": translated, "messages": ask, "api_base": f"{redirect.url}/x"},
+                ),
+            ]
+        )
+        run_batch.delay(batch.pk)
+        result = finished(client, batch.public_id)
+    finally:
+        redirect.close()
+
+    assert result.status == "completed"
+    assert result.request_counts.model_dump() == {"total": 2, "completed": 1, "failed": 1}
+    assert [row["custom_id"] for row in output_lines(client, result.output_file_id)] == ["fine"]
+    (error,) = output_lines(client, result.error_file_id)
+    assert (error["custom_id"], error["response"]["status_code"]) == ("redirected", 400)
+    assert error["response"]["body"]["error"]["code"] == "unknown_parameter"
+    assert redirect.requests == []
+
+
+def test_file_content_is_served_as_a_download_the_browser_may_not_sniff(gateway, api_key):
+    """A tenant's bytes that look like a page (uploads are not checked until a batch reads them) come
+    back as an attachment, typed octet-stream, with nosniff: a browser saves them, never renders them."""
+    page = b"<html><script>alert(document.cookie)</script></html>\n"
+    uploaded = sdk(gateway, api_key).files.create(file=("report <1>.html", page), purpose="batch")
+
+    response = httpx.get(
+        f"{gateway.base_url}/files/{uploaded.id}/content", headers={"authorization": f"Bearer {api_key}"}, timeout=30
+    )
+    assert response.status_code == 200
+    assert response.content == page
+    assert response.headers["content-type"] == "application/octet-stream"
+    assert response.headers["content-disposition"] == 'attachment; filename="report <1>.html"'
+    assert response.headers.get_list("x-content-type-options") == ["nosniff"]
+    assert sdk(gateway, api_key).files.content(uploaded.id).content == page  # the SDK reads it as before

@@ -1,0 +1,70 @@
+"""Security settings from the environment, as a web process started with them applies them:
+SENTINEL_HTTPS=1 behind a TLS-terminating proxy gives Secure cookies, HSTS and a redirect of plain
+HTTP console pages; the original scheme is taken only from a trusted proxy (FORWARDED_ALLOW_IPS)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from django.contrib.auth import get_user_model
+
+from tests.conftest import unique
+from tests.servers import start_gateway
+
+PROXY = "127.0.0.1"  # uvicorn trusts X-Forwarded-* from here (FORWARDED_ALLOW_IPS' default)
+DIRECT = "127.0.0.2"  # another loopback address: a client reaching the web process directly
+
+
+@pytest.fixture(scope="module")
+def https_gateway(test_database_name, mock_provider):
+    server = start_gateway(test_database_name, env={"SENTINEL_HTTPS": "1"})
+    yield server
+    server.stop()
+
+
+def client_from(address: str, gateway) -> httpx.Client:
+    return httpx.Client(base_url=gateway.url, transport=httpx.HTTPTransport(local_address=address), timeout=30)
+
+
+def test_behind_a_proxy_cookies_are_secure_and_hsts_is_sent(https_gateway, live_db):
+    password = "correct horse battery staple"
+    user = get_user_model().objects.create_user(unique("https"), password=password, is_staff=True, is_superuser=True)
+    https = {"x-forwarded-proto": "https"}
+    with client_from(PROXY, https_gateway) as proxy:
+        page = proxy.get("/admin/login/", headers=https)
+        assert page.status_code == 200
+        assert page.headers["strict-transport-security"] == "max-age=31536000; includeSubDomains"
+        assert page.headers["x-content-type-options"] == "nosniff"
+        assert re.search(r"csrftoken=[^;]+;.*\bSecure\b", page.headers["set-cookie"])
+        cookie = re.search(r"csrftoken=([^;]+)", page.headers["set-cookie"]).group(1)
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+        signed_in = proxy.post(
+            "/admin/login/?next=/admin/",
+            headers={
+                **https,
+                # httpx keeps Secure cookies to itself over http://: the proxy would pass it on.
+                "cookie": f"csrftoken={cookie}",
+                "referer": f"https://127.0.0.1:{https_gateway.url.rsplit(':', 1)[1]}/admin/login/",
+            },
+            data={"username": user.username, "password": password, "csrfmiddlewaretoken": token},
+        )
+        assert signed_in.status_code == 302, signed_in.text[:300]
+        assert re.search(r"sessionid=[^;]+;.*\bSecure\b", signed_in.headers["set-cookie"])
+
+
+def test_plain_http_console_pages_are_redirected_and_only_a_trusted_proxy_may_say_https(https_gateway):
+    port = https_gateway.url.rsplit(":", 1)[1]
+    with client_from(PROXY, https_gateway) as proxy, client_from(DIRECT, https_gateway) as direct:
+        for client in (proxy, direct):
+            plain = client.get("/admin/login/")
+            assert (plain.status_code, plain.headers["location"]) == (301, f"https://127.0.0.1:{port}/admin/login/")
+            assert "strict-transport-security" not in plain.headers  # HSTS is only ever sent over HTTPS
+        claimed = direct.get("/admin/login/", headers={"x-forwarded-proto": "https"})
+        assert claimed.status_code == 301  # not from a trusted proxy: the header is ignored
+        # The API and the probes are not redirected (clients would resend their key), nor are metrics
+        # (Prometheus scrapes each replica over the internal network).
+        assert direct.get("/v1/models").status_code == 401
+        assert direct.get("/health/ready").status_code == 200
+        assert direct.get("/metrics").status_code == 200
