@@ -59,10 +59,12 @@ def async_redis() -> aioredis.Redis:
     client = _async_clients.get(loop)
     if client is None:
         timeout = settings.REDIS_TIMEOUT_MS / 1000
+        # The client's own timeouts are backstops: a command gives up when Redis has been silent for
+        # the request path's timeout (within), which a burst of new connections being accepted is not.
         client: GuardedRedis = GuardedRedis.from_url(
             settings.REDIS_URL,
             socket_timeout=max(SOCKET_TIMEOUT, timeout),
-            socket_connect_timeout=timeout,
+            socket_connect_timeout=max(CONNECT_TIMEOUT, timeout),
             max_connections=512,
             # One more try on a fresh connection when a pooled one turns out dead (Redis restarted);
             # never after a timeout, which would double the wait.
