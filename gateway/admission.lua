@@ -2,7 +2,7 @@
 -- block markers, checks every rate limit (sliding logs: exact, no boundary doubling) and every budget,
 -- and either commits all of them or nothing (a rejected request consumes nothing).
 --
--- KEYS: generation, key marker, tenant marker,
+-- KEYS: generation, key marker, tenant marker, the request's void marker (void.lua),
 --       then per limit: its log (rpm, concurrency) or its log and running sum (tpm),
 --       then per budget: spent, reservations log, reserved sum,
 --       then the breaker of each deployment in the model's chain
@@ -13,8 +13,9 @@
 --       the configuration generation the caller's caches reflect
 --       (KEYS end with each deployment's breaker, spend counter and in-flight log, see deployments.lua)
 -- Returns {outcome, index, retry ms, generation, used per limit, reset ms per limit, deployments, slot}
--- whatever the outcome (ok | limit | budget | init | blocked | stale | overloaded); stale: the
+-- whatever the outcome (ok | limit | budget | init | blocked | stale | overloaded | void); stale: the
 -- configuration changed since the caller cached it, nothing was taken, re-read and ask again;
+-- void: the caller gave up on this step (Redis stalled) and voided it before it ran: nothing was taken;
 -- overloaded: every deployment that may be called is at its concurrency limit, nothing was taken.
 -- On ok, deployments holds each chain deployment's state, in the order the request will try them:
 -- closed | open | probe (may be tried as a half-open probe) | forced_open | forced_closed | capped |
@@ -25,6 +26,7 @@
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', KEYS[4]) == 1 then return {'void', 0, '0', '', {}, {}} end
 local generation = redis.call('GET', KEYS[1]) or ''
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'blocked', 'key', '0', generation, {}, {}} end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'blocked', 'tenant', '0', generation, {}, {}} end
@@ -34,7 +36,7 @@ local rid = ARGV[1]
 local tokens = tonumber(ARGV[2])
 local cost = ARGV[3]
 local lease = tonumber(ARGV[4])
-local a, k = 6, 4
+local a, k = 6, 5
 
 local function tokens_of(member)
   return tonumber(string.match(member, '|(%d+)$'))

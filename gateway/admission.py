@@ -4,8 +4,16 @@ atomic Redis step (admission.lua), and settled to what really happened after the
 Rate limits are sliding logs (exact: a key limited to 100 requests a minute gets exactly 100 in any
 60 s, across every gateway process, with no doubling at window boundaries). Budgets reserve the
 request's worst-case cost at admission and settle to the real cost afterwards, so concurrency cannot
-overspend them. When Redis cannot be reached, each tenant's setting decides: admit and count in this
-process only (fail open, the default), or refuse with 503 (fail closed).
+overspend them. The bound (docs/budgets.md): while Redis answers, settled spend stays within a hard
+budget as long as each reservation is at least what its request is billed (gateway.tokens counts
+prompts with the model's tokenizer, or with a documented margin where that is not public); a request
+that outlives its lease, or whose settlement Redis never receives, can overspend it by at most its own
+worst case. Holds go by a name Sentinel makes unique (hold_id), never by one a client chose.
+
+When Redis cannot be reached, or does not answer within SENTINEL_REDIS_TIMEOUT_MS
+(sentinel.redis_clients), each tenant's setting decides: admit and count in this process only (fail
+open, the default), or refuse with 503 (fail closed). The first request after Redis answers again is
+admitted through it, and the admission steps given up on meanwhile are voided (void.lua).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from gateway.auth import KeyInfo, block_markers
 from gateway.breakers import Attempt
 from gateway.errors import GatewayError
 from gateway.localstate import GENERATION_KEY, current_generation, observe_generation
+from sentinel.redis_clients import NotWaiting, checking_allowed
 
 if TYPE_CHECKING:
     from gateway.routing import Target
@@ -40,7 +49,6 @@ log = logging.getLogger(__name__)
 WINDOW_MS = settings.RATE_WINDOW_SECONDS * 1000
 UNITS_PER_USD = 10**10  # Redis counts money in integer units of 1e-10 USD (the ledger's precision)
 LEASE_MARGIN_MS = 30_000
-REDIS_RETRY_SECONDS = 2.0
 SPEND_TTL_SECONDS = 2 * 86400  # a provider's spend counter outlives its UTC day
 _REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
@@ -211,6 +219,7 @@ class Ticket:
     slots: dict[int, str] = field(default_factory=dict)  # deployment id → in-flight log holding this request
     local: bool = False  # counted in this process only (Redis unreachable, failing open)
     settled: bool = False
+    step: str = field(default_factory=lambda: uuid.uuid4().hex)  # names its admission step, for void.lua
 
     def headers(self) -> dict[str, str]:
         return ratelimit_headers(self.limits, self.used, self.resets_ms, self.tokens, admitted=True)
@@ -247,18 +256,6 @@ class StaleConfiguration(Exception):
     Its caches are now dropped: re-read the key and the route, and admit again."""
 
 
-_redis_down_until = 0.0
-
-
-def _redis_available() -> bool:
-    return time.monotonic() >= _redis_down_until
-
-
-def _mark_redis_down() -> None:
-    global _redis_down_until
-    _redis_down_until = time.monotonic() + REDIS_RETRY_SECONDS
-
-
 async def admit(
     *,
     key: KeyInfo,
@@ -282,17 +279,27 @@ async def admit(
         limits=limits_for(key, model, model_limits),
         budgets=budgets_for(key, now),
     )
-    if not _redis_available():
-        return _admit_without_redis(key, ticket)
     lease_ms = int(lease_seconds * 1000) + LEASE_MARGIN_MS
     initial: dict[int, int] = {}
     deployment_keys, deployment_args = _deployment_keys_and_args(deployments, now.date())
     try:
         for _ in range(len(ticket.budgets) + 1):
-            result = await scripts.admission(
-                keys=_admit_keys(key, ticket) + deployment_keys,
-                args=_admit_args(ticket, lease_ms, initial, len(deployments), deployment_args),
-            )
+            try:
+                # While Redis is unreachable, each request's admission finds out whether it answers again.
+                with checking_allowed():
+                    result = await scripts.admission(
+                        keys=_admit_keys(key, ticket) + deployment_keys,
+                        args=_admit_args(ticket, lease_ms, initial, len(deployments), deployment_args),
+                    )
+            except NotWaiting:
+                raise
+            except _REDIS_ERRORS:
+                # Sent, but no answer: the step may have run, or run when Redis resumes. Once Redis
+                # answers again, whatever it took is given back (void.lua).
+                _voids.append(_void_of(ticket, deployments))
+                raise
+            if _voids:
+                await _void_given_up()
             outcome = result[0].decode()
             if outcome != "init":
                 break
@@ -301,8 +308,7 @@ async def admit(
             index = int(result[1]) - 1
             initial[index] = to_units(await settled_spend(ticket.budgets[index]))
     except _REDIS_ERRORS as exc:
-        _mark_redis_down()
-        log.warning("admission: Redis unreachable (%s); tenant policy decides", exc)
+        log.debug("admission without Redis (%s): the tenant's policy decides", exc)
         return _admit_without_redis(key, ticket)
 
     observe_generation(result[3] or None)
@@ -359,7 +365,7 @@ async def admit(
 
 
 def _admit_keys(key: KeyInfo, ticket: Ticket) -> list[str]:
-    keys = [GENERATION_KEY, *block_markers(key)]
+    keys = [GENERATION_KEY, *block_markers(key), void_key(ticket.step)]
     for limit in ticket.limits:
         keys.extend(limit.keys)
     for hold in ticket.budgets:
@@ -381,6 +387,53 @@ def _admit_args(
     args.extend(deployment_args)
     args.append(current_generation())
     return args
+
+
+def void_key(step: str) -> str:
+    """Set when an admission step was given up on: if it runs after that, it takes nothing."""
+    return f"{{sentinel}}:void:{step}"
+
+
+# --- admission steps given up on ---------------------------------------------------------------
+
+# Redis that stalls may run a step after its caller stopped waiting (held in its socket buffers), or
+# have run it with the answer lost. The request was decided without Redis, so whatever the step took
+# must not stay held until its leases end: the first admission Redis answers again voids them all
+# (void.lua) before it goes on, so recovery is complete when that request is.
+_voids: list[tuple[list[str], list]] = []
+_voiding = False
+VOID_TTL_SECONDS = 2 * 86400  # outlives any step a stall can hold
+VOIDS_PER_REQUEST = 50  # a long stall's backlog is worked off over the first requests after it
+
+
+def _void_of(ticket: Ticket, deployments: list[Target]) -> tuple[list[str], list]:
+    keys = [void_key(ticket.step)]
+    args: list = [ticket.request_id, ticket.tokens, ticket.cost_units, VOID_TTL_SECONDS, len(ticket.limits)]
+    for limit in ticket.limits:
+        keys.extend(limit.keys)
+        args.append(limit.script_kind)
+    args.append(len(ticket.budgets))
+    for hold in ticket.budgets:
+        keys.extend(hold.keys[1:])
+    keys.extend(in_flight_key(t.deployment_id) for t in deployments if t.max_concurrent is not None)
+    return keys, args
+
+
+async def _void_given_up() -> None:
+    global _voiding
+    if _voiding:
+        return  # another request of this process is at it
+    _voiding = True
+    try:
+        for _ in range(min(len(_voids), VOIDS_PER_REQUEST)):
+            keys, args = _voids[0]
+            await scripts.void(keys=keys, args=args)
+            _voids.pop(0)
+            log.info("voided the admission step of %s, given up on while Redis did not answer", args[0])
+    except _REDIS_ERRORS:
+        pass  # unreachable again: the next answer goes on
+    finally:
+        _voiding = False
 
 
 async def reserve(ticket: Ticket, targets: list[Target]) -> None:
@@ -476,7 +529,6 @@ async def settle(
         )
     except _REDIS_ERRORS as exc:
         # The holds expire on their own (leases); the ledger keeps the spend either way.
-        _mark_redis_down()
         log.warning("admission: could not settle %s (%s)", ticket.request_id, exc)
         breakers.record_locally(attempts)
         await ledger.write_directly(ledger_record)
@@ -554,7 +606,7 @@ def _admit_without_redis(key: KeyInfo, ticket: Ticket) -> Ticket:
             503,
             "admission_unavailable",
             "Sentinel cannot reach its rate-limit store and this tenant fails closed. Retry shortly.",
-            headers={"retry-after": str(math.ceil(REDIS_RETRY_SECONDS))},
+            headers={"retry-after": "1"},  # it is let back in as soon as Redis answers
         )
     ticket.local = True
     if not _local.admit(ticket):

@@ -17,6 +17,7 @@ _SOURCES = {
     "probe": ("breakers", "probe"),
     "reserve": ("breakers", "deployments", "reserve"),
     "pace": ("pace",),
+    "void": ("void",),
 }
 
 
@@ -48,3 +49,4 @@ settle = Script("settle")
 probe = Script("probe")
 reserve = Script("reserve")
 pace = Script("pace")
+void = Script("void")

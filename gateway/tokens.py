@@ -10,7 +10,7 @@ A reservation is a worst case, so every figure here errs high, never low:
   BPE, or SentencePiece with byte fallback), so tokens <= bytes, plus a prefix token per string.
 - Each message, name and tool adds framing tokens, generously above what OpenAI documents (3 per
   message, 1 per name, 3 to prime the reply); tool, function and response-format schemas are counted
-  as their JSON plus one token per JSON value for the way providers re-render them (OpenAI as a
+  as their JSON plus one token per scalar in it for the way providers re-render them (OpenAI as a
   TypeScript namespace, Anthropic inside a tool-use system prompt of at most a few hundred tokens).
 - Images follow litellm's per-model rules (OpenAI tiles or patches, Anthropic's per-image budget) at
   the largest size when the image's own is unknown; models litellm has no rule for get the largest
@@ -18,11 +18,12 @@ A reservation is a worst case, so every figure here errs high, never low:
 - What only the model's context window bounds (files, audio, content of an unknown type) reserves
   that window; no provider bills a prompt longer than it. Every bound is capped by it too.
 
-The exact count costs time (tiktoken's pre-tokenizer is slow on long runs of CJK text), so it is spent
-only where it decides something: admission asks for it when a budget or a tokens-per-minute limit
-applies, and counts at most EXACT_BYTES of text exactly (the rest by bytes), off the event loop past
-INLINE_BYTES. Written here because litellm's token_counter fits none of this: it fetches image URLs
-to size them, downloads Hugging Face tokenizers for some models, and counts Claude 3+ prompts with
+The exact count costs time (about 0.4 µs a character of CJK text, 0.04 of English), so it is spent
+only where it decides something: admission asks for it when a hard budget or a tokens-per-minute
+limit applies, counts at most EXACT_BYTES of text exactly (the rest by bytes), off the event loop
+past INLINE_BYTES, and remembers the counts of long strings that come back (system prompts, tool
+schemas). Written here because litellm's token_counter fits none of this: it fetches image URLs to
+size them, downloads Hugging Face tokenizers for some models, and counts Claude 3+ prompts with
 Claude 2's tokenizer, which undercounts them.
 """
 
@@ -34,6 +35,7 @@ import importlib.util
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 
 EXACT_BYTES = 32 * 1024  # text counted with the tokenizer per request; past it, one token per byte
 INLINE_BYTES = 4 * 1024  # more text than this is counted on a worker thread (tiktoken releases the GIL)
+REMEMBERED_BYTES = (1024, 16 * 1024)  # strings this long are remembered with their counts ...
+REMEMBERED = 256  # ... this many, most recent first: system prompts and tool schemas come back
 MESSAGE_FRAMING = 4  # per message, besides its role's and name's own tokens (OpenAI: 3, name +1)
 REPLY_PRIMING = 4  # per request (OpenAI: 3)
 TOOL_FRAMING = 16  # per tool or function, besides its JSON
@@ -244,12 +248,31 @@ class _Budget:
         self.left = EXACT_BYTES if exact else 0
 
 
+_remembered: OrderedDict[tuple[str, str], int] = OrderedDict()
+_remembered_lock = threading.Lock()  # counting also runs on the worker threads
+
+
 def _count(text: str, tokenizer, budget: _Budget) -> int:
     size = _byte_length(text)
-    if tokenizer is None or size > budget.left:
+    if tokenizer is None or not budget.left:
         return size + 1  # one token per byte, and a word-boundary prefix some tokenizers add
+    remember = REMEMBERED_BYTES[0] <= size <= REMEMBERED_BYTES[1]
+    if remember:
+        with _remembered_lock:
+            found = _remembered.get((tokenizer.name, text))
+            if found is not None:
+                _remembered.move_to_end((tokenizer.name, text))
+                return found
+    if size > budget.left:
+        return size + 1
     budget.left -= size
-    return len(tokenizer.encode_ordinary(text))
+    count = len(tokenizer.encode_ordinary(text))
+    if remember:
+        with _remembered_lock:
+            _remembered[(tokenizer.name, text)] = count
+            while len(_remembered) > REMEMBERED:
+                _remembered.popitem(last=False)
+    return count
 
 
 def _image_tokens(counting: Counting, url: str, detail: str) -> int:

@@ -1,20 +1,44 @@
-"""One Redis connection pool per process (sync) and per event loop (async)."""
+"""One Redis connection pool per process (sync) and per event loop (async), and how the request path
+lives with a Redis that stops answering.
+
+The async client serves the request path. A command that hears nothing for SENTINEL_REDIS_TIMEOUT_MS
+(100 ms) marks Redis unreachable for the whole process (its client on the event loop; a Redis that
+answers other commands meanwhile is busy, not gone, and is waited for, up to the socket timeout).
+From then on commands fail at once (callers fall back: admission to each tenant's fail-open /
+fail-closed choice, the ledger to Postgres, the cache to a miss) instead of each waiting out a
+timeout, and one command at a time checks whether Redis answers again. Admission checks on every
+request (`checking_allowed`), so the first request after Redis comes back is admitted through it;
+anything else checks at most every PROBE_INTERVAL_SECONDS (the readiness probe, so a replica without
+traffic recovers too). A stall therefore costs one request at a time at most the timeout, and the
+others nothing. The sync client (admin, workers) keeps its longer timeouts.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import logging
+import time
 import weakref
+from collections.abc import Iterator
 
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+log = logging.getLogger(__name__)
 
 _sync_client: redis.Redis | None = None
 _async_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # Bounded so a Redis that stops answering costs a request milliseconds, not the default minutes.
-SOCKET_TIMEOUT = 2.0
+SOCKET_TIMEOUT = 2.0  # the sync client's, and the async client's backstop under its own timeout
 CONNECT_TIMEOUT = 1.0
+PROBE_INTERVAL_SECONDS = 1.0
+UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 def sync_redis() -> redis.Redis:
@@ -34,11 +58,130 @@ def async_redis() -> aioredis.Redis:
     loop = asyncio.get_running_loop()
     client = _async_clients.get(loop)
     if client is None:
-        client = aioredis.Redis.from_url(
+        timeout = settings.REDIS_TIMEOUT_MS / 1000
+        # The client's own timeouts are backstops: a command gives up when Redis has been silent for
+        # the request path's timeout (within), which a burst of new connections being accepted is not.
+        client: GuardedRedis = GuardedRedis.from_url(
             settings.REDIS_URL,
-            socket_timeout=SOCKET_TIMEOUT,
-            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=max(SOCKET_TIMEOUT, timeout),
+            socket_connect_timeout=max(CONNECT_TIMEOUT, timeout),
             max_connections=512,
+            # One more try on a fresh connection when a pooled one turns out dead (Redis restarted);
+            # never after a timeout, which would double the wait.
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
         )
+        client.outage = Outage()
         _async_clients[loop] = client
     return client
+
+
+# --- a Redis that does not answer --------------------------------------------------------------
+
+
+class NotWaiting(redis.exceptions.ConnectionError):
+    """Redis is unreachable and this command did not wait for it: nothing was sent."""
+
+
+class Outage:
+    """Whether Redis answers, as one client (the process's, on its event loop) last saw it."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.checking = False  # a command is finding out whether it answers again
+        self.last_check = 0.0
+        self.last_answer = 0.0  # when any command last got an answer (monotonic)
+
+    def heard_within(self, seconds: float) -> bool:
+        return time.monotonic() - self.last_answer < seconds
+
+    def may_check(self) -> bool:
+        if self.checking:
+            return False
+        return _checking_allowed.get() or time.monotonic() - self.last_check >= PROBE_INTERVAL_SECONDS
+
+    def answered(self) -> None:
+        self.last_answer = time.monotonic()
+        if self.down:
+            log.warning("Redis answers again")
+            self.down = False
+
+    def silent(self, error: BaseException) -> None:
+        if not self.down:
+            log.warning("Redis does not answer (%s: %s); requests stop waiting on it", type(error).__name__, error)
+            self.last_check = time.monotonic()  # the command that found out was a check
+        self.down = True
+
+
+_checking_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar("redis_checking_allowed", default=False)
+
+
+@contextlib.contextmanager
+def checking_allowed() -> Iterator[None]:
+    """Commands in this block find out whether an unreachable Redis answers again (one at a time),
+    rather than failing at once: for the step whose answer matters most (admission)."""
+    token = _checking_allowed.set(True)
+    try:
+        yield
+    finally:
+        _checking_allowed.reset(token)
+
+
+class GuardedRedis(aioredis.Redis):
+    """The async client with the request path's timeout and its view of whether Redis answers."""
+
+    outage: Outage
+
+    async def execute_command(self, *args, **options):
+        outage = self.outage
+        if not outage.down:
+            return await self._timed(args, options)
+        if not outage.may_check():
+            raise NotWaiting("Redis is unreachable (not waiting for it)")
+        outage.checking, outage.last_check = True, time.monotonic()
+        try:
+            return await self._timed(args, options)
+        finally:
+            outage.checking = False
+
+    async def _timed(self, args, options):
+        timeout = settings.REDIS_TIMEOUT_MS / 1000
+        try:
+            result = await within(timeout, super().execute_command(*args, **options), self.outage)
+        except UNREACHABLE as error:
+            self.outage.silent(error)
+            raise
+        self.outage.answered()
+        return result
+
+
+async def within(seconds: float, awaitable, outage: Outage):
+    """Await a command until Redis has been silent for `seconds`, raising redis' TimeoutError then.
+    Silent means no command of this client got an answer meanwhile: a Redis working through a burst
+    answers others and is waited for (up to the socket timeout), a stalled one answers nobody. The
+    verdict waits one more pass of the event loop: if the loop was busy elsewhere (a long request, a
+    starved CPU), replies that arrived meanwhile, this command's or others', are read first, so only
+    Redis's silence times out, not this process's own load."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    state = {"expired": False, "done": False}
+
+    def verdict() -> None:
+        nonlocal handle
+        if state["done"]:
+            return
+        if outage.heard_within(seconds):
+            handle = loop.call_later(seconds, loop.call_soon, verdict)
+            return
+        state["expired"] = True
+        task.cancel()
+
+    handle = loop.call_later(seconds, loop.call_soon, verdict)
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        if state["expired"] and task.uncancel() == 0:
+            raise redis.exceptions.TimeoutError(f"Redis did not answer for {seconds * 1000:.0f} ms") from None
+        raise
+    finally:
+        state["done"] = True
+        handle.cancel()

@@ -44,6 +44,13 @@ if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
 
 DATABASE_URL = os.environ["DATABASE_URL"]
 REDIS_URL = os.environ["REDIS_URL"]
+REDIS_TIMEOUT_MS = envint(
+    "SENTINEL_REDIS_TIMEOUT_MS",
+    100,
+    "Longest a request waits for Redis (admission, cache, ledger hand-off); no answer by then: Redis counts as "
+    "unreachable, each tenant's fail-open / fail-closed choice applies, and requests stop waiting on it until it "
+    "answers again.",
+)
 
 
 def _local_secret(filename: str, nbytes: int = 48) -> str:

@@ -149,3 +149,15 @@ def test_soak_measures_postgres_by_its_own_memory_not_the_buffer_cache(db):
     mine = proc_kb(backend, "status", ("RssAnon", "RssShmem"))
     assert mine["RssAnon"] > 0 and mine["RssShmem"] > 0
     assert 0 < proc_kb(backend, "smaps_rollup", ("Pss_Shmem",))["Pss_Shmem"] <= mine["RssShmem"]
+
+
+def test_redis_stall_answers_fail_open_refuses_fail_closed_and_recovers(tmp_path, test_database_name, bench_redis_url):
+    result = run_quick("redis_stall", tmp_path, test_database_name, bench_redis_url)
+
+    phases = result["phases"]
+    assert phases["before/fail_open"]["statuses"] == phases["before/fail_closed"]["statuses"] == {"200": 8}
+    assert phases["during/fail_open"]["statuses"] == {"200": 8}
+    assert phases["during/fail_closed"]["statuses"] == {"503": 8}
+    assert phases["after/fail_open"]["statuses"] == phases["after/fail_closed"]["statuses"] == {"200": 8}
+    assert phases["during, 16 at once/fail_open"]["statuses"] == {"200": 16}
+    assert result["config"]["redis_timeout_ms"] == 100

