@@ -91,7 +91,8 @@ class MembershipForm(forms.ModelForm):
         data = super().clean()
         user, tenant = data.get("username"), data.get("tenant") or getattr(self.instance, "tenant", None)
         if user is not None and tenant is not None and not self.instance.pk:
-            if Membership.objects.filter(user=user, tenant=tenant).exists():
+            # A tenant added on this same page has no members yet (and no pk to ask about).
+            if tenant.pk is not None and Membership.objects.filter(user=user, tenant=tenant).exists():
                 raise ValidationError({"username": "This account is a member of the tenant already."})
             self.instance.user = user
         return data
@@ -102,9 +103,27 @@ def addable_from(request) -> set[int] | None:
     return None if request.user.is_superuser else tenant_ids_with(request, ALL_ROLES)
 
 
+class MembershipFormSet(forms.BaseInlineFormSet):
+    """One row per person: the same username twice in one save is the editor's to fix."""
+
+    def clean(self):
+        super().clean()
+        seen = set()
+        for form in self.forms:
+            if self._should_delete_form(form) or not hasattr(form, "cleaned_data"):
+                continue
+            user = form.cleaned_data.get("username")
+            if user is None:
+                continue
+            if user.pk in seen:
+                raise ValidationError("The same person is named more than once; keep one row for them.")
+            seen.add(user.pk)
+
+
 class MembershipInline(TenantScopedInline, admin.TabularInline):
     model = Membership
     form = MembershipForm
+    formset = MembershipFormSet
     fields = ["username", "role"]
     extra = 0
 

@@ -179,3 +179,34 @@ def test_each_key_shows_its_own_usage_and_its_cost_only_to_who_may_see_spend(ten
     viewer = as_user(tenancy.viewer).get(reverse("admin:tenants_virtualkey_changelist"), {"q": busy.name})
     assert "cost this month (usd)" not in viewer.content.decode().lower()
     assert "0.75" not in viewer.content.decode()
+
+
+def test_a_tenant_added_with_members_in_the_same_save_keeps_them(tenancy):
+    """The tenant's add page with member rows: the tenant and its members are saved together (the
+    form once asked the database about a tenant that was not saved yet: a 500). The same person twice
+    in one save is a form error, not an integrity error."""
+    User = get_user_model()
+    first, second = (User.objects.create_user(unique("founder"), password="x") for _ in range(2))
+    operator = as_user(tenancy.superuser)
+    add = reverse("admin:tenants_tenant_add")
+    page = operator.get(add)
+    slug = unique("fresh")
+
+    def post(*rows):
+        data = filled(page.context["adminform"].form, {"name": slug, "slug": slug})
+        (inline,) = page.context["inline_admin_formsets"]
+        prefix = inline.formset.prefix
+        data.update({f"{prefix}-TOTAL_FORMS": str(len(rows)), f"{prefix}-INITIAL_FORMS": "0"})
+        for n, (username, role) in enumerate(rows):
+            data.update({f"{prefix}-{n}-username": username, f"{prefix}-{n}-role": role})
+        return operator.post(add, data)
+
+    twice = post((first.username, "admin"), (first.username, "viewer"))
+    assert twice.status_code == 200
+    assert "more than once" in twice.content.decode()
+    assert not Membership.objects.filter(user=first).exists()
+
+    done = post((first.username, "admin"), (second.username, "finance"))
+    assert done.status_code == 302
+    memberships = Membership.objects.filter(tenant__slug=slug).order_by("role")
+    assert [(m.user, m.role) for m in memberships] == [(first, "admin"), (second, "finance")]
