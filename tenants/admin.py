@@ -3,6 +3,7 @@ where the user holds a role (console.scoping); tiers are the operators'."""
 
 from __future__ import annotations
 
+import secrets
 from datetime import timedelta
 
 from django import forms
@@ -29,6 +30,7 @@ from sentinel.console.scoping import (
     may,
     tenant_ids_with,
 )
+from sentinel.crypto import decrypt, encrypt
 from tenants.models import (
     Budget,
     BudgetAlert,
@@ -53,6 +55,8 @@ from tenants.services import (
 # --- members -------------------------------------------------------------------------------------
 
 
+# Session entries holding a new key's secret (encrypted) until its one reveal.
+REVEAL = "key-reveal:"
 NOT_ADDABLE = "No account you may add has this username. An operator adds people new to your tenants."
 
 
@@ -351,16 +355,37 @@ class VirtualKeyAdmin(TenantScopedAdmin):
         return self.secret_response(request, VirtualKey.objects.get(pk=obj.pk), secret)
 
     def secret_response(self, request, key: VirtualKey, secret: str, rotated: VirtualKey | None = None):
-        """The one page that ever shows a key's secret (answering the POST that made it)."""
+        """Post/redirect/get with a one-time reveal: the secret waits, encrypted, in the editor's
+        session under a random handle, and the first GET of the reveal page takes it out. Reloading
+        that page (or going back to it) shows no secret and makes no second key; reloading a POST
+        answer used to create one."""
+        handle = secrets.token_urlsafe(16)
+        request.session[f"{REVEAL}{handle}"] = {
+            "key": key.pk,
+            "rotated": rotated.pk if rotated else None,
+            "secret": encrypt(REVEAL, secret).decode(),
+        }
+        return HttpResponseRedirect(reverse("admin:tenants_virtualkey_reveal", args=[key.pk, handle]), status=303)
+
+    def reveal_view(self, request, object_id, handle):
+        """The one page that ever shows a key's secret, once."""
+        key = self.get_object(request, unquote(object_id))
+        if key is None:
+            raise Http404("No virtual key with this id among yours.")
+        waiting = request.session.pop(f"{REVEAL}{handle}", None)
+        shown = waiting is not None and waiting["key"] == key.pk
+        rotated = None
+        if shown and waiting["rotated"]:
+            rotated = VirtualKey.objects.filter(pk=waiting["rotated"]).first()
         response = TemplateResponse(
             request,
             "admin/tenants/virtualkey/secret.html",
             {
                 **self.admin_site.each_context(request),
-                "title": "Copy the new key now",
+                "title": "Copy the new key now" if shown else "The secret was shown already",
                 "opts": self.opts,
                 "key": key,
-                "secret": secret,
+                "secret": decrypt(REVEAL, waiting["secret"].encode()) if shown else None,
                 "rotated": rotated,
                 "change_url": reverse("admin:tenants_virtualkey_change", args=[key.pk]),
             },
@@ -370,6 +395,11 @@ class VirtualKeyAdmin(TenantScopedAdmin):
 
     def get_urls(self):
         urls = [
+            path(
+                "<path:object_id>/reveal/<str:handle>/",
+                self.admin_site.admin_view(self.reveal_view),
+                name="tenants_virtualkey_reveal",
+            ),
             path(
                 "<path:object_id>/rotate/",
                 self.admin_site.admin_view(self.rotate_view),

@@ -70,7 +70,11 @@ def test_a_tenant_admin_creates_a_key_sees_its_secret_once_and_revokes_it(browse
         screenshot(page, "console-key-secret")
         assert chat(gateway, secret, alias).status_code == 200
 
-        page.click("text=I have copied it")
+        page.reload()  # a reload shows the secret no more and makes no second key
+        page.wait_for_selector("#key-secret-gone")
+        assert secret not in page.content()
+        assert off_the_browser_loop(VirtualKey.objects.filter(name=name).count) == 1
+        page.click("text=Go to the key")
         page.wait_for_selector("#revoke-key")
         assert secret not in page.content()  # shown once: never again
         page.click("#revoke-key")

@@ -15,14 +15,19 @@ from tests.console.conftest import as_user
 KEYS = "/admin/tenants/virtualkey/"
 
 
-def test_a_new_keys_secret_is_on_the_answering_page_only(tenancy):
+def test_a_new_keys_secret_is_revealed_once_after_a_redirect(tenancy):
+    """Post/redirect/get: the POST makes the key and redirects; the reveal page shows the secret the
+    first time only. Reloading it shows no secret and makes no second key (reloading a POST answer
+    did: two active keys)."""
     owner = as_user(tenancy.owner)
     name = unique("console-key")
-    page = owner.post(f"{KEYS}add/", {"tenant": tenancy.tenant.pk, "name": name, "requests_per_minute": "60"})
+    made = owner.post(f"{KEYS}add/", {"tenant": tenancy.tenant.pk, "name": name, "requests_per_minute": "60"})
 
-    assert page.status_code == 200  # the secret page itself, not a redirect a URL could replay
-    secret = page.context["secret"]
     key = VirtualKey.objects.get(name=name)
+    assert made.status_code == 303
+    assert made["Location"].startswith(f"{KEYS}{key.pk}/reveal/")
+    page = owner.get(made["Location"])
+    secret = page.context["secret"]
     assert (key.tenant, key.digest, key.requests_per_minute, key.created_by) == (
         tenancy.tenant,
         key_digest(secret),
@@ -31,6 +36,15 @@ def test_a_new_keys_secret_is_on_the_answering_page_only(tenancy):
     )
     assert "no-store" in page["Cache-Control"]
     assert page.content.decode().count(secret) == 1
+    session_text = str(dict(owner.session.items()))
+    assert secret not in session_text
+
+    reload = owner.get(made["Location"])
+    assert reload.status_code == 200 and reload.context["secret"] is None
+    assert "shown once already" in reload.content.decode() and secret not in reload.content.decode()
+    assert VirtualKey.objects.filter(name=name).count() == 1
+    # Another person's session never holds the handle.
+    assert as_user(tenancy.superuser).get(made["Location"]).context["secret"] is None
     for later in (f"{KEYS}{key.pk}/change/", KEYS, "/admin/", f"{KEYS}{key.pk}/history/"):
         assert secret not in owner.get(later).content.decode(), later
 
@@ -45,7 +59,9 @@ def test_rotating_from_the_console_shows_the_successors_secret_once(tenancy, set
     assert confirm.status_code == 200 and "1 hour" in confirm.content.decode()
     assert VirtualKey.objects.filter(name=key.name).count() == 1  # a GET changes nothing
 
-    page = owner.post(rotate)
+    redirect = owner.post(rotate)
+    assert redirect.status_code == 303
+    page = owner.get(redirect["Location"])
     assert page.status_code == 200 and "no-store" in page["Cache-Control"]
     key.refresh_from_db()
     new = key.successor
