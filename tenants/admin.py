@@ -52,6 +52,46 @@ from tenants.services import (
     tenant_set_status,
 )
 
+# --- model names ---------------------------------------------------------------------------------
+
+
+def model_choices() -> list[tuple[str, str]]:
+    """What an allowlist may name: the installation's model aliases, and `auto` (the local router)."""
+    from gateway.autoroute import AUTO_MODEL
+    from gateway.models import ModelAlias
+
+    aliases = [(a.name, f"{a.name}: {a.description}" if a.description else a.name) for a in ModelAlias.objects.all()]
+    return [*aliases, (AUTO_MODEL, f"{AUTO_MODEL}: the fast or smart model, by the prompt")]
+
+
+class ModelNames(forms.MultipleChoiceField):
+    """An allowlist picked from the models that exist (a typed name could be a typo that locks every
+    key out); a name that no longer exists is named in the error."""
+
+    def __init__(self, **kwargs):
+        kwargs.pop("max_length", None)
+        kwargs.pop("base_field", None)
+        super().__init__(choices=model_choices, required=False, **kwargs)
+
+    def validate(self, value):
+        known = {name for name, _ in model_choices()}
+        unknown = [name for name in value if name not in known]
+        if unknown:
+            raise ValidationError(f"No such model: {', '.join(unknown)}. Choose from the list.", code="invalid_choice")
+
+
+class ModelNamesAdmin:
+    """Admins whose `allowed_models` is chosen from the models that exist, in a filterable list."""
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        if db_field.name == "allowed_models":
+            from django.contrib.admin.widgets import FilteredSelectMultiple
+
+            widget = FilteredSelectMultiple("models", is_stacked=False)
+            return ModelNames(label="Allowed models", help_text=db_field.help_text, widget=widget)
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+
 # --- members -------------------------------------------------------------------------------------
 
 
@@ -138,7 +178,7 @@ class MembershipInline(TenantScopedInline, admin.TabularInline):
 
 
 @admin.register(Tenant)
-class TenantAdmin(TenantScopedAdmin):
+class TenantAdmin(ModelNamesAdmin, TenantScopedAdmin):
     tenant_lookup = "pk"
     list_display = ["name", "slug", "status", "created_at"]
     list_filter = ["status"]
@@ -231,8 +271,22 @@ class MembershipAdmin(TenantScopedAdmin):
 # --- keys ----------------------------------------------------------------------------------------
 
 
+class VirtualKeyForm(forms.ModelForm):
+    def clean(self):
+        data = super().clean()
+        tenant = data.get("tenant") or (self.instance.tenant if self.instance.pk else None)
+        chosen = data.get("allowed_models") or []
+        if tenant is not None and tenant.allowed_models:
+            outside = [name for name in chosen if name not in tenant.allowed_models]
+            if outside:
+                message = f"Not on {tenant.name}'s list of models: {', '.join(outside)}. A key narrows it only."
+                self.add_error("allowed_models", message)
+        return data
+
+
 @admin.register(VirtualKey)
-class VirtualKeyAdmin(TenantScopedAdmin):
+class VirtualKeyAdmin(ModelNamesAdmin, TenantScopedAdmin):
+    form = VirtualKeyForm
     list_filter = ["status", TenantFilter]
     list_select_related = ["tenant"]
     search_fields = ["name", "prefix"]

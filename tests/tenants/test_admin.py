@@ -226,3 +226,47 @@ def test_a_tenant_added_with_members_in_the_same_save_keeps_them(tenancy):
     assert done.status_code == 302
     memberships = Membership.objects.filter(tenant__slug=slug).order_by("role")
     assert [(m.user, m.role) for m in memberships] == [(first, "admin"), (second, "finance")]
+
+
+def test_allowlists_are_chosen_from_the_models_that_exist(tenancy):
+    """A typo in an allowlist (`gpt4o`) once saved silently and locked every key out; now the key
+    and tenant forms offer the installation's models to pick from and name anything else as an
+    error, and a key cannot name a model outside its tenant's list. Nothing is saved on an error."""
+    from gateway.models import ModelAlias
+
+    real = ModelAlias.objects.create(name=unique("gpt-4o"), description="the omni model")
+    other = ModelAlias.objects.create(name=unique("small"))
+    owner = as_user(tenancy.owner)
+    page = owner.get(f"{KEYS}add/")
+    choices = dict(page.context["adminform"].form.fields["allowed_models"].choices)
+    assert choices[real.name] == f"{real.name}: the omni model" and other.name in choices and "auto" in choices
+
+    name = unique("typo-key")
+    typo = owner.post(f"{KEYS}add/", {"tenant": tenancy.tenant.pk, "name": name, "allowed_models": ["gpt4o"]})
+    assert typo.status_code == 200
+    assert typo.context["adminform"].form.errors["allowed_models"] == ["No such model: gpt4o. Choose from the list."]
+    assert not VirtualKey.objects.filter(name=name).exists()
+
+    made = owner.post(f"{KEYS}add/", {"tenant": tenancy.tenant.pk, "name": name, "allowed_models": [real.name]})
+    assert made.status_code == 303
+    assert VirtualKey.objects.get(name=name).allowed_models == [real.name]
+
+    tenant = tenancy.tenant
+    tenant.allowed_models = [real.name]
+    tenant.save()
+    outside = owner.post(f"{KEYS}add/", {"tenant": tenant.pk, "name": unique("k"), "allowed_models": [other.name]})
+    assert outside.context["adminform"].form.errors["allowed_models"] == [
+        f"Not on {tenant.name}'s list of models: {other.name}. A key narrows it only."
+    ]
+
+    operator = as_user(tenancy.superuser)
+    url = reverse("admin:tenants_tenant_change", args=[tenant.pk])
+    form = operator.get(url).context["adminform"].form
+    data = filled(form, {"memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"})
+    data["allowed_models"] = [real.name, "gpt-5-turbo"]
+    refused = operator.post(url, data)
+    assert refused.context["adminform"].form.errors["allowed_models"] == [
+        "No such model: gpt-5-turbo. Choose from the list."
+    ]
+    tenant.refresh_from_db()
+    assert tenant.allowed_models == [real.name]
