@@ -69,7 +69,7 @@ class LedgerEntry(models.Model):
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "ledger entry"
-        verbose_name_plural = "ledger"
+        verbose_name_plural = "ledger entries"
         indexes = [models.Index(fields=["tenant", "created_at"])]
 
     def __str__(self) -> str:

@@ -23,10 +23,11 @@ from gateway.models import (
     KillSwitch,
     ModelAlias,
     Provider,
+    breaker_state_label,
 )
 from gateway.services import kill_switch_set
 from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
-from sentinel.text import PlainTextForm, PlainTextInline
+from sentinel.text import PlainTextForm, PlainTextInline, count_text
 from tenants.selectors import MANAGE
 
 
@@ -133,9 +134,10 @@ class DeploymentAdmin(AnnouncesChanges):
     @admin.display(description="circuit breaker")
     def breaker(self, obj):
         snapshot = breaker_snapshot(obj.pk)
+        label = breaker_state_label(snapshot["state"])
         if snapshot["open_for_seconds"]:
-            return f"{snapshot['state']} ({snapshot['open_for_seconds']:.0f} s left)"
-        return snapshot["state"]
+            return f"{label} ({snapshot['open_for_seconds']:.0f} s left)"
+        return label
 
     @admin.display(description="recent breaker transitions")
     def recent_transitions(self, obj):
@@ -146,12 +148,11 @@ class DeploymentAdmin(AnnouncesChanges):
             "<ul>{}</ul>",
             format_html_join(
                 "",
-                "<li>{} · {} → {} · {}{}</li>",
+                "<li>{} · {} · {}{}</li>",
                 (
                     (
                         f"{t.created_at:%Y-%m-%d %H:%M:%S}",
-                        t.from_state,
-                        t.to_state,
+                        t.change,
                         t.reason,
                         f" · by {t.actor}" if t.actor else "",
                     )
@@ -168,7 +169,7 @@ class DeploymentAdmin(AnnouncesChanges):
                     breaker_force(
                         deployment=deployment, state=state, actor=request.user, reason=form.cleaned_data["reason"]
                     )
-                self.message_user(request, f"{label}: {queryset.count()} deployment(s).", messages.SUCCESS)
+                self.message_user(request, f"{label}: {count_text(queryset.count(), 'deployment')}.", messages.SUCCESS)
                 return None
         else:
             form = ReasonForm()

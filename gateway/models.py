@@ -109,6 +109,7 @@ class BreakerPolicy(models.Model):
 
     class Meta:
         ordering = ["name"]
+        verbose_name_plural = "breaker policies"
 
     def __str__(self) -> str:
         return self.name
@@ -197,10 +198,18 @@ class ChainEntry(models.Model):
         ordering = ["alias", "position", "id"]
         constraints = [models.UniqueConstraint(fields=["alias", "deployment"], name="deployment_once_per_chain")]
         verbose_name = "chain entry"
-        verbose_name_plural = "chain"
+        verbose_name_plural = "chain entries"
 
     def __str__(self) -> str:
         return f"{self.alias} #{self.position}: {self.deployment}"
+
+
+BREAKER_STATE_LABELS = {"half_open": "half-open", "forced_open": "forced open", "forced_closed": "forced closed"}
+
+
+def breaker_state_label(state: str) -> str:
+    """A breaker state as people read it (`forced_open` is the stored and exported name)."""
+    return BREAKER_STATE_LABELS.get(state, state)
 
 
 class BreakerTransition(models.Model):
@@ -219,7 +228,11 @@ class BreakerTransition(models.Model):
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
-        return f"{self.deployment}: {self.from_state} → {self.to_state}"
+        return f"{self.deployment}: {self.change}"
+
+    @property
+    def change(self) -> str:
+        return f"{breaker_state_label(self.from_state)} → {breaker_state_label(self.to_state)}"
 
 
 class KillSwitch(models.Model):

@@ -222,3 +222,8 @@ class PlainTextInline:
         formset = super().get_formset(request, obj, **kwargs)
         formset.form = plain_text_form(formset.form)
         return formset
+
+
+def count_text(count: int, noun: str, plural: str | None = None) -> str:
+    """`1 deployment`, `2 deployments` (never `deployment(s)`)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"

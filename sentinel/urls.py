@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
@@ -12,7 +12,22 @@ def api_not_found(request, path: str = "") -> JsonResponse:
     return JsonResponse({"detail": f"Unknown API URL: {request.method} {request.path}."}, status=404)
 
 
+# A shield in the console's blue: browsers ask for /favicon.ico on every page (a 404 each time).
+FAVICON = (
+    b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32">'
+    b'<path d="M16 2 4 7v8c0 7.5 5.1 13.4 12 15 6.9-1.6 12-7.5 12-15V7z" fill="#417690"/>'
+    b'<path d="m10 16 4 4 8-9" stroke="#fff" stroke-width="3" fill="none"/></svg>'
+)
+
+
+def favicon(request) -> HttpResponse:
+    response = HttpResponse(FAVICON, content_type="image/svg+xml")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
+
+
 urlpatterns = [
+    path("favicon.ico", favicon),
     path("", include("gateway.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("billing.urls")),

@@ -30,6 +30,7 @@ from sentinel.console.scoping import (
     may,
     tenant_ids_with,
 )
+from sentinel.console.templatetags.console import usd
 from sentinel.crypto import decrypt, encrypt
 from tenants.models import (
     Budget,
@@ -316,13 +317,6 @@ class VirtualKeyAdmin(ModelNamesAdmin, TenantScopedAdmin):
     def get_readonly_fields(self, request, obj=None):
         return ["tenant", *self.details] if obj else []
 
-    def get_changeform_initial_data(self, request):
-        initial = super().get_changeform_initial_data(request)
-        managed = tenant_ids_with(request, MANAGE)
-        if "tenant" not in initial and len(managed) == 1 and not request.user.is_superuser:
-            initial["tenant"] = next(iter(managed))
-        return initial
-
     @admin.display(description="state")
     def state(self, obj):
         if obj.state == "rotated":
@@ -350,7 +344,7 @@ class VirtualKeyAdmin(ModelNamesAdmin, TenantScopedAdmin):
         if not getattr(obj, "spend_visible", False):
             return "—"
         usage = getattr(obj, "month_usage", None)
-        return format(usage["cost_usd"], "f") if usage else "0"
+        return usd(usage["cost_usd"] if usage else ZERO)  # as the key's own page writes it
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         key = self.get_object(request, unquote(object_id))
@@ -655,3 +649,6 @@ class WebhookDeliveryAdmin(TenantScopedAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a delivery log: read (and linked) as "View", never "Change"

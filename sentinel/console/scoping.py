@@ -123,6 +123,16 @@ class TenantScopedAdmin(PlainTextAdmin, admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return super().has_delete_permission(request, obj) and self._allowed(request, obj, self.manage_roles)
 
+    def get_changeform_initial_data(self, request):
+        """An add form's tenant is filled in for someone who manages exactly one."""
+        initial = super().get_changeform_initial_data(request)
+        has_tenant = any(f.name == "tenant" for f in self.model._meta.fields)
+        if has_tenant and "tenant" not in initial and not request.user.is_superuser:
+            managed = tenant_ids_with(request, self.manage_roles)
+            if len(managed) == 1:
+                initial["tenant"] = next(iter(managed))
+        return initial
+
     def get_search_results(self, request, queryset, search_term):
         queryset, may_have_duplicates = super().get_search_results(request, queryset, search_term)
         if request.path == reverse("admin:autocomplete"):

@@ -17,7 +17,7 @@ from billing.models import LedgerEntry
 from billing.money import ZERO
 from billing.selectors import spend_report
 from gateway.breakers import breaker_snapshot
-from gateway.models import BreakerTransition, ChainEntry, Deployment
+from gateway.models import BreakerTransition, ChainEntry, Deployment, breaker_state_label
 from tenants.models import Budget, Tenant
 
 # Window name → (length, chart bucket).
@@ -241,6 +241,7 @@ class Circuit:
     deployment: Deployment
     aliases: list[str]
     state: str
+    label: str
     open_for_seconds: float | None
     last_change: datetime | None
 
@@ -272,6 +273,7 @@ def circuits(*, search: str = "") -> list[Circuit]:
                 deployment=deployment,
                 aliases=aliases.get(deployment.pk, []),
                 state=snapshot["state"],
+                label=breaker_state_label(snapshot["state"]),
                 open_for_seconds=snapshot["open_for_seconds"],
                 last_change=last_changes.get(deployment.pk),
             )

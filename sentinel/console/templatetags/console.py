@@ -19,7 +19,12 @@ def percent(value: float | None) -> str:
 
 @register.filter
 def usd(value: Decimal | None, places: int = 4) -> str:
-    """Money for reading, rounded for the page only (exports and the API carry the exact figure)."""
+    """Money for reading: `places` decimals, except that an amount too small to show at that many is
+    written exactly ($0.0000255, not $0.0000: a request's cost is often a few millionths)."""
     if value is None:
         return "—"
-    return f"${Decimal(format_usd(value)):,.{int(places)}f}"
+    exact = Decimal(format_usd(value))
+    rounded = round(exact, int(places))
+    if exact and not rounded:
+        return f"${exact.normalize():f}" if exact > 0 else f"-${-exact.normalize():f}"
+    return f"${rounded:,.{int(places)}f}"

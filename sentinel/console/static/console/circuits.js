@@ -4,13 +4,16 @@
   "use strict";
   const table = document.getElementById("transitions-table").querySelector("tbody");
   const filtered = Boolean(new URLSearchParams(window.location.search).get("q"));
+  // As gateway.models.breaker_state_label writes them.
+  const LABELS = { half_open: "half-open", forced_open: "forced open", forced_closed: "forced closed" };
+  const label = (state) => LABELS[state] || state;
   window.SentinelLive.connect(function (event) {
     if (event.type !== "circuit.transition") return;
     const row = document.querySelector('tr[data-deployment="' + CSS.escape(event.deployment) + '"]');
     if (!row && filtered) return; // a deployment this view does not show
     if (row) {
       const cell = row.querySelector(".state");
-      cell.textContent = event.to;
+      cell.textContent = label(event.to);
       cell.className = "state state-" + event.to;
       row.querySelector(".changed").textContent = new Date(event.at).toISOString().slice(0, 19).replace("T", " ");
     }
@@ -19,7 +22,7 @@
       new Date(event.at).toISOString().slice(0, 19).replace("T", " "),
       event.deployment,
       event.provider,
-      event.from + " → " + event.to,
+      label(event.from) + " → " + label(event.to),
       event.reason,
       event.actor || "",
     ]) {
