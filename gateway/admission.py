@@ -330,7 +330,9 @@ async def admit(
             402,
             "budget_exceeded",
             f"This request could exceed the {scope}'s budget of ${from_units(hold.limit_units)} for the period "
-            f"starting {hold.period_start.isoformat()}.",
+            f"starting {hold.period_start.isoformat()}: until it is answered it holds up to "
+            f"${from_units(ticket.cost_units)}, its prompt and the most output it may produce. Without "
+            "max_tokens that is the model's largest output: set max_tokens to hold less, or raise the budget.",
             headers=refused_headers,
         )
     if outcome == "ok":

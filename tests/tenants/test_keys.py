@@ -15,6 +15,7 @@ from gateway.localstate import GENERATION_KEY
 from sentinel.redis_clients import sync_redis
 from tenants.models import Budget, VirtualKey
 from tenants.services import KEY_PREFIX, KeyNotRotatable, key_create, key_digest, key_revoke, key_rotate
+from tests.conftest import unique
 
 
 @pytest.mark.django_db
@@ -128,3 +129,30 @@ def test_a_rotated_key_stays_bound_by_the_budgets_it_handed_on(gateway, tenant, 
             timeout=30,
         )
         assert (response.status_code, response.json()["error"]["code"]) == (402, "budget_exceeded")
+
+
+def test_a_small_budget_says_why_it_refuses_and_max_tokens_gets_through(gateway, tenant, model, live_db):
+    """A request without max_tokens holds the model's largest output; against a small hard budget
+    the 402 says so and what to do, and the same request with a small max_tokens is answered."""
+    from gateway.models import Deployment
+
+    alias, (provider,) = model
+    Deployment.objects.filter(name=provider).update(
+        input_price_override=Decimal("0.000001"), output_price_override=Decimal("0.000001")
+    )
+    key, secret = key_create(tenant=tenant, name=unique("small-budget"))
+    Budget.objects.create(tenant=tenant, key=key, period="daily", limit_usd=Decimal("0.001"))
+
+    def ask(**extra):
+        return httpx.post(
+            f"{gateway.base_url}/chat/completions",
+            headers={"authorization": f"Bearer {secret}", "x-sentinel-cache-control": "no-cache, no-store"},
+            json={"model": alias, "messages": [{"role": "user", "content": "hi"}], **extra},
+            timeout=30,
+        )
+
+    refused = ask()
+    error = refused.json()["error"]
+    assert (refused.status_code, error["code"]) == (402, "budget_exceeded")
+    assert "set max_tokens to hold less" in error["message"] and "holds up to $" in error["message"]
+    assert ask(max_tokens=50).status_code == 200
