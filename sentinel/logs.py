@@ -19,6 +19,8 @@ request_id: ContextVar[str | None] = ContextVar("sentinel_request_id", default=N
 # Loggers of litellm (they log request bodies at DEBUG; see providers.adopt_litellm_loggers).
 LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
 _OWN_LOGGERS = ("sentinel", "tenants", "gateway", "billing")
+# Celery's loggers of each task received and finished, and of each periodic task sent.
+CELERY_PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace", "celery.beat")
 
 
 class RequestIdFilter(logging.Filter):
@@ -87,6 +89,9 @@ def config(level: str) -> dict:
             "uvicorn.error": {"level": "INFO"},
             "uvicorn.access": {"level": "INFO"},
             "celery": {"handlers": ["stdout"], "level": "INFO", "propagate": False},
+            # One line per task received, run and scheduled is ~1 MB a quarter-hour of beat's periodic
+            # jobs: a quiet system logs nothing at INFO. Failures still log (at ERROR).
+            **{name: {"level": "WARNING"} for name in CELERY_PER_TASK_LOGGERS},
             **{name: {"handlers": [], "level": "WARNING", "propagate": True} for name in LITELLM_LOGGERS},
         },
     }

@@ -144,6 +144,7 @@ def start_gateway(
 @dataclass
 class CeleryWorker:
     process: subprocess.Popen
+    log_path: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -188,7 +189,7 @@ def start_celery_worker(database: str, *, env: dict | None = None, name: str = "
         stderr=subprocess.STDOUT,
     )
     wait_for_worker(log_path, process)
-    return CeleryWorker(process)
+    return CeleryWorker(process, log_path)
 
 
 def wait_for_worker(log_path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:

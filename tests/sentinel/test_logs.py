@@ -197,3 +197,26 @@ def test_a_hostile_admin_query_string_is_a_400_logged_as_a_warning(gateway, tena
     assert [r["level"] for r in warnings] == ["WARNING", "WARNING"]
     assert warnings[0]["message"] == "Filtering by tenant__memberships__user__password__startswith not allowed"
     assert not any("exc_info" in r for r in warnings)
+
+
+def test_a_quiet_worker_logs_nothing_per_task(test_database_name):
+    """Beat's periodic jobs ran one INFO line each through the worker (received, succeeded): ~1 MB
+    of log a quarter-hour with nothing happening. Now a task that runs and succeeds writes nothing,
+    and the worker still says when it is ready."""
+    from sentinel.celery import app
+    from tests.servers import start_celery_worker
+
+    worker = start_celery_worker(test_database_name, name="quiet")
+    try:
+        app.send_task("gateway.tasks.prune_cache")
+        deadline = time.monotonic() + 60
+        done = 0
+        while not done and time.monotonic() < deadline:
+            stats = app.control.inspect(timeout=1.0).stats() or {}
+            done = sum(s.get("total", {}).get("gateway.tasks.prune_cache", 0) for s in stats.values())
+        assert done >= 1
+    finally:
+        worker.stop()
+    text = worker.log_path.read_text()
+    assert "ready." in text
+    assert "gateway.tasks.prune_cache[" not in text  # neither "Task ...[id] received" nor "... succeeded in"
