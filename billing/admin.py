@@ -12,7 +12,15 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from billing.exports import cell_text, report_columns, report_csv, report_filename, report_rows, report_xlsx
+from billing.exports import (
+    cell_text,
+    report_columns,
+    report_csv,
+    report_filename,
+    report_labels,
+    report_rows,
+    report_xlsx,
+)
 from billing.ledger import record_text
 from billing.models import LedgerDeadLetter, LedgerEntry, Price, SpendReport
 from billing.selectors import DIMENSIONS, spend_report
@@ -224,6 +232,7 @@ class SpendReportAdmin(admin.ModelAdmin):
             "form": form,
             "report": report,
             "columns": report_columns(report) if report else [],
+            "labels": report_labels(report) if report else [],
             "rows": [[cell_text(value) for value in row] for row in report_rows(report)] if report else [],
             "query": request.GET.urlencode(),
             "may_export": tenants_for(request.user, EXPORT_SPEND).exists(),

@@ -17,12 +17,35 @@ DIMENSION_COLUMNS = {
     "model": ["model"],
     "price": ["price_id", "price_model", "price_effective_from", "input_usd_per_token", "output_usd_per_token"],
 }
+# The page's headings (exports keep the column names above, which scripts read).
+COLUMN_LABELS = {
+    "tenant_name": "tenant name",
+    "key_id": "key id",
+    "key_name": "key",
+    "key_prefix": "key prefix",
+    "price_id": "price id",
+    "price_model": "priced as",
+    "price_effective_from": "price from",
+    "input_usd_per_token": "input $/token",
+    "output_usd_per_token": "output $/token",
+    "successful_requests": "answered",
+    "prompt_tokens": "prompt tokens",
+    "completion_tokens": "completion tokens",
+    "cost_usd": "cost $",
+    "exact_hits": "exact hits",
+    "semantic_hits": "semantic hits",
+    "saved_cost_usd": "saved $",
+}
 MONEY_FORMAT = "#,##0.00########"
 PRICE_FORMAT = "0.000000000000000"
 
 
 def report_columns(report: SpendReport) -> list[str]:
     return [column for name in report.group_by for column in DIMENSION_COLUMNS[name]] + list(METRICS)
+
+
+def report_labels(report: SpendReport) -> list[str]:
+    return [COLUMN_LABELS.get(column, column) for column in report_columns(report)]
 
 
 def _dimension_values(name: str, row: SpendRow) -> list:

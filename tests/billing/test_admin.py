@@ -246,3 +246,19 @@ def test_dead_letters_are_read_only(tenancy, dead_letters):
     assert root.get(f"{DEAD_LETTERS}add/").status_code == 403
     letter.refresh_from_db()
     assert letter.reason == "refused by psycopg: PostgreSQL text fields cannot contain NUL (0x00) bytes"
+
+
+def test_the_report_with_every_grouping_reads_in_words_and_scrolls_inside_the_page(spend_data):
+    """Grouped every way, the table was 2,432 px wide under headings like INPUT_USD_PER_TOKEN; its
+    headings are words now, and it scrolls inside its own box. Exports keep the column names."""
+    t = spend_data.tenancy
+    every = ["day", "tenant", "key", "model", "price"]
+    page = as_user(t.finance).get(PAGE, {**RANGE, "group_by": every})
+    html = page.content.decode()
+    headings = page.context["labels"]
+    assert len(headings) == len(page.context["columns"]) == 20
+    assert not any("_" in heading for heading in headings)
+    assert "input $/token" in headings and '<th scope="col" style="white-space: normal">cost $</th>' in html
+    assert '<div class="results" style="overflow-x: auto; max-width: 100%">' in html
+    csv_head = as_user(t.finance).get(PAGE, {**RANGE, "group_by": every, "format": "csv"})
+    assert b"input_usd_per_token" in b"".join(csv_head.streaming_content if csv_head.streaming else [csv_head.content])
