@@ -65,6 +65,14 @@ def django_db_setup(django_test_environment, django_db_blocker, django_db_keepdb
     yield
     if not keepdb:
         with django_db_blocker.unblock():
+            # A connection another thread of this process still holds would make dropping the
+            # database fail ("being accessed by other users": tests/billing/test_admin.py alone did).
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "select pg_terminate_backend(pid) from pg_stat_activity "
+                    "where datname = current_database() and pid <> pg_backend_pid()"
+                )
+            connection.close()
             teardown_databases(config, verbosity=0)
 
 
