@@ -2,13 +2,15 @@
 read-only ledger and its dead letters, and the spend report page for finance (filter, view, download
 CSV or XLSX)."""
 
+import tempfile
 from datetime import timedelta
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import HttpResponse
+from django.http import FileResponse, Http404, HttpResponse, StreamingHttpResponse
 from django.template.response import TemplateResponse
+from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html
 
@@ -20,6 +22,8 @@ from billing.exports import (
     report_labels,
     report_rows,
     report_xlsx,
+    request_log_csv,
+    request_log_xlsx,
 )
 from billing.ledger import record_text
 from billing.models import LedgerDeadLetter, LedgerEntry, Price, SpendReport
@@ -27,11 +31,12 @@ from billing.selectors import DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
 from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
 from tenants.models import Tenant
-from tenants.selectors import EXPORT_SPEND, MANAGE, SEE_SPEND, tenants_for
+from tenants.selectors import EXPORT_SPEND, SEE_SPEND, tenants_for
 
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 EXPORTS = {
     "csv": (report_csv, "text/csv"),
-    "xlsx": (report_xlsx, "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"),
+    "xlsx": (report_xlsx, XLSX),
 }
 
 
@@ -93,9 +98,10 @@ class PriceAdmin(OperatorOnlyAdmin):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(TenantScopedAdmin):
-    """The request log: a tenant's admins see their tenant's requests; nobody edits them."""
+    """The request log: a tenant's admins and finance see their tenant's requests, filter them and
+    download what the filters select (CSV streamed, XLSX written row by row); nobody edits them."""
 
-    view_roles = MANAGE
+    view_roles = SEE_SPEND
     list_display = [
         "created_at",
         "request_id",
@@ -109,10 +115,44 @@ class LedgerEntryAdmin(TenantScopedAdmin):
         "cache_tier",
         "latency_ms",
     ]
-    list_filter = ["status_code", "cache_tier", "provider", TenantFilter]
+    list_filter = [
+        "status_code",
+        "cache_tier",
+        ("key", admin.RelatedOnlyFieldListFilter),
+        "model_requested",
+        "provider",
+        TenantFilter,
+    ]
     list_select_related = ["tenant"]
     search_fields = ["request_id"]
     date_hierarchy = "created_at"
+    change_list_template = "admin/billing/ledgerentry/change_list.html"
+
+    def get_urls(self):
+        export = path("export/", self.admin_site.admin_view(self.export_view), name="billing_ledgerentry_export")
+        return [export, *super().get_urls()]
+
+    def export_view(self, request):
+        """The rows the changelist's filters select (the same query string), as CSV or XLSX."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        kind = request.GET.get("format", "csv")
+        if kind not in ("csv", "xlsx"):
+            raise Http404("Exports are csv or xlsx.")
+        query = request.GET.copy()
+        query.pop("format", None)
+        request.GET = query  # the changelist reads its filters from here
+        entries = self.get_changelist_instance(request).get_queryset(request)
+        stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+        if kind == "csv":
+            response = StreamingHttpResponse(request_log_csv(entries), content_type="text/csv")
+        else:
+            handle = tempfile.TemporaryFile()  # noqa: SIM115 - FileResponse closes it once sent
+            request_log_xlsx(entries, handle)
+            handle.seek(0)
+            response = FileResponse(handle, content_type=XLSX)
+        response["Content-Disposition"] = f'attachment; filename="requests-{stamp}.{kind}"'
+        return response
 
     def has_add_permission(self, request):
         return False

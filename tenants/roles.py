@@ -26,6 +26,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     Membership.Role.FINANCE: [
         *_CONFIGURATION,
         "tenants.view_budgetalert",
+        "billing.view_ledgerentry",
         "billing.view_spendreport",
         "billing.view_ledgerdeadletter",
     ],

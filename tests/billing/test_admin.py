@@ -262,3 +262,54 @@ def test_the_report_with_every_grouping_reads_in_words_and_scrolls_inside_the_pa
     assert '<div class="results" style="overflow-x: auto; max-width: 100%">' in html
     csv_head = as_user(t.finance).get(PAGE, {**RANGE, "group_by": every, "format": "csv"})
     assert b"input_usd_per_token" in b"".join(csv_head.streaming_content if csv_head.streaming else [csv_head.content])
+
+
+# --- the request log ---------------------------------------------------------------------------
+
+LOG = "/admin/billing/ledgerentry/"
+
+
+def test_finance_filters_the_request_log_and_downloads_exactly_what_it_shows(spend_data):
+    """Finance reads its tenant's requests (not the other tenant's), filters them by key and model,
+    and the CSV and XLSX downloads hold exactly the filtered rows, with the ledger's exact costs. A
+    viewer (no money) gets neither."""
+    import csv
+    import io
+
+    from openpyxl import load_workbook
+
+    t = spend_data.tenancy
+    finance = as_user(t.finance)
+    key = spend_data.keys_a[0]
+    mine = LedgerEntry.objects.filter(tenant=t.tenant)
+    model = mine.values_list("model_requested", flat=True).first()
+    wanted = mine.filter(key=key, model_requested=model)
+    assert 0 < wanted.count() < mine.count()
+
+    page = finance.get(LOG, {"key__id__exact": key.pk, "model_requested": model})
+    assert page.status_code == 200
+    assert page.context["cl"].result_count == wanted.count()
+    html = page.content.decode()
+    assert 'id="export-csv"' in html and t.other.slug not in html
+
+    query = {"key__id__exact": key.pk, "model_requested": model}
+    csv_answer = finance.get(f"{LOG}export/", {**query, "format": "csv"})
+    assert csv_answer.status_code == 200 and csv_answer.streaming
+    assert "attachment" in csv_answer["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(b"".join(csv_answer.streaming_content).decode())))
+    assert sorted(r["request_id"] for r in rows) == sorted(wanted.values_list("request_id", flat=True))
+    assert {r["tenant"] for r in rows} == {t.tenant.slug} and {r["key_name"] for r in rows} == {key.name}
+    assert sum(Decimal(r["cost_usd"]) for r in rows) == wanted.aggregate(s=Sum("cost_usd"))["s"]
+
+    xlsx_answer = finance.get(f"{LOG}export/", {**query, "format": "xlsx"})
+    sheet = load_workbook(io.BytesIO(b"".join(xlsx_answer.streaming_content))).active
+    (header, *cells) = list(sheet.values)
+    assert header[1] == "request_id" and len(cells) == wanted.count()
+
+    everything = finance.get(f"{LOG}export/", {"format": "csv"})
+    all_rows = list(csv.DictReader(io.StringIO(b"".join(everything.streaming_content).decode())))
+    assert len(all_rows) == mine.count() and {r["tenant"] for r in all_rows} == {t.tenant.slug}
+
+    viewer = as_user(t.viewer)
+    assert viewer.get(LOG).status_code == 403
+    assert viewer.get(f"{LOG}export/", {"format": "csv"}).status_code == 403
