@@ -287,3 +287,56 @@ def recent_transitions(*, deployments: Sequence[Deployment] | None = None, limit
     if deployments is not None:
         transitions = transitions.filter(deployment__in=deployments)
     return list(transitions[:limit])
+
+
+# --- models and prices ---------------------------------------------------------------------------
+
+PER_MILLION = Decimal(1_000_000)
+
+
+@dataclass
+class ModelOffer:
+    name: str
+    description: str
+    served_by: str  # the deployment tried first
+    fallbacks: int  # deployments behind it in the chain
+    context_window: int | None  # input tokens (litellm's map), None when unknown
+    max_output: int | None
+    input_per_million: str  # USD, exact ("0.15", "150")
+    output_per_million: str
+
+
+def models_offered(tenant: Tenant) -> list[ModelOffer]:
+    """What `tenant`'s keys may call (its allowlist, or every alias), each with the context window and
+    the prices of the deployment that serves it first (its override, else the price table)."""
+    from billing.prices import litellm_price_map, price_at, price_key
+    from gateway.autoroute import AUTO_MODEL
+    from gateway.models import ModelAlias
+
+    sizes = litellm_price_map()
+    aliases = ModelAlias.objects.prefetch_related("chain__deployment").order_by("name")
+    if tenant.allowed_models:
+        aliases = aliases.filter(name__in=tenant.allowed_models)
+    offers = []
+    for alias in aliases:
+        chain = [entry.deployment for entry in alias.chain.all() if entry.deployment.enabled]
+        if not chain or alias.name == AUTO_MODEL:
+            continue
+        first = chain[0]
+        price = price_at(first.litellm_model)
+        inp = first.input_price_override if first.input_price_override is not None else price.input_per_token
+        out = first.output_price_override if first.output_price_override is not None else price.output_per_token
+        size = next((sizes[n] for n in price_key(first.litellm_model) if isinstance(sizes.get(n), dict)), {})
+        offers.append(
+            ModelOffer(
+                name=alias.name,
+                description=alias.description,
+                served_by=first.name,
+                fallbacks=len(chain) - 1,
+                context_window=size.get("max_input_tokens"),
+                max_output=size.get("max_output_tokens"),
+                input_per_million=format((inp * PER_MILLION).normalize(), "f"),
+                output_per_million=format((out * PER_MILLION).normalize(), "f"),
+            )
+        )
+    return offers

@@ -20,6 +20,7 @@ class ConsoleSite(admin.AdminSite):
         return [
             path("dashboard/", self.admin_view(views.dashboard_view), name="dashboard"),
             path("circuits/", self.admin_view(views.circuits_view), name="circuits"),
+            path("models/", self.admin_view(views.models_view), name="models"),
             *super().get_urls(),
         ]
 

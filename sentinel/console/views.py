@@ -8,7 +8,15 @@ from django.http import Http404
 from django.template.response import TemplateResponse
 
 from billing.money import format_usd
-from sentinel.console.selectors import DEFAULT_WINDOW, WINDOWS, Dashboard, circuits, dashboard, recent_transitions
+from sentinel.console.selectors import (
+    DEFAULT_WINDOW,
+    WINDOWS,
+    Dashboard,
+    circuits,
+    dashboard,
+    models_offered,
+    recent_transitions,
+)
 from tenants.models import Tenant
 from tenants.selectors import SEE_SPEND, tenant_ids_for, tenants_for
 
@@ -101,6 +109,23 @@ def circuits_view(request):
         "transitions": recent_transitions(deployments=shown),
     }
     return TemplateResponse(request, "admin/console/circuits.html", {**request_context(request), **context})
+
+
+def models_view(request):
+    """Models and prices: what a tenant's keys may call, read-only, for everyone in the tenant."""
+    visible = tenants_for(request.user).order_by("name")
+    if not request.user.is_superuser and not visible.exists():
+        raise PermissionDenied
+    tenant = visible.filter(slug=request.GET["tenant"]).first() if request.GET.get("tenant") else visible.first()
+    if tenant is None and request.GET.get("tenant"):
+        raise Http404("No such tenant among yours.")
+    context = {
+        "title": "Models and prices",
+        "tenants": visible,
+        "tenant": tenant,
+        "offers": models_offered(tenant) if tenant else [],
+    }
+    return TemplateResponse(request, "admin/console/models.html", {**request_context(request), **context})
 
 
 def request_context(request) -> dict:

@@ -23,7 +23,7 @@ SCOPED = {
     "budgetalert": ("tenants", {"admin", "finance"}, False, None),
     "webhookendpoint": ("tenants", {"admin"}, True, None),
     "webhookdelivery": ("tenants", {"admin"}, False, None),
-    "ledgerentry": ("billing", {"admin"}, False, None),
+    "ledgerentry": ("billing", {"admin", "finance"}, False, None),
     "ledgerdeadletter": ("billing", {"admin", "finance"}, False, None),
     "cacheentry": ("gateway", {"admin"}, False, None),
     "batch": ("gateway", {"admin"}, False, None),

@@ -77,3 +77,42 @@ def test_figures_cover_the_window_and_the_tenants_asked_for(tenancy):
     day = dashboard(tenant_ids=[a.pk], spend_tenants=None, window="24h", now=now)
     assert day.totals["requests"] == 7 and day.spend is None
     assert len(day.series) == (25 if (now.minute, now.second, now.microsecond) != (0, 0, 0) else 24)
+
+
+def test_models_and_prices_show_what_a_tenant_may_call(tenancy):
+    """The page every member of a tenant reads: the aliases on its allowlist (not the others), each
+    with the first deployment's context window (litellm's map) and its prices per million tokens,
+    exact (an override wins over the price table). Another tenant's page is not theirs to read."""
+    from decimal import Decimal
+
+    from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
+    from tests.conftest import unique
+    from tests.console.conftest import as_user
+
+    provider = Provider.objects.create(name=unique("p"), kind="openai", api_base="http://127.0.0.1:9/v1")
+    first = Deployment.objects.create(
+        name=unique("d"),
+        provider=provider,
+        litellm_model="openai/gpt-4o-mini",
+        input_price_override=Decimal("0.00000015"),
+        output_price_override=Decimal("0.0001"),
+    )
+    spare = Deployment.objects.create(name=unique("d"), provider=provider, litellm_model="openai/gpt-4o")
+    offered = ModelAlias.objects.create(name=unique("mini"), description="small and quick")
+    ChainEntry.objects.create(alias=offered, deployment=first, position=0)
+    ChainEntry.objects.create(alias=offered, deployment=spare, position=1)
+    hidden = ModelAlias.objects.create(name=unique("other"))
+    ChainEntry.objects.create(alias=hidden, deployment=spare, position=0)
+    tenant = tenancy.tenant
+    tenant.allowed_models = [offered.name]
+    tenant.save()
+
+    page = as_user(tenancy.viewer).get("/admin/models/")
+    assert page.status_code == 200
+    (offer,) = page.context["offers"]
+    assert (offer.name, offer.served_by, offer.fallbacks) == (offered.name, first.name, 1)
+    assert (offer.context_window, offer.max_output) == (128000, 16384)
+    assert (offer.input_per_million, offer.output_per_million) == ("0.15", "100")
+    html = page.content.decode()
+    assert hidden.name not in html and "small and quick" in html
+    assert as_user(tenancy.viewer).get("/admin/models/", {"tenant": tenancy.other.slug}).status_code == 404
