@@ -522,9 +522,12 @@ async def stream_from_chain(call: Call, chain: list[Target]) -> Reply:
 
 async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[bytes]:
     """Forward the provider's chunks as SSE; on a failure after the first token, end with an
-    error event (never a silently truncated stream). The ledger record is written however it ends."""
+    error event (never a silently truncated stream). The ledger record is written however it ends.
+    A client that asked for usage gets the request's cost in the final usage chunk too
+    (`usage.cost_usd`, the ledger's exact figure as a string: a stream has no header to carry it)."""
     wants_usage = bool(call.request.stream_options and call.request.stream_options.include_usage)
     usage: dict = {}
+    usage_chunk: dict | None = None
     answer = Answer()
     recorded = False
     try:
@@ -534,7 +537,9 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
             chunk = event.data
             if chunk.get("usage"):
                 usage = chunk["usage"]
-                if not chunk.get("choices") and not wants_usage:
+                if not chunk.get("choices"):
+                    if wants_usage:
+                        usage_chunk = chunk  # sent last, with the cost
                     continue
             call.chunks += 1
             answer.add(chunk)
@@ -544,6 +549,9 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
         stored = answer.stored(usage, first.data.get("model", ""))
         call.answer_text = stored["content"]
         await finish(call, record)
+        if usage_chunk is not None:
+            cost = format_usd(Decimal(record.cost_usd))
+            yield sse({**usage_chunk, "usage": {**usage_chunk["usage"], "cost_usd": cost}})
         yield b"data: [DONE]\n\n"
         remember(call, stored, Decimal(record.cost_usd))
     except UpstreamError as error:

@@ -64,6 +64,20 @@ def test_streamed_usage_when_asked(client, model):
     assert chunks[-1].usage.completion_tokens == 40
 
 
+def test_a_streams_cost_comes_in_its_usage_chunk(client, model, live_db):
+    """A stream has no header for its cost: the final usage chunk carries it (`usage.cost_usd`, the
+    ledger's exact figure), so apps reconcile streamed requests as they do the others."""
+    alias, _ = model
+    stream = client.chat.completions.with_raw_response.create(
+        model=alias, messages=ask("what did this cost"), stream=True, stream_options={"include_usage": True}
+    )
+    request_id = stream.headers["x-sentinel-request-id"]
+    chunks = list(stream.parse())
+    cost = chunks[-1].usage.model_extra["cost_usd"]
+    drain()
+    assert Decimal(cost) == LedgerEntry.objects.get(request_id=request_id).cost_usd > 0
+
+
 def test_max_tokens_reaches_the_provider(client, model):
     alias, _ = model
     completion = client.chat.completions.create(model=alias, messages=ask("short"), max_tokens=5)
