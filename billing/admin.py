@@ -29,6 +29,7 @@ from billing.ledger import record_text
 from billing.models import LedgerDeadLetter, LedgerEntry, Price, SpendReport
 from billing.selectors import DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
+from billing.statements import parse_month, statement, statement_csv, statement_pdf
 from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
 from tenants.models import Tenant
 from tenants.selectors import EXPORT_SPEND, SEE_SPEND, tenants_for
@@ -276,8 +277,33 @@ class SpendReportAdmin(admin.ModelAdmin):
             "rows": [[cell_text(value) for value in row] for row in report_rows(report)] if report else [],
             "query": request.GET.urlencode(),
             "may_export": tenants_for(request.user, EXPORT_SPEND).exists(),
+            "statement_tenants": tenants_for(request.user, EXPORT_SPEND).order_by("name"),
+            "last_month": (today.replace(day=1) - timedelta(days=1)).strftime("%Y-%m"),
         }
         return TemplateResponse(request, "admin/billing/spend_report.html", context)
+
+    def get_urls(self):
+        statement_url = path(
+            "statement/", self.admin_site.admin_view(self.statement_view), name="billing_spendreport_statement"
+        )
+        return [statement_url, *super().get_urls()]
+
+    def statement_view(self, request):
+        """A tenant's monthly statement (?tenant=slug&month=YYYY-MM&format=pdf|csv), for those who may
+        export that tenant's spend."""
+        tenant = tenants_for(request.user, EXPORT_SPEND).filter(slug=request.GET.get("tenant", "")).first()
+        if tenant is None:
+            raise Http404("No tenant of yours whose spend you may export has this slug.")
+        month, kind = parse_month(request.GET.get("month", "")), request.GET.get("format", "pdf")
+        if month is None or kind not in ("pdf", "csv"):
+            return HttpResponse("Give month=YYYY-MM and format=pdf or csv.", status=400, content_type="text/plain")
+        st = statement(tenant=tenant, month=month)
+        if kind == "csv":
+            response = HttpResponse(statement_csv(st), content_type="text/csv")
+        else:
+            response = HttpResponse(statement_pdf(st), content_type="application/pdf")
+        response["Content-Disposition"] = f'attachment; filename="{st.filename}.{kind}"'
+        return response
 
     @staticmethod
     def _export_scope(user, tenant: Tenant | None) -> list[Tenant]:

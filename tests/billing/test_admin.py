@@ -313,3 +313,45 @@ def test_finance_filters_the_request_log_and_downloads_exactly_what_it_shows(spe
     viewer = as_user(t.viewer)
     assert viewer.get(LOG).status_code == 403
     assert viewer.get(f"{LOG}export/", {"format": "csv"}).status_code == 403
+
+
+# --- monthly statements ---------------------------------------------------------------------------
+
+STATEMENT = "/admin/billing/spendreport/statement/"
+
+
+def test_a_monthly_statement_reconciles_with_the_ledger_to_the_last_decimal(spend_data):
+    """Finance downloads its tenant's statement for March 2026 as CSV and PDF: every line is a key
+    and model's sum, the total is the sum of that month's ledger rows exactly (and to the cent on
+    the PDF). Another tenant's statement, a viewer, or a bad month get nothing."""
+    import csv
+    import io
+
+    from pypdf import PdfReader
+
+    t = spend_data.tenancy
+    finance = as_user(t.finance)
+    ledger = ledger_cost(t.tenant)  # every row of spend_data is in March 2026
+    assert ledger > 0
+
+    answer = finance.get(STATEMENT, {"tenant": t.tenant.slug, "month": "2026-03", "format": "csv"})
+    assert answer.status_code == 200
+    assert f"statement-{t.tenant.slug}-2026-03.csv" in answer["Content-Disposition"]
+    rows = list(csv.reader(io.StringIO(answer.content.decode())))
+    assert rows[0] == ["tenant", t.tenant.slug, "period", "2026-03-01", "2026-03-31"]
+    lines = rows[2:-2]
+    assert sum(Decimal(line[5]) for line in lines) == ledger == Decimal(rows[-2][5])
+    assert sum(int(line[2]) for line in lines) == LedgerEntry.objects.filter(tenant=t.tenant).count()
+    assert Decimal(rows[-1][5]) == ledger.quantize(Decimal("0.01"))
+
+    pdf = finance.get(STATEMENT, {"tenant": t.tenant.slug, "month": "2026-03", "format": "pdf"})
+    assert pdf["Content-Type"] == "application/pdf"
+    text = "".join(page.extract_text() for page in PdfReader(io.BytesIO(pdf.content)).pages)
+    assert f"Statement for {t.tenant.name}, March 2026" in text
+    assert f"Total due: ${ledger.quantize(Decimal('0.01'))}" in text and format(ledger, "f") in text
+
+    empty = finance.get(STATEMENT, {"tenant": t.tenant.slug, "month": "2026-04", "format": "csv"})
+    assert Decimal(list(csv.reader(io.StringIO(empty.content.decode())))[-2][5]) == 0
+    assert finance.get(STATEMENT, {"tenant": t.other.slug, "month": "2026-03"}).status_code == 404
+    assert finance.get(STATEMENT, {"tenant": t.tenant.slug, "month": "March"}).status_code == 400
+    assert as_user(t.viewer).get(STATEMENT, {"tenant": t.tenant.slug, "month": "2026-03"}).status_code == 404
