@@ -21,7 +21,14 @@ from gateway.models import BreakerTransition, ChainEntry, Deployment, breaker_st
 from tenants.models import Budget, Tenant
 
 # Window name → (length, chart bucket).
-WINDOWS = {"1h": (timedelta(hours=1), "minute"), "24h": (timedelta(hours=24), "hour")}
+WINDOWS = {
+    "1h": (timedelta(hours=1), "minute"),
+    "24h": (timedelta(hours=24), "hour"),
+    "7d": (timedelta(days=7), "day"),
+    "30d": (timedelta(days=30), "day"),
+}
+STEPS = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1), "day": timedelta(days=1)}
+TOP = 10
 DEFAULT_WINDOW = "24h"
 PERCENTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 
@@ -113,6 +120,8 @@ class Dashboard:
     series: list[dict]
     providers: list[ProviderLine]
     spend: list[TenantSpend] | None = None  # None: the user may not see spend here
+    top_keys: list[dict] = field(default_factory=list)  # name, tenant, requests, errors, cost_usd
+    top_models: list[dict] = field(default_factory=list)
     spend_totals: dict = field(default_factory=dict)
 
     @property
@@ -141,16 +150,28 @@ def _series(entries: QuerySet[LedgerEntry], since: datetime, until: datetime, un
         .values("bucket")
         .annotate(requests=Count("id"), errors=Count("id", filter=FAILED))
     }
-    step = timedelta(minutes=1) if unit == "minute" else timedelta(hours=1)
-    bucket = since.replace(second=0, microsecond=0)
-    if unit == "hour":
+    step = STEPS[unit]
+    bucket = since.astimezone(UTC).replace(second=0, microsecond=0)
+    if unit in ("hour", "day"):
         bucket = bucket.replace(minute=0)
+    if unit == "day":
+        bucket = bucket.replace(hour=0)
     series = []
     while bucket < until:
         row = rows.get(bucket, {})
         series.append({"at": bucket.isoformat(), "requests": row.get("requests", 0), "errors": row.get("errors", 0)})
         bucket += step
     return series
+
+
+def _top(entries: QuerySet[LedgerEntry], *fields: str) -> list[dict]:
+    """The TOP busiest values of `fields` in the window, with their requests, failures and cost."""
+    rows = (
+        entries.values(*fields)
+        .annotate(requests=Count("id"), errors=Count("id", filter=FAILED), cost_usd=Sum("cost_usd"))
+        .order_by("-requests", *fields)[:TOP]
+    )
+    return [{**row, "cost_usd": row["cost_usd"] or ZERO} for row in rows]
 
 
 def _providers(entries: QuerySet[LedgerEntry]) -> list[ProviderLine]:
@@ -229,6 +250,8 @@ def dashboard(
         series=_series(entries, since, until, unit),
         providers=_providers(entries),
         spend=spend,
+        top_keys=_top(entries.exclude(key=None), "key__name", "tenant__name"),
+        top_models=_top(entries, "model_requested"),
         spend_totals=spend_totals,
     )
 

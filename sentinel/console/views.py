@@ -20,7 +20,7 @@ from sentinel.console.selectors import (
 from tenants.models import Tenant
 from tenants.selectors import SEE_SPEND, tenant_ids_for, tenants_for
 
-WINDOW_LABELS = {"1h": "Last hour", "24h": "Last 24 hours"}
+WINDOW_LABELS = {"1h": "Last hour", "24h": "Last 24 hours", "7d": "Last 7 days", "30d": "Last 30 days"}
 SPEND_CHART_TENANTS = 10
 
 

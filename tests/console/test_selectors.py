@@ -11,6 +11,8 @@ from django.utils import timezone
 from sentinel.console.selectors import dashboard
 from tenants.models import Budget
 from tests.billing.conftest import drain_all, hand_off_all, record
+from tests.conftest import unique
+from tests.console.conftest import as_user
 
 
 def test_figures_cover_the_window_and_the_tenants_asked_for(tenancy):
@@ -116,3 +118,43 @@ def test_models_and_prices_show_what_a_tenant_may_call(tenancy):
     html = page.content.decode()
     assert hidden.name not in html and "small and quick" in html
     assert as_user(tenancy.viewer).get("/admin/models/", {"tenant": tenancy.other.slug}).status_code == 404
+
+
+def test_longer_windows_and_the_busiest_keys_and_models(tenancy):
+    """Seven and thirty days, a bucket a UTC day; the busiest keys and models of the window with
+    their requests, failures and exact cost, the tenant's own only."""
+    from tenants.services import key_create
+
+    a, b = tenancy.tenant, tenancy.other
+    now = timezone.now()
+    busy, _ = key_create(tenant=a, name=unique("busy"))
+    quiet, _ = key_create(tenant=a, name=unique("quiet"))
+    theirs, _ = key_create(tenant=b, name=unique("theirs"))
+
+    def row(tenant, key, days: int, model: str, cost: str, status: int = 200):
+        when = now - timedelta(days=days)
+        return record(tenant, key=key, at=when, model=model, cost=cost, status=status, request_id=unique("w"))
+
+    rows = [
+        row(a, busy, 3, "m-big", "0.25"),
+        row(a, busy, 1, "m-big", "0.5"),
+        row(a, busy, 2, "m-big", "0.5"),
+        row(a, quiet, 20, "m-small", "0", status=500),
+        row(b, theirs, 1, "m-theirs", "9"),
+    ]
+    hand_off_all(rows)
+    drain_all()
+
+    week = dashboard(tenant_ids=[a.pk], spend_tenants=[a], window="7d", now=now)
+    assert len(week.series) in (7, 8) and sum(p["requests"] for p in week.series) == 3
+    assert [(k["key__name"], k["requests"], k["errors"], k["cost_usd"]) for k in week.top_keys] == [
+        (busy.name, 3, 0, Decimal("1.25"))
+    ]
+    month = dashboard(tenant_ids=[a.pk], spend_tenants=[a], window="30d", now=now)
+    assert [(m["model_requested"], m["requests"], m["errors"]) for m in month.top_models] == [
+        ("m-big", 3, 0),
+        ("m-small", 1, 1),
+    ]
+    page = as_user(tenancy.owner).get("/admin/dashboard/", {"window": "30d"})
+    html = page.content.decode()
+    assert page.status_code == 200 and busy.name in html and quiet.name in html and theirs.name not in html

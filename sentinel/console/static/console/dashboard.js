@@ -21,7 +21,8 @@
   chart("chart-traffic", {
     type: "line",
     data: {
-      labels: data.series.map((p) => time(p.at)),
+      // Day buckets (7 and 30 days) are labelled by date, minute and hour buckets by time.
+      labels: data.series.map((p) => (["7d", "30d"].includes(data.window) ? p.at.slice(5, 10) : time(p.at))),
       datasets: [
         { label: "requests", data: data.series.map((p) => p.requests), borderColor: palette[0], backgroundColor: palette[0], tension: 0.2 },
         { label: "failed", data: data.series.map((p) => p.errors), borderColor: palette[3], backgroundColor: palette[3], tension: 0.2 },
