@@ -308,7 +308,7 @@ class VirtualKeyAdmin(ModelNamesAdmin, TenantScopedAdmin):
     def get_list_display(self, request):
         columns = ["name", "prefix", "tenant", "state", "expires_at", "last_used_at", "requests_this_month"]
         if request.user.is_superuser or tenant_ids_with(request, SEE_SPEND):
-            columns.append("cost_this_month")
+            columns += ["cost_this_month", "budget_left"]
         return [*columns, "created_at"]
 
     def get_fields(self, request, obj=None):
@@ -329,10 +329,29 @@ class VirtualKeyAdmin(ModelNamesAdmin, TenantScopedAdmin):
         keys = list(changelist.result_list)
         today = timezone.now().date()
         usage = key_usage(keys=keys, start=today.replace(day=1), end=today)
+        budgets: dict[int, list[Budget]] = {}
+        for budget in Budget.objects.filter(key__in=keys):
+            budgets.setdefault(budget.key_id, []).append(budget)
+        daily = key_usage(keys=[k for k in keys if k.pk in budgets], start=today, end=today) if budgets else {}
         for key in keys:
             key.month_usage = usage.get(key.pk)
             key.spend_visible = may(request, key.tenant_id, SEE_SPEND)
+            key.budget_left = self._budget_left(budgets.get(key.pk, []), daily.get(key.pk), key.month_usage)
         return changelist
+
+    @staticmethod
+    def _budget_left(budgets: list[Budget], today: dict | None, month: dict | None) -> str:
+        """What the tightest of the key's own budgets has left this period ("—": none)."""
+        lines = []
+        for budget in budgets:
+            used = (today if budget.period == Budget.Period.DAILY else month) or {}
+            left = budget.limit_usd - used.get("cost_usd", ZERO)
+            lines.append((left, f"{usd(max(left, ZERO), 2)} of {usd(budget.limit_usd, 2)} {budget.period}"))
+        return min(lines)[1] if lines else "—"
+
+    @admin.display(description="budget left")
+    def budget_left(self, obj):
+        return getattr(obj, "budget_left", "—") if getattr(obj, "spend_visible", False) else "—"
 
     @admin.display(description="requests this month")
     def requests_this_month(self, obj):

@@ -197,6 +197,30 @@ def test_each_key_shows_its_own_usage_and_its_cost_only_to_who_may_see_spend(ten
     assert "0.75" not in viewer.content.decode()
 
 
+def test_the_key_list_says_what_the_tightest_budget_has_left(tenancy):
+    """Of a key's own budgets, the one with the least left this period is shown; a key without one
+    shows a dash, and a viewer sees no money."""
+    from decimal import Decimal
+
+    from tenants.models import Budget
+    from tests.billing.conftest import drain_all, hand_off_all, record
+
+    tenant = tenancy.tenant
+    busy, _ = key_create(tenant=tenant, name=unique("budgeted"))
+    free, _ = key_create(tenant=tenant, name=unique("unbudgeted"))
+    Budget.objects.create(tenant=tenant, key=busy, period="daily", limit_usd=Decimal("1"))
+    Budget.objects.create(tenant=tenant, key=busy, period="monthly", limit_usd=Decimal("100"))
+    hand_off_all([record(tenant, key=busy, cost="0.3", request_id=f"b-{busy.pk}-{i}") for i in range(2)])
+    drain_all()
+
+    page = as_user(tenancy.owner).get(reverse("admin:tenants_virtualkey_changelist"), {"q": "budgeted"})
+    shown = {k.pk: k.budget_left for k in page.context["cl"].result_list}
+    assert shown[busy.pk] == "$0.40 of $1.00 daily" and shown[free.pk] == "—"
+    assert "budget left" in page.content.decode().lower() and "$0.40 of $1.00 daily" in page.content.decode()
+    viewer = as_user(tenancy.viewer).get(reverse("admin:tenants_virtualkey_changelist"), {"q": "budgeted"})
+    assert "$0.40" not in viewer.content.decode()
+
+
 def test_a_tenant_added_with_members_in_the_same_save_keeps_them(tenancy):
     """The tenant's add page with member rows: the tenant and its members are saved together (the
     form once asked the database about a tenant that was not saved yet: a 500). The same person twice
