@@ -281,6 +281,8 @@ async def anthropic_messages(request: web.Request, state: ProviderState, body: d
 async def gemini_generate(request: web.Request, state: ProviderState, body: dict) -> web.StreamResponse:
     faults = state.faults
     model, _, action = request.match_info["action"].partition(":")
+    if action == "batchEmbedContents":
+        return await gemini_embeddings(state, model, body)
     if action not in ("generateContent", "streamGenerateContent"):
         unknown = {"error": {"code": 404, "message": "unknown action", "status": "NOT_FOUND"}}
         return web.json_response(unknown, status=404)
@@ -393,4 +395,22 @@ async def embeddings(request: web.Request, state: ProviderState, body: dict) -> 
     state.completed += 1
     return web.json_response(
         {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    )
+
+
+async def gemini_embeddings(state: ProviderState, model: str, body: dict) -> web.Response:
+    """Gemini's batchEmbedContents: one vector per request, as the OpenAI-format endpoint gives it
+    for the same text (Gemini reports no token count: litellm counts the input itself)."""
+    try:
+        texts = ["".join(p.get("text", "") for p in r["content"]["parts"]) for r in body["requests"]]
+        dimensions = [int(r.get("outputDimensionality") or EMBEDDING_DIMENSIONS) for r in body["requests"]]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return web.json_response(
+            {"error": {"code": 400, "message": "bad input", "status": "INVALID_ARGUMENT"}}, status=400
+        )
+    state.last_model = model
+    await _pace(state, 0)
+    state.completed += 1
+    return web.json_response(
+        {"embeddings": [{"values": embedding_of(t, d)} for t, d in zip(texts, dimensions, strict=True)]}
     )
