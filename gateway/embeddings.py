@@ -54,7 +54,7 @@ from gateway.pipeline import (
     spawn,
 )
 from gateway.routing import ModelRoute, Target, order_for_request, route_for
-from gateway.schemas import MAX_INT32, _Strict, integer, validation_error
+from gateway.schemas import _Strict, integer, validation_error
 
 log = logging.getLogger(__name__)
 # Retries are the chain's (gateway.pipeline.call_chain), never litellm's: its OpenAI and Azure
@@ -63,11 +63,15 @@ log = logging.getLogger(__name__)
 litellm.DEFAULT_MAX_RETRIES = 0
 
 MAX_INPUTS = 2048  # OpenAI's limit on the items of one request
+MAX_INPUT_TOKENS = 8192  # OpenAI's limit on one input's tokens (a token array's length)
 MAX_TOKEN_ID = 2**31 - 1
+MAX_DIMENSIONS = 4096  # the largest output size of the models that take `dimensions` (OpenAI, Gemini: 3,072)
 MAX_CACHED_BYTES = 1024 * 1024  # answers larger than this (many long vectors) are not cached
 EMBEDDING_IDENTIFIERS = (("model",), ("user",), ("cache", "namespace"))
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]], Field(min_length=1, max_length=MAX_INPUTS)]
+TokenIds = Annotated[
+    list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]], Field(min_length=1, max_length=MAX_INPUT_TOKENS)
+]
 
 
 class EmbeddingRequest(_Strict):
@@ -81,7 +85,7 @@ class EmbeddingRequest(_Strict):
         | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_INPUTS)]
     )
-    dimensions: integer(ge=1, le=MAX_INT32) | None = None
+    dimensions: integer(ge=1, le=MAX_DIMENSIONS) | None = None
     encoding_format: Literal["float", "base64"] | None = None
     user: str | None = None
     # Sentinel's: read by gateway.cache.controls_from, never sent to a provider.
@@ -114,6 +118,8 @@ def parse_embedding_request(raw: bytes) -> tuple[EmbeddingRequest, dict]:
         raise invalid_request(message, param=unknown[0], code="unknown_parameter")
     if "input" in body:
         check_input(body["input"])
+        if not isinstance(body["input"], str):
+            body["input"] = _integers(body["input"])
     try:
         request = EmbeddingRequest.model_validate(body)
     except ValidationError as exc:
@@ -124,7 +130,19 @@ def parse_embedding_request(raw: bytes) -> tuple[EmbeddingRequest, dict]:
 
 
 def _token_id(value: Any) -> bool:
+    # JSON has one number type: 205.0 is the token 205 (gateway.schemas._integral), as it is to OpenAI.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_ID
+
+
+def _integers(value: Any) -> Any:
+    """Token ids sent as integral floats, as integers (what providers want)."""
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, list):
+        return [_integers(item) for item in value]
+    return value
 
 
 def check_input(value: Any) -> None:
@@ -144,9 +162,12 @@ def check_input(value: Any) -> None:
         raise bad(f"expected {shapes}.", code="invalid_type")
     if not value:
         raise bad("it must not be an empty array.")
-    if len(value) > MAX_INPUTS:
-        raise bad(f"at most {MAX_INPUTS} inputs may be sent at once ({len(value)} were).")
     first = value[0]
+    if _token_id(first):
+        if len(value) > MAX_INPUT_TOKENS:
+            raise bad(f"an input is at most {MAX_INPUT_TOKENS} tokens ({len(value)} were sent).")
+    elif len(value) > MAX_INPUTS:
+        raise bad(f"at most {MAX_INPUTS} inputs may be sent at once ({len(value)} were).")
     for index, item in enumerate(value):
         param = f"input[{index}]"
         if isinstance(first, str):
@@ -157,6 +178,8 @@ def check_input(value: Any) -> None:
         elif isinstance(first, list):
             if not isinstance(item, list) or not item:
                 raise bad("every item of an array of token arrays must be a non-empty array.", param, "invalid_type")
+            if len(item) > MAX_INPUT_TOKENS:
+                raise bad(f"an input is at most {MAX_INPUT_TOKENS} tokens ({len(item)} were sent).", param)
             if not all(_token_id(token) for token in item):
                 raise bad(f"token ids are integers from 0 to {MAX_TOKEN_ID}.", param)
         elif not _token_id(item):

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from gateway.mock_provider import MockProvider
 
 EMBEDDING_DIMENSIONS = 8  # default length of a mock embedding (`dimensions` in the request changes it)
+MAX_EMBEDDING_DIMENSIONS = 4096  # as the gateway bounds `dimensions`: more is a 400
 
 
 def routes(mock: MockProvider, app: web.Application) -> None:
@@ -380,6 +381,8 @@ async def embeddings(request: web.Request, state: ProviderState, body: dict) -> 
     try:
         texts = _embedding_input_texts(body["input"])
         dimensions = int(body.get("dimensions") or EMBEDDING_DIMENSIONS)
+        if not 1 <= dimensions <= MAX_EMBEDDING_DIMENSIONS:
+            raise ValueError
     except (KeyError, TypeError, ValueError):
         return web.json_response({"error": {"message": "bad input", "type": "invalid_request_error"}}, status=400)
     model = body.get("model") or "mock-embedding"

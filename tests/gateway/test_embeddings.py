@@ -236,3 +236,12 @@ def test_base64_is_openais_float32_encoding():
         encoded(answer, "base64")["data"][0]["embedding"] == base64.b64encode(struct.pack("<2f", 0.5, -1.25)).decode()
     )
     assert encoded(answer, "float") is answer
+
+
+def test_token_ids_sent_as_integral_floats_are_integers():
+    """JSON has one number type (the fuzzer sends 205.0 for a token id): it goes on as 205."""
+    from gateway.embeddings import parse_embedding_request
+
+    request, body = parse_embedding_request(b'{"model": "m", "input": [[1635, 205.0], [3]]}')
+    assert request.input == body["input"] == [[1635, 205], [3]]
+    assert all(type(token) is int for tokens in body["input"] for token in tokens)
