@@ -32,12 +32,15 @@ def litellm_price_map() -> dict:
 
 
 def seeded_prices(price_map: dict) -> list[tuple[str, Decimal, Decimal]]:
-    """(model, input, output) for every chat/completion model that has both token prices."""
+    """(model, input, output) for every chat/completion model that has both token prices, and every
+    embedding model with an input price (an embedding has no output tokens: 0 when the map has none)."""
     rows = []
     for model, entry in price_map.items():
-        if not isinstance(entry, dict) or entry.get("mode") not in ("chat", "completion"):
+        if not isinstance(entry, dict) or entry.get("mode") not in ("chat", "completion", "embedding"):
             continue
         inp, out = entry.get("input_cost_per_token"), entry.get("output_cost_per_token")
+        if entry["mode"] == "embedding" and out is None:
+            out = 0
         if inp is None or out is None:
             continue
         rows.append((model, to_price(inp), to_price(out)))

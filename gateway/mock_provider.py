@@ -1,4 +1,5 @@
-"""An OpenAI-compatible upstream for the demo, the tests and the benchmarks.
+"""An OpenAI-compatible upstream for the demo, the tests and the benchmarks (and, through
+gateway.mock_dialects, an Anthropic Messages and a Gemini one, and OpenAI embeddings).
 
 A real HTTP server (aiohttp) that the gateway reaches through litellm exactly as it would reach a real
 provider. Answers are deterministic functions of the prompt, so a test can tell which prompt an answer
@@ -117,6 +118,8 @@ class Faults:
     slow_ms: float = 0.0  # extra latency added to every answer (a slow but healthy provider)
     drop_after: int | None = None  # stream: close the connection after this many content tokens
     refuses: bool = True  # answer a prompt containing [[refuse]] with a refusal (False: a model that does not)
+    cache_read_tokens: int = 0  # Anthropic/Gemini: prompt tokens reported as read from the provider's cache
+    cache_creation_tokens: int = 0  # Anthropic: prompt tokens reported as written to its cache
 
     def update(self, values: dict) -> None:
         known = {f.name: f.type for f in fields(self)}
@@ -338,6 +341,9 @@ class MockProvider:
         app.router.add_post("/p/{provider}/v1/moderations", self.moderations)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/p/{provider}/v1/models", self.models)
+        from gateway import mock_dialects  # Anthropic, Gemini and embeddings: their own module
+
+        mock_dialects.routes(self, app)
         app.router.add_get("/_control", self.control_get)
         app.router.add_get("/_control/{provider}", self.control_get)
         app.router.add_post("/_control", self.control_set)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from openai.types import Batch, FileDeleted, FileObject
+from openai.types import Batch, CreateEmbeddingResponse, FileDeleted, FileObject
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
 from gateway.batches.schemas import BatchCreate
 from gateway.bodies import BATCH_CREATE_IDENTIFIERS, CHAT_IDENTIFIERS, NO_CONTROL, document_limits
+from gateway.embeddings import EMBEDDING_IDENTIFIERS, EmbeddingRequest
 from gateway.schemas import ChatRequest
 
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
@@ -286,6 +287,74 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def embedding_paths(components: dict[str, Any]) -> dict[str, Any]:
+    request = _component(EmbeddingRequest, "Embeddings", components)
+    answer = _component(CreateEmbeddingResponse, "OpenAIEmbeddings", components)
+    # The SDK's model has the float form only; with `encoding_format: "base64"` (the SDK's default
+    # on the wire) each vector is a base64 string of little-endian float32s.
+    # A token array's bound (8,192) is said in words: a fuzzer breaking the outer bound (2,048 items)
+    # with arrays at the inner one sends a body over the size limit, which is a 413, not a 400.
+    for member in components["EmbeddingsEmbeddingRequest"]["properties"]["input"]["anyOf"]:
+        items = member.get("items", {})
+        if member.get("type") == "array" and items.get("type") == "integer":
+            member.pop("maxItems", None)
+            member["description"] = "Token ids: at most 8,192 of them."
+        elif items.get("type") == "array":
+            items.pop("maxItems", None)
+            items["description"] = "Token ids: at most 8,192 of them."
+    vector = components["OpenAIEmbeddingsEmbedding"]["properties"]["embedding"]
+    components["OpenAIEmbeddingsEmbedding"]["properties"]["embedding"] = {
+        "anyOf": [vector, {"type": "string", "contentEncoding": "base64"}],
+        "description": "Floats, or with `encoding_format: base64` their little-endian float32 bytes in base64.",
+    }
+    return {
+        "/v1/embeddings": {
+            "post": {
+                "operationId": "embeddings_create",
+                "summary": "Create embeddings (OpenAI-compatible)",
+                "description": (
+                    "OpenAI's embeddings API over any provider litellm embeds with: the fields of OpenAI's "
+                    "request schema plus Sentinel's `cache` controls; any other field is refused (400 "
+                    "`unknown_parameter`). `input` is a string, an array of strings, an array of token ids, "
+                    "or an array of token id arrays (at most 2,048 items, none empty). The answer is "
+                    "OpenAI's, in floats or base64 as asked, whichever provider served it. Budgets and "
+                    "tokens-per-minute limits count the input's tokens; only the exact cache applies."
+                ),
+                "tags": ["gateway"],
+                "security": _KEY_SECURITY,
+                "parameters": [_REQUEST_ID_PARAMETER],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+                "responses": {
+                    "200": {
+                        "description": "One vector per input, in order.",
+                        "headers": {k: v for k, v in _COMPLETION_HEADERS.items() if k not in _CHAT_ONLY_HEADERS},
+                        "content": {"application/json": {"schema": answer}},
+                    },
+                    **_error_responses(
+                        {
+                            400: "Malformed body: `invalid_json`, `missing_required_parameter`, `unknown_parameter`, "
+                            "`invalid_type`, `invalid_value`; or a request the provider refused as invalid.",
+                            401: "`invalid_api_key`: missing, unknown, revoked or expired key.",
+                            402: "`budget_exceeded`: a budget that applies is spent.",
+                            403: "`model_not_allowed` or `tenant_suspended`.",
+                            404: "`model_not_found`: no such model.",
+                            405: "`method_not_allowed`.",
+                            413: "`request_too_large`: the body is over the configured limit.",
+                            429: "`rate_limit_exceeded`, or the provider's rate limit.",
+                            502: "The provider failed in a way no fallback could fix.",
+                            503: "`all_providers_unavailable`, or `overloaded` (with Retry-After).",
+                            504: "The provider did not answer in time.",
+                        }
+                    ),
+                },
+            }
+        }
+    }
+
+
+_CHAT_ONLY_HEADERS = frozenset({"x-sentinel-route", "x-sentinel-escalated"})
+
+
 def _page(item: dict[str, str]) -> dict[str, Any]:
     return {
         "type": "object",
@@ -484,9 +553,18 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     """drf-spectacular postprocessing hook (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"])."""
     components = result.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
-    result["paths"] = {**gateway_paths(schemas), **batch_paths(schemas), **result.get("paths", {})}
+    result["paths"] = {
+        **gateway_paths(schemas),
+        **embedding_paths(schemas),
+        **batch_paths(schemas),
+        **result.get("paths", {}),
+    }
     document_limits(schemas, prefix="Chat", component="ChatChatRequest", identifiers=CHAT_IDENTIFIERS)
     schemas["ChatChatRequest"]["properties"]["cache"] = CACHE_CONTROLS
+    document_limits(
+        schemas, prefix="Embeddings", component="EmbeddingsEmbeddingRequest", identifiers=EMBEDDING_IDENTIFIERS
+    )
+    schemas["EmbeddingsEmbeddingRequest"]["properties"]["cache"] = CACHE_CONTROLS
     document_limits(
         schemas, prefix="SentinelBatchCreate", component="SentinelBatchCreate", identifiers=BATCH_CREATE_IDENTIFIERS
     )

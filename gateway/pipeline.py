@@ -379,9 +379,10 @@ SKIPPED = {
 }
 
 
-async def call_chain(call: Call, chain: list[Target], *, stream: bool):
+async def call_chain(call: Call, chain: list[Target], *, stream: bool, complete: Callable | None = None):
     """Try the chain in order until a deployment answers; returns what it answered (a response
-    dict, or a stream's first event and the rest).
+    dict, or a stream's first event and the rest). `complete` calls a deployment instead of
+    providers.complete (embeddings: gateway.embeddings.embed).
 
     A deployment whose breaker is open is skipped without a call. What retrying can fix (429,
     5xx, connection errors) is retried on the same deployment with backoff, honoring Retry-After,
@@ -426,7 +427,7 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool):
                             request_id=call.request_id,
                         )
                     else:
-                        result = await providers.complete(
+                        result = await (complete or providers.complete)(
                             target, call.body, timeout=min(target.timeout, remaining), request_id=call.request_id
                         )
             except UpstreamError as error:
@@ -659,7 +660,9 @@ async def finish(call: Call, record: LedgerRecord) -> None:
         upstream_seconds=call.upstream_seconds,
     )
     logged = call.key.log_prompts and record.status_code == 200
-    requestlog.finished(record, messages=call.body["messages"] if logged else None, answer=call.answer_text or "")
+    # An embeddings request has no messages: its input is not logged.
+    messages = call.body.get("messages") if logged else None
+    requestlog.finished(record, messages=messages, answer=call.answer_text or "")
 
 
 # --- money and records -------------------------------------------------------------------------

@@ -67,8 +67,10 @@ class MockProviderServer:
     def stats(self, provider: str) -> dict:
         return httpx.get(f"{self.url}/_control/{provider}", timeout=5).json()
 
-    def api_base(self, provider: str) -> str:
-        return f"{self.url}/p/{provider}/v1"
+    def api_base(self, provider: str, kind: str = "openai") -> str:
+        """The virtual provider's API base as a deployment of that litellm provider kind names it
+        (Anthropic's and Gemini's paths are their own: gateway.mock_dialects)."""
+        return f"{self.url}/p/{provider}" + {"anthropic": "", "gemini": "/v1beta"}.get(kind, "/v1")
 
     def stop(self) -> None:
         stop_process(self.process)

@@ -62,4 +62,6 @@ def test_price_change_mid_day_each_request_keeps_its_version(gateway, tenant, ma
 def test_the_seed_is_litellm_s_bundled_map_as_exact_decimals():
     seeded = {model: (inp, out) for model, inp, out in seeded_prices(litellm_price_map())}
     assert seeded["gpt-4o-mini"] == (Decimal("0.00000015"), Decimal("0.0000006"))
+    # Embedding models too (they have no output price): before, they were not seeded and billed at 0.
+    assert seeded["text-embedding-3-small"] == (Decimal("0.00000002"), Decimal(0))
     assert all(isinstance(inp, Decimal) and isinstance(out, Decimal) for inp, out in seeded.values())

@@ -23,6 +23,7 @@ from tests.servers import start_gateway
 
 EXAMPLES_PER_OPERATION = 40
 FUZZ_MODEL = unique("fuzz-model")
+FUZZ_EMBEDDING_MODEL = unique("fuzz-embedding-model")
 FUZZ_KEY = "sk-sen-" + secrets.token_urlsafe(32)
 FUZZ_SESSION = secrets.token_hex(16)
 FUZZ_CSRF = secrets.token_hex(16)  # Django accepts any 32 alphanumerics as cookie and header
@@ -64,6 +65,11 @@ def fuzz_target(gateway, django_db_blocker, mock_provider):
         provider.save()
         deployment = Deployment.objects.create(name=name, provider=provider, litellm_model="openai/gpt-4o-mini")
         ChainEntry.objects.create(alias=alias, deployment=deployment, position=0)
+        embedder = Deployment.objects.create(
+            name=unique("fuzz-embed"), provider=provider, litellm_model="openai/text-embedding-3-small"
+        )
+        embeddings = ModelAlias.objects.create(name=FUZZ_EMBEDDING_MODEL)
+        ChainEntry.objects.create(alias=embeddings, deployment=embedder, position=0)
         user = get_user_model().objects.create_superuser(unique("fuzzer"), password=None)
         data = {
             SESSION_KEY: str(user.pk),
@@ -85,9 +91,11 @@ def served_schema() -> dict:
 
 
 def fuzzable(raw: dict) -> dict:
-    # Generated chat requests name the model the fixture serves (invalid ones still name anything).
+    # Generated chat and embeddings requests name the models the fixture serves (invalid ones still
+    # name anything).
     raw = copy.deepcopy(raw)
     raw["components"]["schemas"]["ChatChatRequest"]["properties"]["model"]["enum"] = [FUZZ_MODEL]
+    raw["components"]["schemas"]["EmbeddingsEmbeddingRequest"]["properties"]["model"]["enum"] = [FUZZ_EMBEDDING_MODEL]
     return raw
 
 

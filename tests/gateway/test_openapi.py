@@ -23,6 +23,7 @@ def test_the_gateway_endpoints_are_documented(schema):
     paths = schema["paths"]
     assert set(paths["/v1/chat/completions"]) == {"post"}
     assert set(paths["/v1/models"]) == {"get"}
+    assert set(paths["/v1/embeddings"]) == {"post"}
     assert {"/health/live", "/health/ready", "/metrics"} <= set(paths)
     # The management API (DRF views, described by drf-spectacular): finance's spend report and a
     # tenant's request log.
@@ -66,3 +67,14 @@ def test_the_docs_pages_load_everything_from_sentinel(gateway, page):
         assert asset.startswith("/"), f"{page} loads {asset} from elsewhere"
         assert httpx.get(gateway.url + asset).status_code == 200, asset
     assert "/api/schema/" in response.text
+
+
+def test_the_embeddings_request_schema_is_the_one_the_gateway_validates_with(schema):
+    from gateway.embeddings import EMBEDDING_PARAMETERS
+
+    documented = schema["components"]["schemas"]["EmbeddingsEmbeddingRequest"]
+    assert set(documented["properties"]) == EMBEDDING_PARAMETERS
+    assert documented["required"] == ["model", "input"]
+    assert documented["additionalProperties"] is False
+    vector = schema["components"]["schemas"]["OpenAIEmbeddingsEmbedding"]["properties"]["embedding"]
+    assert [member["type"] for member in vector["anyOf"]] == ["array", "string"]  # floats or base64
