@@ -11,6 +11,6 @@ def seed(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("billing", "0006_ledger_dead_letters")]
+    dependencies = [("billing", "0007_alter_ledgerentry_options")]
 
     operations = [migrations.RunPython(seed, migrations.RunPython.noop)]
