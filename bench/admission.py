@@ -30,8 +30,8 @@ SCENARIO = "admission"
 def prepare(mock_url: str) -> dict:
     """A tenant with a 100/min key, a tenant with a $1.00 daily budget, and a model whose answer costs
     exactly its worst case ($0.01: 40 tokens at $0.00025, no charge for the prompt)."""
-    from gateway.localstate import announce_change
     from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
+    from sentinel.localstate import announce_change
     from tenants.models import Budget, Tenant
     from tenants.services import key_create
 

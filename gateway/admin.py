@@ -12,7 +12,6 @@ from gateway.batches.models import Batch, BatchItem
 from gateway.batches.services import batch_cancel
 from gateway.breakers import breaker_force, breaker_snapshot
 from gateway.cache.services import cache_invalidate
-from gateway.localstate import announce_change
 from gateway.models import (
     BreakerPolicy,
     BreakerTransition,
@@ -26,6 +25,7 @@ from gateway.models import (
 )
 from gateway.services import kill_switch_set
 from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
+from sentinel.localstate import announce_change
 from sentinel.text import PlainTextForm, PlainTextInline
 from tenants.selectors import MANAGE
 

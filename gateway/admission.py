@@ -38,7 +38,7 @@ from gateway import breakers, metrics, scripts
 from gateway.auth import KeyInfo, block_markers
 from gateway.breakers import Attempt
 from gateway.errors import GatewayError
-from gateway.localstate import GENERATION_KEY, current_generation, observe_generation
+from sentinel.localstate import GENERATION_KEY, current_generation, observe_generation
 from sentinel.redis_clients import NotWaiting, checking_allowed
 
 if TYPE_CHECKING:

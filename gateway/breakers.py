@@ -211,8 +211,8 @@ def breaker_force(*, deployment, state: str, actor, reason: str) -> None:
     """Force a breaker open or closed (state "open" / "closed"), or give it back to automatic ("")."""
     from django.db import transaction
 
-    from gateway.localstate import announce_change
     from gateway.models import ControlAction
+    from sentinel.localstate import announce_change
     from sentinel.redis_clients import sync_redis
 
     old = breaker_snapshot(deployment.pk)["state"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from gateway.localstate import announce_change
 from gateway.models import ControlAction, KillSwitch, ModelAlias
+from sentinel.localstate import announce_change
 
 
 @transaction.atomic

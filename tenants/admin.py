@@ -20,7 +20,6 @@ from django.utils.cache import add_never_cache_headers
 
 from billing.money import ZERO
 from billing.selectors import key_usage
-from gateway.localstate import announce_change
 from sentinel.console.scoping import (
     OperatorOnlyAdmin,
     TenantFilter,
@@ -29,6 +28,7 @@ from sentinel.console.scoping import (
     may,
     tenant_ids_with,
 )
+from sentinel.localstate import announce_change
 from tenants.models import (
     Budget,
     BudgetAlert,
