@@ -34,7 +34,8 @@ from django.conf import settings
 
 from billing import ledger
 from billing.money import quantize_cost
-from gateway import breakers, metrics, scripts
+from gateway import breakers, metrics
+from gateway.lua import scripts
 from gateway.auth import KeyInfo, block_markers
 from gateway.breakers import Attempt
 from gateway.errors import GatewayError

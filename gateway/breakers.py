@@ -23,7 +23,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
 from redis import exceptions as redis_errors
 
-from gateway import metrics, scripts
+from gateway import metrics
+from gateway.lua import scripts
 
 if TYPE_CHECKING:
     from gateway.routing import Target
