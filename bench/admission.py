@@ -121,7 +121,7 @@ def step_latency(samples: int, model: str) -> dict:
                 continue  # this process's first look at the configuration generation (as the pipeline does)
 
     async def measure() -> tuple[list[float], list[float]]:
-        from gateway.routing import route_for
+        from gateway.upstream.routing import route_for
 
         route = await route_for(model, info.tenant_id)  # the prepared model's chain, as the pipeline has it
         admit_times, settle_times = [], []

@@ -10,7 +10,6 @@ from django.utils.html import format_html, format_html_join
 from gateway.admission import deployment_in_flight, provider_spend_today
 from gateway.batches.models import Batch, BatchItem
 from gateway.batches.services import batch_cancel
-from gateway.breakers import breaker_force, breaker_snapshot
 from gateway.cache.services import cache_invalidate
 from gateway.models import (
     BreakerPolicy,
@@ -24,6 +23,7 @@ from gateway.models import (
     Provider,
 )
 from gateway.services import kill_switch_set
+from gateway.upstream.breakers import breaker_force, breaker_snapshot
 from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
 from sentinel.localstate import announce_change
 from sentinel.text import PlainTextForm, PlainTextInline

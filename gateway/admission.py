@@ -34,16 +34,17 @@ from django.conf import settings
 
 from billing import ledger
 from billing.money import quantize_cost
-from gateway import breakers, metrics
-from gateway.lua import scripts
+from gateway import metrics
 from gateway.auth import KeyInfo, block_markers
-from gateway.breakers import Attempt
 from gateway.errors import GatewayError
+from gateway.lua import scripts
+from gateway.upstream import breakers
+from gateway.upstream.breakers import Attempt
 from sentinel.localstate import GENERATION_KEY, current_generation, observe_generation
 from sentinel.redis_clients import NotWaiting, checking_allowed
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.upstream.routing import Target
 
 log = logging.getLogger(__name__)
 

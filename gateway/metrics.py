@@ -146,8 +146,8 @@ class BreakerStates(Collector):
     def collect(self):
         import redis
 
-        from gateway.breakers import keys_for
         from gateway.models import Deployment
+        from gateway.upstream.breakers import keys_for
         from sentinel.redis_clients import sync_redis
 
         family = self._family()

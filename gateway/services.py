@@ -1,4 +1,4 @@
-"""Writes operators make to the traffic: kill switches (forced breakers: gateway.breakers.breaker_force)."""
+"""Writes operators make to the traffic: kill switches (forced breakers: gateway.upstream.breakers.breaker_force)."""
 
 from __future__ import annotations
 

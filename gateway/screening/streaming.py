@@ -39,7 +39,7 @@ from gateway.screening.engine import (
 from gateway.screening.engine import output_spans as find_output_spans
 from gateway.screening.personal_data import Span
 from gateway.screening.policy import Policy
-from gateway.transport import Event
+from gateway.upstream.transport import Event
 
 CONTEXT = 128  # characters already released, kept as context for patterns that look behind (key = ...)
 MIN_HOLD = 48  # the longest finding with spaces in it: an IBAN of 34 characters in groups of four

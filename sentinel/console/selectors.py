@@ -16,8 +16,8 @@ from django.utils import timezone
 from billing.models import LedgerEntry
 from billing.money import ZERO
 from billing.selectors import spend_report
-from gateway.breakers import breaker_snapshot
 from gateway.models import BreakerTransition, ChainEntry, Deployment
+from gateway.upstream.breakers import breaker_snapshot
 from tenants.models import Budget, Tenant
 
 # Window name → (length, chart bucket).

@@ -12,10 +12,10 @@ import pytest
 from channels.layers import get_channel_layer
 from openai import OpenAI
 
-from gateway.breakers import breaker_force, breaker_snapshot
 from gateway.mock_provider import answer_text
 from gateway.models import BreakerPolicy, BreakerTransition, ControlAction, Deployment, ModelAlias
 from gateway.services import kill_switch_set
+from gateway.upstream.breakers import breaker_force, breaker_snapshot
 from tests.conftest import unique
 from tests.servers import start_gateway
 

@@ -27,7 +27,7 @@ from gateway import metrics
 from gateway.lua import scripts
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.upstream.routing import Target
 
 log = logging.getLogger(__name__)
 
