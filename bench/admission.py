@@ -94,8 +94,8 @@ def step_latency(samples: int, model: str) -> dict:
     against the same Redis, for a real key with limits on key, tenant and model and two budgets
     (microseconds). The records are real ones, at zero cost, for a tenant of their own."""
     from billing.ledger import LedgerRecord
-    from gateway import admission
     from gateway.auth import _load_from_db
+    from gateway.limits import admission
     from tenants.models import Budget, Tenant
     from tenants.services import key_create, key_digest
 

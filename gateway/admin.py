@@ -7,10 +7,10 @@ from django.db.models import Count, Q
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
-from gateway.admission import deployment_in_flight, provider_spend_today
 from gateway.batches.models import Batch, BatchItem
 from gateway.batches.services import batch_cancel
 from gateway.cache.services import cache_invalidate
+from gateway.limits.admission import deployment_in_flight, provider_spend_today
 from gateway.models import (
     BreakerPolicy,
     BreakerTransition,

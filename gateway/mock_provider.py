@@ -215,7 +215,7 @@ def prompt_usage(body: dict) -> int:
     when unknown): per message 3 tokens, its role, its content and its name (plus 1), 3 to prime the
     reply; tools rendered as the TypeScript namespace OpenAI puts in the system prompt; images by
     512-px tiles. So a test of Sentinel's reservations meets a realistic bill, in any script."""
-    from gateway.tokens import encoding
+    from gateway.limits.tokens import encoding
 
     model = str(body.get("model") or "")
     try:
@@ -586,7 +586,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int)
     args = parser.parse_args(argv)
     faults = Faults(**asdict(PROFILES[args.profile]))
-    from gateway.tokens import warm_up
+    from gateway.limits.tokens import warm_up
 
     warm_up()  # the tokenizers prompt usage is counted with, loaded before the first request
     for name in ("ttft_ms", "tpt_ms", "tokens"):

@@ -29,13 +29,14 @@ from django.conf import settings
 from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
-from gateway import admission, cache, metrics, requestlog
-from gateway import tokens as prompt_tokens
-from gateway.admission import Ticket
+from gateway import cache, metrics, requestlog
 from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_blocked
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.replay import REFUSAL, answer_from_response, completion_body, storable, stream_chunks
 from gateway.errors import GatewayError
+from gateway.limits import admission
+from gateway.limits import tokens as prompt_tokens
+from gateway.limits.admission import Ticket
 from gateway.schemas import ChatRequest, parse_chat_request
 from gateway.screening import engine as screening
 from gateway.upstream import autoroute, breakers, providers

@@ -70,7 +70,7 @@ def budget_check(budget_id: int) -> None:
     after the spend passed it may see no such request this period (a hard budget already over its
     limit admits none)."""
     from billing.selectors import spend_in_period
-    from gateway.admission import period_bounds
+    from gateway.limits.admission import period_bounds
 
     budget = Budget.objects.filter(pk=budget_id).first()
     if budget is None or budget.alert_at_percent is None:

@@ -20,8 +20,8 @@ from openai import AsyncOpenAI
 
 from billing.ledger import drain
 from billing.models import LedgerEntry
-from gateway import tokens
-from gateway.admission import period_bounds, to_units
+from gateway.limits import tokens
+from gateway.limits.admission import period_bounds, to_units
 from gateway.mock_provider import prompt_usage
 from gateway.models import Deployment
 from sentinel.redis_clients import sync_redis

@@ -5,7 +5,7 @@ Rate limits are sliding logs (exact: a key limited to 100 requests a minute gets
 60 s, across every gateway process, with no doubling at window boundaries). Budgets reserve the
 request's worst-case cost at admission and settle to the real cost afterwards, so concurrency cannot
 overspend them. The bound (docs/budgets.md): while Redis answers, settled spend stays within a hard
-budget as long as each reservation is at least what its request is billed (gateway.tokens counts
+budget as long as each reservation is at least what its request is billed (gateway.limits.tokens counts
 prompts with the model's tokenizer, or with a documented margin where that is not public); a request
 that outlives its lease, or whose settlement Redis never receives, can overspend it by at most its own
 worst case. Holds go by a name Sentinel makes unique (hold_id), never by one a client chose.
