@@ -16,7 +16,7 @@ from billing.models import LedgerEntry
 from gateway.mock_provider import answer_text
 from gateway.upstream.autoroute import HEAD_CHARS, TAIL_CHARS, classify
 
-EVAL = Path(__file__).resolve().parents[1] / "data" / "routing_eval.jsonl"
+EVAL = Path(__file__).resolve().parents[2] / "data" / "routing_eval.jsonl"
 
 
 def route(prompt: str) -> str:
