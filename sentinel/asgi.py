@@ -12,7 +12,10 @@ import gc
 import os
 import threading
 
+from sentinel.embedded import ensure_environment
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
+ensure_environment()  # served by another ASGI server with nothing set: the embedded servers, as sentinel.web does
 
 from django.core.asgi import get_asgi_application  # noqa: E402
 
