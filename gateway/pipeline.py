@@ -39,6 +39,7 @@ from gateway.limits import tokens as prompt_tokens
 from gateway.limits.admission import Ticket
 from gateway.schemas import ChatRequest, parse_chat_request
 from gateway.screening import engine as screening
+from gateway.screening.streaming import screen_stream
 from gateway.upstream import autoroute, breakers, providers
 from gateway.upstream.breakers import Attempt
 from gateway.upstream.failures import UpstreamError
@@ -514,7 +515,7 @@ async def escalate(call: Call) -> dict | None:
 
 async def stream_from_chain(call: Call, chain: list[Target]) -> Reply:
     first, rest = await call_chain(call, chain, stream=True)
-    first, rest = screening.screen_stream(call, first, rest)
+    first, rest = screen_stream(call, first, rest)
     call.ttft_ms = call.elapsed_ms()
     headers = response_headers(call, None)
     headers["content-type"] = "text/event-stream"

@@ -179,3 +179,13 @@ class StreamScreen:
 
 def _is_token_char(char: str) -> bool:
     return char.isalnum() or char in _TOKEN_CHARS
+
+
+def screen_stream(call, first, rest):
+    """(first, rest) of a stream, screened as it goes when the tenant screens answers."""
+    policy: Policy | None = call.key.screening
+    if policy is None or not policy.screens_output:
+        return first, rest
+    if call.screening is None:
+        call.screening = Screening(tenant=call.key.tenant_slug)
+    return StreamScreen(policy, call.screening).screened(first, rest)
