@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
@@ -42,6 +42,7 @@ from gateway.upstream import breakers
 from gateway.upstream.breakers import Attempt
 from sentinel.localstate import GENERATION_KEY, current_generation, observe_generation
 from sentinel.redis_clients import NotWaiting, checking_allowed
+from tenants.periods import period_bounds
 
 if TYPE_CHECKING:
     from gateway.upstream.routing import Target
@@ -112,16 +113,6 @@ def counts_tokens(key: KeyInfo, model_limits: dict[str, int]) -> bool:
     (through its cost) or a tokens-per-minute limit applies. Otherwise a cheap bound serves."""
     limits = (dict(key.key_limits), dict(key.tenant_limits), model_limits)
     return any(budget[5] for budget in key.budgets) or any("tpm" in scope for scope in limits)
-
-
-def period_bounds(period: str, now: datetime) -> tuple[date, datetime]:
-    """The UTC calendar period containing `now`: its first day and the moment it ends."""
-    today = now.date()
-    if period == "daily":
-        return today, datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
-    first = today.replace(day=1)
-    following = (first + timedelta(days=32)).replace(day=1)
-    return first, datetime.combine(following, datetime.min.time(), UTC)
 
 
 def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:

@@ -21,11 +21,12 @@ from openai import AsyncOpenAI
 from billing.ledger import drain
 from billing.models import LedgerEntry
 from gateway.limits import tokens
-from gateway.limits.admission import period_bounds, to_units
+from gateway.limits.admission import to_units
 from gateway.mock_provider import prompt_usage
 from gateway.models import Deployment
 from sentinel.redis_clients import sync_redis
 from tenants.models import Budget, VirtualKey
+from tenants.periods import period_bounds
 from tests.servers import start_gateway
 
 
