@@ -30,8 +30,8 @@ SCENARIO = "admission"
 def prepare(mock_url: str) -> dict:
     """A tenant with a 100/min key, a tenant with a $1.00 daily budget, and a model whose answer costs
     exactly its worst case ($0.01: 40 tokens at $0.00025, no charge for the prompt)."""
-    from gateway.localstate import announce_change
     from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
+    from sentinel.localstate import announce_change
     from tenants.models import Budget, Tenant
     from tenants.services import key_create
 
@@ -94,8 +94,8 @@ def step_latency(samples: int, model: str) -> dict:
     against the same Redis, for a real key with limits on key, tenant and model and two budgets
     (microseconds). The records are real ones, at zero cost, for a tenant of their own."""
     from billing.ledger import LedgerRecord
-    from gateway import admission
     from gateway.auth import _load_from_db
+    from gateway.limits import admission
     from tenants.models import Budget, Tenant
     from tenants.services import key_create, key_digest
 
@@ -121,7 +121,7 @@ def step_latency(samples: int, model: str) -> dict:
                 continue  # this process's first look at the configuration generation (as the pipeline does)
 
     async def measure() -> tuple[list[float], list[float]]:
-        from gateway.routing import route_for
+        from gateway.upstream.routing import route_for
 
         route = await route_for(model, info.tenant_id)  # the prepared model's chain, as the pipeline has it
         admit_times, settle_times = [], []

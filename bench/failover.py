@@ -62,8 +62,8 @@ class Timeline:
 
 def prepare_model(mock_url: str, policy: dict) -> str:
     """A model whose chain is primary then secondary (two virtual providers on the mock)."""
-    from gateway.localstate import announce_change
     from gateway.models import BreakerPolicy, ChainEntry, Deployment, ModelAlias, Provider
+    from sentinel.localstate import announce_change
 
     alias = ModelAlias.objects.create(name=f"failover-{uuid.uuid4().hex[:8]}")
     breaker = BreakerPolicy.objects.create(name=f"failover-{uuid.uuid4().hex[:8]}", **policy)

@@ -39,7 +39,11 @@ def setup_django(data_dir: Path | None = None) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
     import django
 
-    django.setup()  # starts (or reuses) the embedded servers when the URLs are unset
+    from sentinel.embedded import ensure_environment
+
+    ensure_environment()  # starts (or reuses) the embedded servers when the URLs are unset
+
+    django.setup()
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)

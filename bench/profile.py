@@ -43,7 +43,7 @@ CENTRES = [
     ("  authenticate (key lookup)", "gateway/auth.py", r"authenticate"),
     ("  check_shared_state (one Redis MGET)", "gateway/pipeline.py", r"check_shared_state"),
     ("  parse_chat_request (validation, pydantic)", "gateway/schemas.py", r"parse_chat_request"),
-    ("  upstream call (gateway.transport, fast path)", "gateway/transport.py", None),
+    ("  upstream call (gateway.upstream.transport, fast path)", "gateway/upstream/transport.py", None),
     ("  litellm request building (map/transform params)", "litellm/", None),
     ("  streaming relay (pipeline.relay)", "gateway/pipeline.py", r"relay"),
     ("  finish (ledger record, metrics, events)", "gateway/pipeline.py", r"^finish$"),

@@ -40,7 +40,7 @@ LIMITS = {"requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000, 
 
 def prepare() -> dict[str, str]:
     """A fail-open and a fail-closed tenant, each with a key, limits and a hard budget far above reach."""
-    from gateway.localstate import announce_change
+    from sentinel.localstate import announce_change
     from tenants.models import Budget, Tenant
     from tenants.services import key_create
 

@@ -1,4 +1,4 @@
-"""`model: "auto"` classifier benchmark: how long gateway.autoroute.classify takes per prompt on the
+"""`model: "auto"` classifier benchmark: how long gateway.upstream.autoroute.classify takes per prompt on the
 labeled set (tests/data/routing_eval.jsonl), on the request path's own thread. No servers needed.
 
     python -m bench routing [--rounds 50] [--quick]
@@ -30,7 +30,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measure(prompts: list[str], rounds: int) -> dict:
-    from gateway.autoroute import classify
+    from gateway.upstream.autoroute import classify
 
     conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]
     for messages in conversations:  # warm up

@@ -42,6 +42,10 @@ def setup_django(data_dir: Path | None = None) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
     import django
 
+    from sentinel.embedded import ensure_environment
+
+    ensure_environment()  # starts (or reuses) the embedded servers when the URLs are unset
+
     django.setup()
 
 

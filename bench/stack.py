@@ -108,6 +108,10 @@ def setup_django(data_dir: Path) -> dict[str, bool]:
     os.environ.setdefault("SENTINEL_LOG_LEVEL", "WARNING")
     import django
 
+    from sentinel.embedded import ensure_environment
+
+    ensure_environment()  # starts (or reuses) the embedded servers when the URLs are unset
+
     django.setup()
     from django.core.management import call_command
 

@@ -1,4 +1,4 @@
-"""Tokens benchmark: what bounding a request's prompt for its reservation costs (gateway.tokens).
+"""Tokens benchmark: what bounding a request's prompt for its reservation costs (gateway.limits.tokens).
 
     python -m bench tokens [--rounds 2000] [--quick] [--out DIR]
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm would fetch its price map
     import tiktoken
 
-    from gateway import tokens
+    from gateway.limits import tokens
 
     tokens.warm_up()
     result = report.envelope(SCENARIO, quick=args.quick, tiktoken=tiktoken.__version__)

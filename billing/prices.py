@@ -1,6 +1,6 @@
 """The price table: seeded from litellm's bundled price map (read from disk, never fetched) and
 looked up on the request path from a small in-process cache, which every gateway process drops as
-soon as a price changes anywhere (gateway.localstate)."""
+soon as a price changes anywhere (sentinel.localstate)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from billing.models import Price
 from billing.money import to_price
-from gateway.localstate import TTLCache
+from sentinel.localstate import TTLCache
 
 # The moment bundled prices take effect: before any request this installation can have served.
 SEED_EFFECTIVE_FROM = datetime(2000, 1, 1, tzinfo=UTC)

@@ -13,7 +13,7 @@ from django.utils import timezone
 from billing import prices
 from billing.models import DailyRollup, LedgerEntry, Price, RollupDue
 from billing.selectors import day_bounds, ledger_totals
-from gateway.localstate import announce_change
+from sentinel.localstate import announce_change
 
 # pg advisory lock id: one rollup job at a time (two would delete each other's fresh rows).
 ROLLUP_LOCK_ID = 0x5E_B111

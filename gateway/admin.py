@@ -7,12 +7,10 @@ from django.db.models import Count, Q
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
-from gateway.admission import deployment_in_flight, provider_spend_today
 from gateway.batches.models import Batch, BatchItem
 from gateway.batches.services import batch_cancel
-from gateway.breakers import breaker_force, breaker_snapshot
 from gateway.cache.services import cache_invalidate
-from gateway.localstate import announce_change
+from gateway.limits.admission import deployment_in_flight, provider_spend_today
 from gateway.models import (
     BreakerPolicy,
     BreakerTransition,
@@ -26,7 +24,9 @@ from gateway.models import (
     breaker_state_label,
 )
 from gateway.services import kill_switch_set
+from gateway.upstream.breakers import breaker_force, breaker_snapshot
 from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
+from sentinel.localstate import announce_change
 from sentinel.text import PlainTextForm, PlainTextInline, count_text
 from tenants.selectors import MANAGE
 

@@ -2,7 +2,7 @@
 
 Revocation and suspension take effect on the next request in every process: whatever the caches
 hold, each request checks the key's and tenant's block markers in Redis (the same round trip that
-reads the configuration generation, see gateway.localstate).
+reads the configuration generation, see sentinel.localstate).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from django.db.models import Q
 from redis import exceptions as redis_errors
 
 from gateway.errors import GatewayError
-from gateway.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker, current_generation
 from gateway.screening.policy import Policy, policy_from_model
+from sentinel.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker, current_generation
 from sentinel.redis_clients import async_redis
 from tenants.models import Budget, Tenant, VirtualKey
 from tenants.services import key_digest
@@ -211,7 +211,7 @@ def block_markers(info: KeyInfo) -> tuple[str, str]:
 async def ensure_not_blocked(info: KeyInfo) -> None:
     """Check the key's and tenant's block markers (and the configuration generation) in Redis.
     Admission does this in its own step; this is for requests that never get there."""
-    from gateway.localstate import GENERATION_KEY, observe_generation
+    from sentinel.localstate import GENERATION_KEY, observe_generation
 
     try:
         generation, key_blocked, tenant_blocked = await async_redis().mget(GENERATION_KEY, *block_markers(info))

@@ -30,13 +30,13 @@ from django.conf import settings
 from pydantic import Field, ValidationError
 
 from billing.money import ZERO
-from gateway import admission, cache
-from gateway import tokens as prompt_tokens
-from gateway.admission import Ticket
+from gateway import cache
 from gateway.bodies import check_body
 from gateway.cache.keys import CacheKey
 from gateway.errors import GatewayError, invalid_request
-from gateway.failures import UpstreamError, classify
+from gateway.limits import admission
+from gateway.limits import tokens as prompt_tokens
+from gateway.limits.admission import Ticket
 from gateway.pipeline import (
     INTERNAL_ERROR,
     Call,
@@ -53,8 +53,9 @@ from gateway.pipeline import (
     response_headers,
     spawn,
 )
-from gateway.routing import ModelRoute, Target, order_for_request, route_for
 from gateway.schemas import _Strict, integer, validation_error
+from gateway.upstream.failures import UpstreamError, classify
+from gateway.upstream.routing import ModelRoute, Target, order_for_request, route_for
 
 log = logging.getLogger(__name__)
 # Retries are the chain's (gateway.pipeline.call_chain), never litellm's: its OpenAI and Azure
@@ -244,7 +245,7 @@ def _token_ids(value: Any) -> int:
 
 async def input_token_bound(call: Call, route: ModelRoute) -> int:
     """Tokens the input can at most be billed as by any deployment of the chain: its texts counted
-    as gateway.tokens counts prompts (each as a user message: the framing errs high), its token
+    as gateway.limits.tokens counts prompts (each as a user message: the framing errs high), its token
     arrays exactly."""
     texts = _texts(call.request.input)
     bound = _token_ids(call.request.input)

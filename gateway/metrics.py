@@ -22,7 +22,7 @@ Recording, for the rest of the gateway:
     screening_outage(tenant, check, direction, outcome)   a screening service gave no answer
     guardrail_call(outcome, seconds)    one call to a tenant's HTTP guardrail
 
-Breaker states are not recorded but read from Redis when /metrics is scraped (BreakerStates): the
+Breaker states are not recorded but read from Redis when /metrics is scraped (breakers.BreakerStates): the
 breakers live there, and a process that saw a breaker open must not keep saying so after another
 closed it. The ledger's queue and its dead letters are read the same way (LedgerState): Celery
 workers drain the ledger, and no scrape reaches them.
@@ -125,45 +125,6 @@ GUARDRAIL_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 
-# Forced states count as what they force.
-BREAKER_VALUES = {"closed": 0, "forced_closed": 0, "half_open": 1, "open": 2, "forced_open": 2}
-
-
-class BreakerStates(Collector):
-    """sentinel_breaker_state, read from Redis at scrape time for every deployment."""
-
-    def describe(self):
-        return [self._family()]
-
-    @staticmethod
-    def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            "sentinel_breaker_state",
-            "Circuit breaker state per deployment, as shared in Redis: 0 closed, 1 half-open, 2 open.",
-            labels=("deployment",),
-        )
-
-    def collect(self):
-        import redis
-
-        from gateway.breakers import keys_for
-        from gateway.models import Deployment
-        from sentinel.redis_clients import sync_redis
-
-        family = self._family()
-        deployments = list(Deployment.objects.values_list("pk", "name"))
-        pipe = sync_redis().pipeline(transaction=False)
-        for pk, _ in deployments:
-            pipe.hmget(keys_for(pk)[0], "state", "forced")
-        try:
-            states = pipe.execute()
-        except redis.RedisError:
-            return [family]  # no word from Redis is no state, not "closed"
-        for (_, name), (state, forced) in zip(deployments, states, strict=True):
-            value = "forced_" + forced.decode() if forced else (state or b"closed").decode()
-            family.add_metric([name], BREAKER_VALUES.get(value, 0))
-        return [family]
-
 
 class LedgerState(Collector):
     """The ledger queue's length and the age of its oldest record (Redis), and the records ever set
@@ -234,21 +195,21 @@ EXPORTED += (
 )
 
 
-BREAKER_REGISTRY = CollectorRegistry(auto_describe=False)
-BREAKER_REGISTRY.register(BreakerStates())
 LEDGER_REGISTRY = CollectorRegistry(auto_describe=False)
 LEDGER_REGISTRY.register(LedgerState())
 
 
-def exposition() -> bytes:
+def exposition(*read_at_scrape: CollectorRegistry) -> bytes:
     """What /metrics serves: every worker's samples (django-prometheus's and the gateway's; one
-    process's own when not in multiprocess mode), the breaker states and the ledger's state."""
+    process's own when not in multiprocess mode), the registries given (the breaker states:
+    gateway.upstream.breakers.STATE_REGISTRY, read from Redis by their owner) and the ledger's state."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         MultiProcessCollector(registry)
     else:
         registry = REGISTRY
-    return generate_latest(registry) + generate_latest(BREAKER_REGISTRY) + generate_latest(LEDGER_REGISTRY)
+    scraped = b"".join(generate_latest(extra) for extra in read_at_scrape)
+    return generate_latest(registry) + scraped + generate_latest(LEDGER_REGISTRY)
 
 
 def exported_names() -> set[str]:

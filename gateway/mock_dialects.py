@@ -2,7 +2,7 @@
 OpenAI's embeddings.
 
 Each answers the prompt with the same deterministic words as the OpenAI-format chat endpoint
-(gateway.mock_provider.answer_tokens), and counts the prompt as OpenAI would count the same
+(gateway.mock_answers.answer_tokens), and counts the prompt as OpenAI would count the same
 conversation (the request read back into OpenAI's shape), so a chain that fails over between
 formats gives the client the same answer and the same usage whichever deployment served it, as long
 as the translation lost nothing. The virtual provider's fault switches apply as they do to chat.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
-from gateway.mock_provider import (
+from gateway.mock_answers import (
     DEFAULT_PROVIDER,
     TOOL_TRIGGER,
     ProviderState,
@@ -367,7 +367,7 @@ def _embedding_input_texts(value) -> list[str]:
 def embedding_usage(value) -> int:
     """Input tokens as OpenAI counts them: with cl100k_base, the embedding models' encoding; a
     token array counts its length."""
-    from gateway.tokens import encoding
+    from gateway.limits.tokens import encoding
 
     if isinstance(value, str):
         value = [value]

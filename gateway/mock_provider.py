@@ -14,310 +14,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import hashlib
-import io
-import math
-import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 
 import orjson
 from aiohttp import web
 
-DEFAULT_PROVIDER = "default"
-
-# Short common words: each one is a token of the answer, so an answer of N tokens is N words.
-_VOCAB = [
-    "alpha",
-    "bravo",
-    "charlie",
-    "delta",
-    "echo",
-    "foxtrot",
-    "golf",
-    "hotel",
-    "india",
-    "juliet",
-    "kilo",
-    "lima",
-    "mike",
-    "november",
-    "oscar",
-    "papa",
-    "quebec",
-    "romeo",
-    "sierra",
-    "tango",
-    "uniform",
-    "victor",
-    "whiskey",
-    "xray",
-    "yankee",
-    "zulu",
-    "amber",
-    "basil",
-    "cedar",
-    "dune",
-    "ember",
-    "fern",
-    "grove",
-    "harbor",
-    "iris",
-    "jade",
-    "koala",
-    "lotus",
-    "maple",
-    "nectar",
-    "olive",
-    "pearl",
-    "quartz",
-    "river",
-    "sage",
-    "tulip",
-]
-
-# Moderation (/v1/moderations): flags a marker `[[harm:<category>]]` or a word from a small list.
-MODERATION_CATEGORIES = (
-    "harassment",
-    "harassment/threatening",
-    "hate",
-    "hate/threatening",
-    "illicit",
-    "illicit/violent",
-    "self-harm",
-    "self-harm/intent",
-    "self-harm/instructions",
-    "sexual",
-    "sexual/minors",
-    "violence",
-    "violence/graphic",
+from gateway.mock_answers import (
+    DEFAULT_PROVIDER,
+    HARM_MARKER,
+    HARM_WORDS,
+    MODERATION_CATEGORIES,
+    TOOL_TRIGGER,
+    Faults,
+    ProviderState,
+    answer_tokens,
+    prompt_of,
+    prompt_usage,
 )
-HARM_MARKER = re.compile(r"\[\[harm:([a-z/-]+)\]\]")
-HARM_WORDS = {"bloodbath": "violence/graphic", "massacre": "violence", "genocide": "hate/threatening"}
 
-REFUSAL_TRIGGER = "[[refuse]]"
-TOOL_TRIGGER = "[[tool]]"  # with `tools` in the request: the answer calls the first tool (arguments "{}")
-ECHO_TRIGGER = "[[echo]]"  # the answer is the prompt's text after the marker, a word per token
-REFUSAL_TEXT = "I'm sorry, but I can't help with that request."
-
-
-@dataclass
-class Faults:
-    """Behaviour of one virtual provider. All times in milliseconds."""
-
-    ttft_ms: float = 0.0  # time to the first token (stream) or before the body (non-stream)
-    tpt_ms: float = 0.0  # time per further token
-    tokens: int = 40  # answer length in tokens (words)
-    error_rate: float = 0.0  # share of calls answered with `error_status` (deterministic spacing)
-    error_status: int = 503
-    error_code: str | None = None  # `error.code` in the error body (default: the status)
-    error_message: str = "mock fault"
-    retry_after: float | None = None  # seconds, sent with 429/503 errors when set
-    stall_ms: float = 0.0  # extra wait before anything is sent (a hung provider)
-    slow_ms: float = 0.0  # extra latency added to every answer (a slow but healthy provider)
-    drop_after: int | None = None  # stream: close the connection after this many content tokens
-    refuses: bool = True  # answer a prompt containing [[refuse]] with a refusal (False: a model that does not)
-    cache_read_tokens: int = 0  # Anthropic/Gemini: prompt tokens reported as read from the provider's cache
-    cache_creation_tokens: int = 0  # Anthropic: prompt tokens reported as written to its cache
-
-    def update(self, values: dict) -> None:
-        known = {f.name: f.type for f in fields(self)}
-        for name, value in values.items():
-            if name not in known:
-                raise ValueError(f"unknown fault setting: {name}")
-            setattr(self, name, value)
-
-
-@dataclass
-class ProviderState:
-    faults: Faults = field(default_factory=Faults)
-    calls: int = 0
-    errors: int = 0
-    completed: int = 0
-    in_flight: int = 0
-    max_in_flight: int = 0
-    last_model: str | None = None
-    last_key_digest: str | None = None
-    last_request_id: str | None = None  # the x-request-id header a gateway sent
-    last_body: str | None = None  # the last request body received (chat or moderation), as text
-    moderation_calls: int = 0
-    _error_accumulator: float = 0.0
-
-    def should_fail(self) -> bool:
-        """Deterministic error spacing: rate 0.25 fails exactly every 4th call."""
-        rate = self.faults.error_rate
-        if rate <= 0:
-            return False
-        if rate >= 1:
-            return True
-        self._error_accumulator += rate
-        if self._error_accumulator >= 1.0:
-            self._error_accumulator -= 1.0
-            return True
-        return False
-
-    def stats(self) -> dict:
-        return {
-            "calls": self.calls,
-            "errors": self.errors,
-            "completed": self.completed,
-            "in_flight": self.in_flight,
-            "max_in_flight": self.max_in_flight,
-            "last_model": self.last_model,
-            "last_key_digest": self.last_key_digest,
-            "last_request_id": self.last_request_id,
-            "last_body": self.last_body,
-            "moderation_calls": self.moderation_calls,
-            "faults": asdict(self.faults),
-        }
-
-
-def prompt_of(messages: list) -> str:
-    """The text the answer is derived from: the last user message's text."""
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, str):
-                return content
-            if isinstance(content, list):
-                return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return ""
-
-
-def answer_tokens(prompt: str, n_tokens: int, *, refuses: bool = True) -> list[str]:
-    """The answer to `prompt` as a list of tokens; the first names the prompt's digest."""
-    digest = hashlib.sha256(prompt.encode()).digest()
-    if refuses and REFUSAL_TRIGGER in prompt:
-        words = REFUSAL_TEXT.split()
-        return [words[0]] + [" " + w for w in words[1:]]
-    if ECHO_TRIGGER in prompt:
-        return re.findall(r"\s*\S+", prompt.split(ECHO_TRIGGER, 1)[1].strip())[:n_tokens]
-    tokens = [f"mock-{digest[:4].hex()}"]
-    stream = digest
-    while len(tokens) < n_tokens:
-        stream = hashlib.sha256(stream).digest()
-        tokens.extend(" " + _VOCAB[b % len(_VOCAB)] for b in stream)
-    return tokens[:n_tokens]
-
-
-def answer_text(prompt: str, n_tokens: int = 40, *, refuses: bool = True) -> str:
-    """What the mock answers to `prompt` with an answer length of `n_tokens` (default 40)."""
-    return "".join(answer_tokens(prompt, n_tokens, refuses=refuses))
-
-
-# --- prompt usage, as OpenAI bills it --------------------------------------------------------------
-
-# Per image, by model: (base tokens, tokens per 512-px tile) at high detail, from OpenAI's vision guide.
-IMAGE_TILE_TOKENS = {"gpt-4o-mini": (2833, 5667), "gpt-4o": (85, 170), "gpt-4.1": (85, 170), "o1": (75, 150)}
-DEFAULT_IMAGE_SIZE = (1024, 1024)  # an image only linked to: the mock cannot fetch it
-
-
-def prompt_usage(body: dict) -> int:
-    """Prompt tokens as OpenAI counts them for the model asked for (its tiktoken encoding, o200k_base
-    when unknown): per message 3 tokens, its role, its content and its name (plus 1), 3 to prime the
-    reply; tools rendered as the TypeScript namespace OpenAI puts in the system prompt; images by
-    512-px tiles. So a test of Sentinel's reservations meets a realistic bill, in any script."""
-    from gateway.tokens import encoding
-
-    model = str(body.get("model") or "")
-    try:
-        import tiktoken
-
-        name = tiktoken.encoding_name_for_model(model)
-    except KeyError:
-        name = "o200k_base"
-    tokenizer = encoding(name if name in ("o200k_base", "cl100k_base") else "o200k_base")
-
-    def count(text: str) -> int:
-        return len(tokenizer.encode_ordinary(text))
-
-    total = 3
-    for message in body.get("messages") or ():
-        if not isinstance(message, dict):
-            continue
-        total += 3 + count(str(message.get("role") or ""))
-        content = message.get("content")
-        if isinstance(content, str):
-            total += count(content)
-        for part in content if isinstance(content, list) else ():
-            if not isinstance(part, dict):
-                continue
-            if part.get("type") == "text":
-                total += count(part.get("text") or "")
-            elif part.get("type") == "image_url":
-                total += _image_usage(model, part.get("image_url") or {})
-        if message.get("name"):
-            total += 1 + count(message["name"])
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") or {}
-            total += 3 + count(function.get("name") or "") + count(function.get("arguments") or "")
-    if body.get("tools"):
-        total += 9 + count(_tools_namespace(body["tools"]))
-    return total
-
-
-def _image_usage(model: str, image: dict) -> int:
-    base, tile = next((v for k, v in IMAGE_TILE_TOKENS.items() if model.startswith(k)), (85, 170))
-    if image.get("detail") == "low":
-        return base
-    width, height = _image_size(str(image.get("url") or ""))
-    scale = min(1.0, 2048 / max(width, height))  # fit in 2048 x 2048, then the short side to 768
-    width, height = width * scale, height * scale
-    scale = min(1.0, 768 / min(width, height))
-    return base + tile * math.ceil(width * scale / 512) * math.ceil(height * scale / 512)
-
-
-def _image_size(url: str) -> tuple[int, int]:
-    if not url.startswith("data:") or "," not in url:
-        return DEFAULT_IMAGE_SIZE
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) as image:
-            return image.size
-    except (ValueError, OSError):
-        return DEFAULT_IMAGE_SIZE
-
-
-def _tools_namespace(tools: list) -> str:
-    """Function tools as OpenAI renders them for the model (as reverse-engineered by the community's
-    token counters, e.g. openai-chat-tokens)."""
-    lines = ["# Tools", "", "## functions", "", "namespace functions {", ""]
-    for tool in tools:
-        function = tool.get("function") or {}
-        if function.get("description"):
-            lines.append(f"// {function['description']}")
-        parameters = function.get("parameters") or {}
-        if parameters.get("properties"):
-            lines += [f"type {function.get('name')} = (_: {{", _ts_properties(parameters, ""), "}) => any;", ""]
-        else:
-            lines += [f"type {function.get('name')} = () => any;", ""]
-    lines.append("} // namespace functions")
-    return "\n".join(lines)
-
-
-def _ts_properties(schema: dict, indent: str) -> str:
-    required = set(schema.get("required") or ())
-    lines = []
-    for name, prop in (schema.get("properties") or {}).items():
-        if prop.get("description"):
-            lines.append(f"{indent}// {prop['description']}")
-        lines.append(f"{indent}{name}{'' if name in required else '?'}: {_ts_type(prop, indent)},")
-    return "\n".join(lines)
-
-
-def _ts_type(prop: dict, indent: str) -> str:
-    if "enum" in prop:
-        return " | ".join(orjson.dumps(value).decode() for value in prop["enum"])
-    kind = prop.get("type")
-    if kind == "object" and prop.get("properties"):
-        return "{\n" + _ts_properties(prop, indent + "  ") + f"\n{indent}}}"
-    if kind == "array":
-        return _ts_type(prop.get("items") or {}, indent) + "[]"
-    if isinstance(kind, list):
-        return " | ".join("number" if k == "integer" else str(k) for k in kind)
-    return {"integer": "number", None: "any"}.get(kind, str(kind))
+# Kept importable from here, where tests and benchmarks have always found them.
+from gateway.mock_answers import REFUSAL_TEXT as REFUSAL_TEXT
+from gateway.mock_answers import answer_text as answer_text
 
 
 class MockProvider:
@@ -592,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int)
     args = parser.parse_args(argv)
     faults = Faults(**asdict(PROFILES[args.profile]))
-    from gateway.tokens import warm_up
+    from gateway.limits.tokens import warm_up
 
     warm_up()  # the tokenizers prompt usage is counted with, loaded before the first request
     for name in ("ttft_ms", "tpt_ms", "tokens"):

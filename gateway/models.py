@@ -91,7 +91,7 @@ class Provider(models.Model):
 
 class BreakerPolicy(models.Model):
     """How a deployment's circuit breaker judges it (Resilience4j-like). Deployments without one use
-    the built-in default (gateway.breakers.DEFAULT_POLICY)."""
+    the built-in default (gateway.upstream.breakers.DEFAULT_POLICY)."""
 
     name = models.CharField(max_length=60, unique=True)
     window_seconds = models.PositiveIntegerField(default=60, help_text="Sliding window of recent calls.")

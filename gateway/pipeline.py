@@ -29,19 +29,22 @@ from django.conf import settings
 from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
-from gateway import admission, autoroute, breakers, cache, metrics, providers, requestlog
-from gateway import tokens as prompt_tokens
-from gateway.admission import Ticket
+from gateway import cache, metrics, requestlog
 from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_blocked
-from gateway.breakers import Attempt
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.replay import REFUSAL, answer_from_response, completion_body, storable, stream_chunks
 from gateway.errors import GatewayError
-from gateway.failures import UpstreamError
-from gateway.routing import ModelRoute, Target, available_models, order_for_request, route_for
+from gateway.limits import admission
+from gateway.limits import tokens as prompt_tokens
+from gateway.limits.admission import Ticket
 from gateway.schemas import ChatRequest, parse_chat_request
 from gateway.screening import engine as screening
-from gateway.transport import Event
+from gateway.screening.streaming import screen_stream
+from gateway.upstream import autoroute, breakers, providers
+from gateway.upstream.breakers import Attempt
+from gateway.upstream.failures import UpstreamError
+from gateway.upstream.routing import ModelRoute, Target, available_models, order_for_request, route_for
+from gateway.upstream.transport import Event
 
 log = logging.getLogger(__name__)
 INTERNAL_ERROR = GatewayError(500, "internal_error", "Sentinel failed to handle this request; it has been logged.")
@@ -513,7 +516,7 @@ async def escalate(call: Call) -> dict | None:
 
 async def stream_from_chain(call: Call, chain: list[Target]) -> Reply:
     first, rest = await call_chain(call, chain, stream=True)
-    first, rest = screening.screen_stream(call, first, rest)
+    first, rest = screen_stream(call, first, rest)
     call.ttft_ms = call.elapsed_ms()
     headers = response_headers(call, None)
     headers["content-type"] = "text/event-stream"

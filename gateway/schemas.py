@@ -4,8 +4,8 @@ The body is validated with pydantic (strict types, as OpenAI's API is strict). W
 send is an allowlist: OpenAI's request schema and Sentinel's `cache` controls. Anything else is
 refused as OpenAI refuses it (400 `unknown_parameter`), above all the settings litellm reads from
 the keywords of a call (`api_base`, `api_key`, `extra_headers`, cloud credentials, ...), which would
-let a caller send the operator's provider key wherever it liked. The provider layer (gateway.providers,
-gateway.transport) builds its calls from the same allowlist, never from the body minus a deny list.
+let a caller send the operator's provider key wherever it liked. The provider layer (gateway.upstream.providers,
+gateway.upstream.transport) builds its calls from the same allowlist, never from the body minus a deny list.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Writes operators make to the traffic: kill switches (forced breakers: gateway.breakers.breaker_force)."""
+"""Writes operators make to the traffic: kill switches (forced breakers: gateway.upstream.breakers.breaker_force)."""
 
 from __future__ import annotations
 
 from django.db import transaction
 
-from gateway.localstate import announce_change
 from gateway.models import ControlAction, KillSwitch, ModelAlias
+from sentinel.localstate import announce_change
 
 
 @transaction.atomic

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import metrics
 from gateway.errors import GatewayError
+from gateway.upstream import breakers
 from sentinel.redis_clients import async_redis
 
 
@@ -30,7 +31,7 @@ async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
 @require_GET
 def metrics_export(request: HttpRequest) -> HttpResponse:
     """GET /metrics (Prometheus): see gateway.metrics."""
-    return HttpResponse(metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(metrics.exposition(breakers.STATE_REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
 
 @require_GET

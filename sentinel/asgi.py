@@ -12,7 +12,10 @@ import gc
 import os
 import threading
 
+from sentinel.embedded import ensure_environment
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
+ensure_environment()  # served by another ASGI server with nothing set: the embedded servers, as sentinel.web does
 
 from django.core.asgi import get_asgi_application  # noqa: E402
 
@@ -28,9 +31,9 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 
 from gateway import http as gateway_http  # noqa: E402
-from gateway import tokens  # noqa: E402
 from gateway.cache import warm_up  # noqa: E402
 from gateway.errors import GatewayError  # noqa: E402
+from gateway.limits import tokens  # noqa: E402
 from gateway.pipeline import request_id_from  # noqa: E402
 from sentinel import logs  # noqa: E402
 from sentinel.routing import websocket_urlpatterns  # noqa: E402

@@ -156,8 +156,18 @@ def _running_valkey(state_file: Path) -> str | None:
     return None
 
 
-def ensure_environment(data_dir: Path) -> None:
-    """Fill DATABASE_URL / REDIS_URL from embedded servers for whichever the operator left unset."""
+def ensure_environment(data_dir: Path | None = None) -> None:
+    """Fill DATABASE_URL / REDIS_URL from embedded servers for whichever the operator left unset.
+
+    Called by the entry points (manage.py, sentinel.run, sentinel.web, sentinel.asgi, the Celery app,
+    the test settings, the benchmarks) before settings are read: importing settings starts nothing.
+    The data folder defaults to settings.DATA_DIR's (SENTINEL_DATA_DIR)."""
+    if os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"):
+        return
+    if data_dir is None:
+        from sentinel.env import data_dir as configured_data_dir
+
+        data_dir = configured_data_dir()
     os.environ.update(
         start(
             data_dir,

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR_DEFAULT = ".data"
 
 
 @dataclass(frozen=True)
@@ -61,3 +65,10 @@ def envfloat(name: str, default: float, help: str) -> float:
 
 def envlist(name: str, default: str, help: str) -> list[str]:
     return [item.strip() for item in envstr(name, default, help).split(",") if item.strip()]
+
+
+def data_dir() -> Path:
+    """SENTINEL_DATA_DIR, relative to the project unless absolute: settings.DATA_DIR, and the folder the
+    entry points start the embedded servers in, before settings are read (sentinel.embedded)."""
+    path = Path(os.environ.get("SENTINEL_DATA_DIR") or DATA_DIR_DEFAULT)
+    return path if path.is_absolute() else BASE_DIR / path

@@ -175,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import django
 
-    django.setup()  # starts the embedded servers when the URLs are unset (sentinel.settings)
+    from sentinel.embedded import ensure_environment
+
+    ensure_environment()  # the embedded servers, for whichever URL is unset; its children inherit the URLs
+    django.setup()
     from django.conf import settings
     from django.core.management import call_command
 

@@ -14,36 +14,40 @@ from pathlib import Path
 import dj_database_url
 
 from sentinel import egress, logs
-from sentinel.env import ENV_VARS, envbool, envfloat, envint, envlist, envstr, read_env  # noqa: F401
+from sentinel.env import (  # noqa: F401
+    DATA_DIR_DEFAULT,
+    ENV_VARS,
+    data_dir,
+    envbool,
+    envfloat,
+    envint,
+    envlist,
+    envstr,
+    read_env,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
 # --- Where state lives -------------------------------------------------------------------------
 
-DATA_DIR = Path(
-    envstr(
-        "SENTINEL_DATA_DIR",
-        ".data",
-        "Folder for the embedded servers' data and generated local secrets (relative to the project).",
-    )
+envstr(
+    "SENTINEL_DATA_DIR",
+    DATA_DIR_DEFAULT,
+    "Folder for the embedded servers' data and generated local secrets (relative to the project).",
 )
-if not DATA_DIR.is_absolute():
-    DATA_DIR = BASE_DIR / DATA_DIR
+DATA_DIR = data_dir()
 
-read_env(
+# Importing settings starts nothing: the entry points (manage.py, sentinel.run, sentinel.web,
+# sentinel.asgi, the Celery app) start the embedded servers first for whichever URL is unset
+# (sentinel.embedded.ensure_environment). Left empty, settings still load (collectstatic needs
+# neither store); anything that connects then fails with Django's or redis-py's error.
+DATABASE_URL = envstr(
     "DATABASE_URL",
     "",
     "PostgreSQL (with pgvector) URL. Unset: an embedded PostgreSQL 18 under SENTINEL_DATA_DIR.",
 )
-read_env("REDIS_URL", "", "Redis or Valkey URL. Unset: an embedded Valkey under SENTINEL_DATA_DIR.")
-if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
-    from sentinel import embedded
-
-    embedded.ensure_environment(DATA_DIR)
-
-DATABASE_URL = os.environ["DATABASE_URL"]
-REDIS_URL = os.environ["REDIS_URL"]
+REDIS_URL = envstr("REDIS_URL", "", "Redis or Valkey URL. Unset: an embedded Valkey under SENTINEL_DATA_DIR.")
 REDIS_TIMEOUT_MS = envint(
     "SENTINEL_REDIS_TIMEOUT_MS",
     100,
@@ -159,7 +163,9 @@ TEMPLATES = [
     }
 ]
 
-_db = dj_database_url.parse(DATABASE_URL)
+# No URL (settings read without storage, e.g. collectstatic): a database with no name, which Django
+# refuses to connect to with its own "improperly configured" error.
+_db = dj_database_url.parse(DATABASE_URL or "postgres://")
 _db["ENGINE"] = "django_prometheus.db.backends.postgresql"  # Django's, plus query counts and timings
 _db["CONN_MAX_AGE"] = 0  # the pool below keeps connections; Django's own reuse must stay off
 _db.setdefault("OPTIONS", {})["pool"] = {

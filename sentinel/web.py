@@ -205,6 +205,9 @@ def serve(host: str, port: int, level: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from sentinel.embedded import ensure_environment
+
+    ensure_environment()  # before the workers read settings: they inherit the URLs (and this process keeps the servers)
     prepare_metrics_dir()  # before any worker imports prometheus_client: they inherit the environment
     level = envstr("SENTINEL_LOG_LEVEL", "INFO", "Log level of Sentinel's own loggers.")
     if args.workers <= 1:

@@ -21,7 +21,6 @@ from django.utils.cache import add_never_cache_headers
 
 from billing.money import ZERO
 from billing.selectors import key_usage
-from gateway.localstate import announce_change
 from sentinel.console.fields import ModelNamesAdmin
 from sentinel.console.scoping import (
     OperatorOnlyAdmin,
@@ -33,6 +32,7 @@ from sentinel.console.scoping import (
 )
 from sentinel.console.templatetags.console import usd
 from sentinel.crypto import decrypt, encrypt
+from sentinel.localstate import announce_change
 from tenants.models import (
     Budget,
     BudgetAlert,

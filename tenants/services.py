@@ -11,7 +11,7 @@ from django.contrib.auth.models import Group
 from django.db import connection, transaction
 from django.utils import timezone
 
-from gateway.localstate import announce_change, blocked_key_marker, blocked_tenant_marker
+from sentinel.localstate import announce_change, blocked_key_marker, blocked_tenant_marker
 from sentinel.redis_clients import sync_redis
 from tenants.models import Budget, Membership, Tenant, VirtualKey
 from tenants.roles import ROLE_GROUPS, role_group_names

@@ -9,6 +9,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from tenants.models import Budget, BudgetAlert, WebhookDelivery
+from tenants.periods import period_bounds
 from tenants.webhooks import MAX_ATTEMPTS, webhook_attempt, webhook_publish
 
 
@@ -70,7 +71,6 @@ def budget_check(budget_id: int) -> None:
     after the spend passed it may see no such request this period (a hard budget already over its
     limit admits none)."""
     from billing.selectors import spend_in_period
-    from gateway.admission import period_bounds
 
     budget = Budget.objects.filter(pk=budget_id).first()
     if budget is None or budget.alert_at_percent is None:

@@ -9,6 +9,13 @@ os.environ.setdefault("SENTINEL_DATA_DIR", ".data/test")
 # too; tests of the guard itself start theirs with SENTINEL_EGRESS_ALLOW="" (tests/sentinel/test_egress.py).
 os.environ.setdefault("SENTINEL_EGRESS_ALLOW", "127.0.0.1")
 
+# The test session's entry point: pytest-django reads these settings before any conftest, so the
+# embedded servers (when DATABASE_URL / REDIS_URL are unset) start here; the gateways and workers the
+# tests start inherit the URLs.
+from sentinel.embedded import ensure_environment  # noqa: E402
+
+ensure_environment()
+
 from sentinel.settings import *  # noqa: E402,F403
 
 # Users are created by the dozen (the tenancy fixture makes five per test): a fast hasher keeps that

@@ -28,9 +28,10 @@ import redis.exceptions
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from gateway import pipeline, scripts
+from gateway import pipeline
 from gateway.batches import selectors, services
 from gateway.batches.models import Batch, BatchItem
+from gateway.lua import scripts
 
 log = logging.getLogger(__name__)
 

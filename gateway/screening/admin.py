@@ -10,10 +10,10 @@ from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from gateway.localstate import announce_change
 from gateway.screening.models import ScreeningPolicy, ScreeningReport
 from gateway.screening.selectors import screening_decisions, screening_outages
 from sentinel.console.scoping import TenantFilter, TenantScopedAdmin
+from sentinel.localstate import announce_change
 from tenants.selectors import MANAGE, tenant_ids_for, tenants_for
 
 REPORT_DAYS = (1, 7, 30, 90)

@@ -10,7 +10,7 @@ Where the pipeline calls it:
     screen_response(call, response) a non-streamed answer: redacts in place, or withholds it
                                     (content "" and finish_reason "content_filter", as Azure OpenAI
                                     does; such an answer is never cached)
-    screen_stream(call, first, rest) a stream: see gateway.screening.streaming (bounded holdback)
+    a stream: gateway.screening.streaming.screen_stream(call, first, rest) (bounded holdback)
 
 Local checks (gateway.screening.personal_data, .credentials, .injection, .moderation) are plain CPU
 work: tens of microseconds on a typical prompt, milliseconds on thousands of characters. Up to
@@ -496,15 +496,3 @@ async def screen_response(call, response: dict) -> None:
         if action == BLOCK:
             for choice in delivered:
                 withhold(choice)
-
-
-def screen_stream(call, first, rest):
-    """(first, rest) of a stream, screened as it goes when the tenant screens answers."""
-    policy: Policy | None = call.key.screening
-    if policy is None or not policy.screens_output:
-        return first, rest
-    from gateway.screening.streaming import StreamScreen
-
-    if call.screening is None:
-        call.screening = Screening(tenant=call.key.tenant_slug)
-    return StreamScreen(policy, call.screening).screened(first, rest)

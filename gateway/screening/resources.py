@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from asgiref.sync import sync_to_async
 
-from gateway.localstate import TTLCache
 from gateway.screening.moderation import ModerationProvider
 from gateway.screening.policy import Policy
+from sentinel.localstate import TTLCache
 
 _moderation = TTLCache(ttl=60.0, maxsize=1_000)
 _guardrail_secrets = TTLCache(ttl=60.0, maxsize=10_000)

@@ -39,7 +39,7 @@ from gateway.screening.engine import (
 from gateway.screening.engine import output_spans as find_output_spans
 from gateway.screening.personal_data import Span
 from gateway.screening.policy import Policy
-from gateway.transport import Event
+from gateway.upstream.transport import Event
 
 CONTEXT = 128  # characters already released, kept as context for patterns that look behind (key = ...)
 MIN_HOLD = 48  # the longest finding with spaces in it: an IBAN of 34 characters in groups of four
@@ -179,3 +179,13 @@ class StreamScreen:
 
 def _is_token_char(char: str) -> bool:
     return char.isalnum() or char in _TOKEN_CHARS
+
+
+def screen_stream(call, first, rest):
+    """(first, rest) of a stream, screened as it goes when the tenant screens answers."""
+    policy: Policy | None = call.key.screening
+    if policy is None or not policy.screens_output:
+        return first, rest
+    if call.screening is None:
+        call.screening = Screening(tenant=call.key.tenant_slug)
+    return StreamScreen(policy, call.screening).screened(first, rest)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from gateway.breakers import CIRCUITS_GROUP
+from gateway.upstream.breakers import CIRCUITS_GROUP
 from sentinel.console.live import OPERATORS_GROUP, tenant_group, without_money
 from tenants.models import Membership
 from tenants.selectors import SEE_SPEND

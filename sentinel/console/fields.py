@@ -9,8 +9,8 @@ from django.core.exceptions import ValidationError
 
 def model_choices() -> list[tuple[str, str]]:
     """What an allowlist may name: the installation's model aliases, and `auto` (the local router)."""
-    from gateway.autoroute import AUTO_MODEL
     from gateway.models import ModelAlias
+    from gateway.upstream.autoroute import AUTO_MODEL
 
     aliases = [(a.name, f"{a.name}: {a.description}" if a.description else a.name) for a in ModelAlias.objects.all()]
     return [*aliases, (AUTO_MODEL, f"{AUTO_MODEL}: the fast or smart model, by the prompt")]

@@ -16,8 +16,8 @@ from django.utils import timezone
 from billing.models import LedgerEntry
 from billing.money import ZERO
 from billing.selectors import spend_report
-from gateway.breakers import breaker_snapshot
 from gateway.models import BreakerTransition, ChainEntry, Deployment, breaker_state_label
+from gateway.upstream.breakers import breaker_snapshot
 from tenants.models import Budget, Tenant
 
 # Window name → (length, chart bucket).
@@ -333,8 +333,8 @@ def models_offered(tenant: Tenant) -> list[ModelOffer]:
     """What `tenant`'s keys may call (its allowlist, or every alias), each with the context window and
     the prices of the deployment that serves it first (its override, else the price table)."""
     from billing.prices import litellm_price_map, price_at, price_key
-    from gateway.autoroute import AUTO_MODEL
     from gateway.models import ModelAlias
+    from gateway.upstream.autoroute import AUTO_MODEL
 
     sizes = litellm_price_map()
     aliases = ModelAlias.objects.prefetch_related("chain__deployment").order_by("name")

@@ -13,7 +13,8 @@ HANDLE = f"handle ({SITE}/django/core/handlers/asgi.py)"
 PATH = f"chat_completions ({BASE_DIR}/gateway/pipeline.py)"
 RAW = "\n".join(
     [
-        f"{UVICORN};{HANDLE};{PATH};complete ({BASE_DIR}/gateway/transport.py);_request ({SITE}/aiohttp/client.py) 30",
+        f"{UVICORN};{HANDLE};{PATH};complete ({BASE_DIR}/gateway/upstream/transport.py);"
+        f"_request ({SITE}/aiohttp/client.py) 30",
         f"{UVICORN};{HANDLE};{PATH};finish ({BASE_DIR}/gateway/pipeline.py);hand_off ({BASE_DIR}/billing/ledger.py);"
         f"execute_command ({SITE}/redis/asyncio/client.py) 10",
         f"{UVICORN};_run_once ({STDLIB}/asyncio/base_events.py) 60",
@@ -38,7 +39,7 @@ def test_cost_centres_from_raw_stacks():
     centres = found["centres_inclusive_pct"]
     assert centres["Django ASGI handler (the whole request, Sentinel's view included)"] == 40.0
     assert centres["Sentinel request path (pipeline.chat_completions)"] == 40.0
-    assert centres["  upstream call (gateway.transport, fast path)"] == 30.0
+    assert centres["  upstream call (gateway.upstream.transport, fast path)"] == 30.0
     assert centres["    ledger hand-off (XADD)"] == 10.0
     assert centres["redis-py (all Redis calls)"] == 10.0
     assert centres["uvicorn HTTP protocol (httptools parsing, RequestResponseCycle)"] == 0.0

@@ -13,7 +13,7 @@ from django.utils import timezone
 from billing import prices
 from billing.models import DailyRollup, LedgerEntry, Price, RollupDue
 from billing.services import ROLLUP_LOCK_ID, price_change, price_create, spend_roll_up
-from gateway.localstate import GENERATION_KEY
+from sentinel.localstate import GENERATION_KEY
 from sentinel.redis_clients import sync_redis
 from tests.billing.conftest import DAYS, drain_all, hand_off_all, record
 from tests.billing.test_ledger import rollups_match_ledger
@@ -110,7 +110,7 @@ def test_a_price_cannot_take_effect_before_requests_already_billed(empty_queue, 
 
 def test_price_cache_is_dropped_when_any_process_announces_a_change(live_db):
     """The gateway keeps prices in memory; a change elsewhere reaches it through the generation."""
-    from gateway.localstate import observe_generation
+    from sentinel.localstate import observe_generation
 
     model = unique("cached")
     first = Price.objects.create(model=model, input_per_token=1, output_per_token=1)

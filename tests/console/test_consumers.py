@@ -17,8 +17,8 @@ from django.utils import timezone
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from gateway.breakers import breaker_force
 from gateway.models import Deployment
+from gateway.upstream.breakers import breaker_force
 from sentinel.console.live import live_publish
 from tests.billing.conftest import drain_all, hand_off_all, record
 from tests.conftest import unique

@@ -87,7 +87,7 @@ def test_max_tokens_reaches_the_provider(client, model):
 
 def test_the_sdks_parameters_all_pass(client, model, mock_provider):
     """What the official SDK sends in normal use is on the allowlist (anything else is refused:
-    tests/gateway/test_providers.py), and reaches the provider as sent."""
+    tests/gateway/upstream/test_providers.py), and reaches the provider as sent."""
     alias, (provider,) = model
     weather = {
         "type": "function",

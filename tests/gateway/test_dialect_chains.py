@@ -1,6 +1,6 @@
 """Chains across upstream formats, end to end: the official OpenAI SDK against a real gateway whose
 deployments are OpenAI-format (the fast path), Anthropic-format and Gemini-format (litellm's
-translation, gateway.providers) on the mock provider. Whichever deployment serves, the client gets
+translation, gateway.upstream.providers) on the mock provider. Whichever deployment serves, the client gets
 one OpenAI answer: the same text, tool calls and usage; the ledger bills it at that deployment's
 prices; failover, breakers and the cache work the same on every format."""
 
@@ -14,9 +14,9 @@ from openai import OpenAI
 
 from billing.ledger import drain
 from billing.models import LedgerEntry
-from gateway.breakers import breaker_snapshot
 from gateway.mock_provider import answer_text, prompt_usage
 from gateway.models import BreakerPolicy, ChainEntry, Deployment, ModelAlias, Provider
+from gateway.upstream.breakers import breaker_snapshot
 from tests.conftest import unique
 from tests.gateway.test_cache import wait_stored
 

@@ -124,7 +124,7 @@ def test_an_embedding_is_billed_in_the_ledger_and_settles_its_reservation(
     assert (row.prompt_tokens, row.completion_tokens, row.cost_usd, row.stream) == (used, 0, used * PRICE, False)
     assert row.price_id is not None
     # The reservation (the input's bound) settled to what the provider billed.
-    from gateway.admission import to_units
+    from gateway.limits.admission import to_units
 
     assert holds(key_id, budget) == {"in_flight": 0, "tokens": used, "reserved": 0, "spent": to_units(used * PRICE)}
 

@@ -195,8 +195,8 @@ def test_breaker_transitions_count_by_state_entered():
 
 def test_breaker_states_are_read_from_redis_when_scraped(gateway, make_model, live_db):
     """Whoever changed a breaker, every process's scrape shows its state now (not what it last saw)."""
-    from gateway.breakers import breaker_force
     from gateway.models import Deployment
+    from gateway.upstream.breakers import breaker_force
 
     _, (name,) = make_model()
     deployment = Deployment.objects.get(name=name)

@@ -148,7 +148,7 @@ def test_injection_and_local_moderation_block(screened, mock_provider):
 
 
 def test_a_changed_policy_applies_from_the_next_request(screened, mock_provider):
-    from gateway.localstate import announce_change
+    from sentinel.localstate import announce_change
 
     client, alias, provider, tenant = screened(email="log")
     assert ask(client, alias, f"first, to {EMAIL}").status_code == 200  # the key's settings are now cached

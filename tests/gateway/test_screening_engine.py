@@ -20,7 +20,7 @@ from gateway.screening.engine import Screening, mask, screen_input
 from gateway.screening.personal_data import Span
 from gateway.screening.policy import Policy
 from gateway.screening.streaming import StreamScreen
-from gateway.transport import Event
+from gateway.upstream.transport import Event
 from tests.gateway import screening_values
 
 DATA = Path(__file__).resolve().parent.parent / "data"

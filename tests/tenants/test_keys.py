@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from gateway.localstate import GENERATION_KEY
+from sentinel.localstate import GENERATION_KEY
 from sentinel.redis_clients import sync_redis
 from tenants.models import Budget, VirtualKey
 from tenants.services import KEY_PREFIX, KeyNotRotatable, key_create, key_digest, key_revoke, key_rotate

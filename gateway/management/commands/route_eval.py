@@ -19,8 +19,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from billing.prices import price_at
-from gateway.autoroute import FAST, SMART, classify
-from gateway.tokens import prompt_bound
+from gateway.limits.tokens import prompt_bound
+from gateway.upstream.autoroute import FAST, SMART, classify
 
 DEFAULT_DATA = Path(settings.BASE_DIR) / "tests" / "data" / "routing_eval.jsonl"
 

@@ -466,7 +466,7 @@ def test_an_item_stored_with_such_a_parameter_is_refused_when_it_runs(
     path, which refuses it: a per-item 400, the rest of the batch runs, and the batch closes."""
     from gateway.batches.tasks import run_batch
     from tenants.models import VirtualKey
-    from tests.gateway.test_providers import Listener, translated_model
+    from tests.gateway.upstream.test_providers import Listener, translated_model
 
     tenant = make_tenant()
     client = sdk(gateway, make_key(tenant))

@@ -5,7 +5,7 @@ Rate limits are sliding logs (exact: a key limited to 100 requests a minute gets
 60 s, across every gateway process, with no doubling at window boundaries). Budgets reserve the
 request's worst-case cost at admission and settle to the real cost afterwards, so concurrency cannot
 overspend them. The bound (docs/budgets.md): while Redis answers, settled spend stays within a hard
-budget as long as each reservation is at least what its request is billed (gateway.tokens counts
+budget as long as each reservation is at least what its request is billed (gateway.limits.tokens counts
 prompts with the model's tokenizer, or with a documented margin where that is not public); a request
 that outlives its lease, or whose settlement Redis never receives, can overspend it by at most its own
 worst case. Holds go by a name Sentinel makes unique (hold_id), never by one a client chose.
@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
@@ -34,15 +34,18 @@ from django.conf import settings
 
 from billing import ledger
 from billing.money import quantize_cost
-from gateway import breakers, metrics, scripts
+from gateway import metrics
 from gateway.auth import KeyInfo, block_markers
-from gateway.breakers import Attempt
 from gateway.errors import GatewayError
-from gateway.localstate import GENERATION_KEY, current_generation, observe_generation
+from gateway.lua import scripts
+from gateway.upstream import breakers
+from gateway.upstream.breakers import Attempt
+from sentinel.localstate import GENERATION_KEY, current_generation, observe_generation
 from sentinel.redis_clients import NotWaiting, checking_allowed
+from tenants.periods import period_bounds
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.upstream.routing import Target
 
 log = logging.getLogger(__name__)
 
@@ -110,16 +113,6 @@ def counts_tokens(key: KeyInfo, model_limits: dict[str, int]) -> bool:
     (through its cost) or a tokens-per-minute limit applies. Otherwise a cheap bound serves."""
     limits = (dict(key.key_limits), dict(key.tenant_limits), model_limits)
     return any(budget[5] for budget in key.budgets) or any("tpm" in scope for scope in limits)
-
-
-def period_bounds(period: str, now: datetime) -> tuple[date, datetime]:
-    """The UTC calendar period containing `now`: its first day and the moment it ends."""
-    today = now.date()
-    if period == "daily":
-        return today, datetime.combine(today + timedelta(days=1), datetime.min.time(), UTC)
-    first = today.replace(day=1)
-    following = (first + timedelta(days=32)).replace(day=1)
-    return first, datetime.combine(following, datetime.min.time(), UTC)
 
 
 def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:

@@ -9,11 +9,11 @@ from itertools import groupby
 
 from asgiref.sync import sync_to_async
 
-from gateway import transport
-from gateway.breakers import Policy
 from gateway.errors import GatewayError
-from gateway.localstate import TTLCache
 from gateway.models import ChainEntry, ModelAlias, Provider
+from gateway.upstream import transport
+from gateway.upstream.breakers import Policy
+from sentinel.localstate import TTLCache
 
 _routes = TTLCache(ttl=30.0, maxsize=10_000)
 DEFAULT_MAX_OUTPUT_TOKENS = 4096

@@ -12,7 +12,7 @@ import httpx
 
 from billing.ledger import drain
 from billing.models import LedgerEntry
-from gateway.admission import deployment_in_flight
+from gateway.limits.admission import deployment_in_flight
 from gateway.models import Deployment
 
 

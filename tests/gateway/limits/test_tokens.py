@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from gateway import tokens
+from gateway.limits import tokens
 from gateway.mock_provider import prompt_usage
 
 MODEL = "openai/gpt-4o-mini"  # what the tests' deployments are; the mock bills with o200k_base

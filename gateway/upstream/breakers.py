@@ -21,12 +21,16 @@ from typing import TYPE_CHECKING
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 from redis import exceptions as redis_errors
 
-from gateway import metrics, scripts
+from gateway import metrics
+from gateway.lua import scripts
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.upstream.routing import Target
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,51 @@ DEFAULT_POLICY = Policy()
 def keys_for(deployment_id: int) -> tuple[str, str]:
     base = f"{{sentinel}}:cb:{deployment_id}"
     return base, base + ":w"
+
+
+# Forced states count as what they force.
+BREAKER_VALUES = {"closed": 0, "forced_closed": 0, "half_open": 1, "open": 2, "forced_open": 2}
+
+
+class BreakerStates(Collector):
+    """sentinel_breaker_state, read from Redis at scrape time for every deployment."""
+
+    def describe(self):
+        return [self._family()]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "sentinel_breaker_state",
+            "Circuit breaker state per deployment, as shared in Redis: 0 closed, 1 half-open, 2 open.",
+            labels=("deployment",),
+        )
+
+    def collect(self):
+        import redis
+
+        from gateway.models import Deployment
+        from sentinel.redis_clients import sync_redis
+
+        family = self._family()
+        deployments = list(Deployment.objects.values_list("pk", "name"))
+        pipe = sync_redis().pipeline(transaction=False)
+        for pk, _ in deployments:
+            pipe.hmget(keys_for(pk)[0], "state", "forced")
+        try:
+            states = pipe.execute()
+        except redis.RedisError:
+            return [family]  # no word from Redis is no state, not "closed"
+        for (_, name), (state, forced) in zip(deployments, states, strict=True):
+            value = "forced_" + forced.decode() if forced else (state or b"closed").decode()
+            family.add_metric([name], BREAKER_VALUES.get(value, 0))
+        return [family]
+
+
+# /metrics serves it (gateway.views): the breakers own their state and how it is read, so the metrics
+# module below them does not import them.
+STATE_REGISTRY = CollectorRegistry(auto_describe=False)
+STATE_REGISTRY.register(BreakerStates())
 
 
 @dataclass
@@ -211,8 +260,8 @@ def breaker_force(*, deployment, state: str, actor, reason: str) -> None:
     """Force a breaker open or closed (state "open" / "closed"), or give it back to automatic ("")."""
     from django.db import transaction
 
-    from gateway.localstate import announce_change
     from gateway.models import ControlAction
+    from sentinel.localstate import announce_change
     from sentinel.redis_clients import sync_redis
 
     old = breaker_snapshot(deployment.pk)["state"]

@@ -1,6 +1,6 @@
 """Calls to upstream deployments. litellm is the provider layer for every provider: for those that
 answer in OpenAI's format it builds the request and the fast path relays the answer
-(gateway.transport); for the others litellm.acompletion does the whole call and translation."""
+(gateway.upstream.transport); for the others litellm.acompletion does the whole call and translation."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 import litellm
 
-from gateway import transport
-from gateway.failures import UpstreamError, classify
-from gateway.routing import Target
 from gateway.schemas import forwarded
-from gateway.transport import Event
+from gateway.upstream import transport
+from gateway.upstream.failures import UpstreamError, classify
+from gateway.upstream.routing import Target
+from gateway.upstream.transport import Event
 from sentinel import logs
 
 litellm.suppress_debug_info = True

@@ -12,7 +12,7 @@ from django.test import Client
 
 from billing.ledger import drain
 from billing.models import LedgerEntry
-from gateway.admission import provider_spend_today
+from gateway.limits.admission import provider_spend_today
 from gateway.models import Deployment, Provider
 
 PRICE = Decimal("0.00001")  # per token, both ways: a request of ~50 tokens costs about $0.0005

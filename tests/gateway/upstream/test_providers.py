@@ -20,10 +20,10 @@ import pytest
 from litellm.llms.bedrock.base_aws_llm import BaseAWSLLM
 from litellm.types.utils import all_litellm_params
 
-from gateway import providers
 from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
-from gateway.routing import Target
 from gateway.schemas import CHAT_PARAMETERS
+from gateway.upstream import providers
+from gateway.upstream.routing import Target
 from tests.conftest import unique
 from tests.servers import free_port
 
@@ -155,7 +155,7 @@ def test_the_body_cannot_redirect_a_translated_call_with_the_operators_key(
 
 
 def test_the_fast_path_refuses_them_too(gateway, api_key, model, mock_provider, redirect):
-    """OpenAI-format deployments relay the body (gateway.transport): the same allowlist applies."""
+    """OpenAI-format deployments relay the body (gateway.upstream.transport): the same allowlist applies."""
     alias, (provider,) = model
     for name in ("api_base", "base_url", "api_key", "extra_headers", "headers", "custom_llm_provider"):
         body = {"model": alias, "messages": [{"role": "user", "content": "hi"}]}
@@ -319,7 +319,7 @@ def test_litellm_fetches_no_image_from_an_internal_address(gateway, tenant, make
 
 
 def target(litellm_model: str, api_base: str | None, api_key: str | None) -> Target:
-    from gateway.breakers import DEFAULT_POLICY
+    from gateway.upstream.breakers import DEFAULT_POLICY
 
     return Target(
         deployment_id=1,
@@ -419,6 +419,6 @@ def test_a_malformed_answer_reaches_the_client_without_a_traceback(
     ],
 )
 def test_client_text_drops_tracebacks_and_paths(raw, expected):
-    from gateway.failures import client_text
+    from gateway.upstream.failures import client_text
 
     assert client_text(raw) == expected

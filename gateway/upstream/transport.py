@@ -5,7 +5,7 @@ rules included), builds the body, the URL and the authentication headers. What t
 litellm's response machinery, which costs about 6 ms of CPU per call and 1 ms per streamed chunk
 here: an OpenAI-compatible upstream already answers in the shape the client expects, so the bytes
 are relayed as they come, parsed only to read usage, content and errors. Failures get the same
-verdicts as litellm's exceptions (gateway.failures; the contract tests hold both paths to that).
+verdicts as litellm's exceptions (gateway.upstream.failures; the contract tests hold both paths to that).
 
 Providers whose answers need translation (Anthropic, Bedrock, Gemini, ...) use litellm.acompletion.
 """
@@ -21,7 +21,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.failures import (
+from gateway.schemas import forwarded
+from gateway.upstream.failures import (
     UpstreamError,
     connection_error,
     error_body,
@@ -29,7 +30,6 @@ from gateway.failures import (
     timeout_error,
     unsupported_parameter,
 )
-from gateway.schemas import forwarded
 
 # litellm providers whose chat responses are OpenAI's format byte for byte.
 OPENAI_SHAPED_PROVIDERS = frozenset({"openai", "hosted_vllm"})

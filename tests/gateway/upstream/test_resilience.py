@@ -12,10 +12,10 @@ import pytest
 from channels.layers import get_channel_layer
 from openai import OpenAI
 
-from gateway.breakers import breaker_force, breaker_snapshot
 from gateway.mock_provider import answer_text
 from gateway.models import BreakerPolicy, BreakerTransition, ControlAction, Deployment, ModelAlias
 from gateway.services import kill_switch_set
+from gateway.upstream.breakers import breaker_force, breaker_snapshot
 from tests.conftest import unique
 from tests.servers import start_gateway
 
@@ -369,8 +369,8 @@ def test_a_transition_seen_on_the_request_path_reaches_operators_webhooks_signed
 def test_deployments_sharing_a_position_split_traffic_by_weight(gateway, api_key, make_model, mock_provider):
     """Equals in a chain (same position) are picked by weight per request: 3:1 gives about 3/4 of the
     traffic to the first (here 200 requests: 150 expected, bounds at five standard deviations)."""
-    from gateway.localstate import announce_change
     from gateway.models import ChainEntry
+    from sentinel.localstate import announce_change
 
     model, (heavy, light) = make_model(chain_length=2)
     ChainEntry.objects.filter(alias__name=model).update(position=0)
@@ -384,8 +384,8 @@ def test_deployments_sharing_a_position_split_traffic_by_weight(gateway, api_key
 
 
 def test_a_provider_that_refuses_connections_is_failed_over(gateway, api_key, chain, mock_provider):
-    from gateway.localstate import announce_change
     from gateway.models import Provider
+    from sentinel.localstate import announce_change
 
     model, (primary, secondary) = chain()
     Provider.objects.filter(name=primary).update(api_base="http://127.0.0.1:1/v1")  # nothing listens there

@@ -20,12 +20,13 @@ from openai import AsyncOpenAI
 
 from billing.ledger import drain
 from billing.models import LedgerEntry
-from gateway import tokens
-from gateway.admission import period_bounds, to_units
+from gateway.limits import tokens
+from gateway.limits.admission import to_units
 from gateway.mock_provider import prompt_usage
 from gateway.models import Deployment
 from sentinel.redis_clients import sync_redis
 from tenants.models import Budget, VirtualKey
+from tenants.periods import period_bounds
 from tests.servers import start_gateway
 
 
@@ -261,7 +262,7 @@ def test_a_reused_request_id_takes_its_own_share_of_every_limit(fleet, tenant, m
     drain()
     assert sum(row.cost_usd for row in LedgerEntry.objects.filter(tenant=tenant)) == Decimal("0.02")
     Budget.objects.filter(tenant=tenant).delete()
-    from gateway.localstate import announce_change
+    from sentinel.localstate import announce_change
 
     announce_change()
     assert sorted(asyncio.run(burst(limited, 10))) == [200] * 3 + [429] * 7
@@ -325,7 +326,7 @@ def test_a_reservation_settles_to_the_real_cost_below_the_worst_case(gateway, he
     spent and nothing stays reserved."""
     model, provider, key, key_id, budget = held
     Deployment.objects.filter(name=provider).update(input_price_override=0, output_price_override=Decimal("0.00025"))
-    from gateway.localstate import announce_change
+    from sentinel.localstate import announce_change
 
     announce_change()
     response = httpx.post(

@@ -13,10 +13,10 @@ from django.core.management import call_command
 
 from billing.ledger import drain
 from billing.models import LedgerEntry
-from gateway.autoroute import HEAD_CHARS, TAIL_CHARS, classify
 from gateway.mock_provider import answer_text
+from gateway.upstream.autoroute import HEAD_CHARS, TAIL_CHARS, classify
 
-EVAL = Path(__file__).resolve().parents[1] / "data" / "routing_eval.jsonl"
+EVAL = Path(__file__).resolve().parents[2] / "data" / "routing_eval.jsonl"
 
 
 def route(prompt: str) -> str:

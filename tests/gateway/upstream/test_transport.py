@@ -6,8 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway import transport
-from gateway.failures import UpstreamError
+from gateway.upstream import transport
+from gateway.upstream.failures import UpstreamError
 
 
 @pytest.fixture
