@@ -21,7 +21,7 @@ from gateway.mock_dialects import embedding_of, embedding_usage
 from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
 from tenants.models import Budget, VirtualKey
 from tests.conftest import unique
-from tests.gateway.test_admission import holds
+from tests.gateway.limits.test_admission import holds
 from tests.gateway.test_cache import wait_stored
 
 OPENAI_MODEL = "openai/text-embedding-3-small"
