@@ -12,6 +12,7 @@ import atexit
 import json
 import logging
 import os
+import signal
 import socket
 import warnings
 from contextlib import contextmanager
@@ -101,8 +102,16 @@ def _start_valkey(valkey_dir: Path) -> str:
         maxclients=4096,
     )
     tunables = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES"), VALKEY_MALLOC_TUNABLES]))
-    with _environment(GLIBC_TUNABLES=tunables):
-        server.start()  # its process inherits this environment
+    # Started with SIGINT blocked (a mask its process inherits and keeps): Ctrl-C in a terminal
+    # signals the whole foreground group, and Valkey, unlike the processes `make run` starts in
+    # sessions of their own, would stop at once, before the worker and the web processes that use
+    # it. It is stopped last, when this process exits.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with _environment(GLIBC_TUNABLES=tunables):
+            server.start()  # its process inherits this environment
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     state_file.write_text(json.dumps({"pid": server._process.pid, "port": server.port}))
 
     def stop() -> None:

@@ -91,7 +91,21 @@ def wait_http_ok(url: str, timeout: float, children: list[Child]) -> bool:
     return False
 
 
+# The order children stop in: the web processes first (no new requests), then the worker and beat
+# (the worker finishes its tasks: a warm shutdown), then the mock provider; storage stops last, when
+# this process exits (sentinel.embedded).
+STOP_ORDER = (("web",), ("worker", "beat"), ("mock",))
+
+
 def stop_all(children: list[Child]) -> None:
+    by_name = {child.name: child for child in children}
+    for names in STOP_ORDER:
+        group = [by_name[name] for name in names if name in by_name]
+        _stop(group)
+    _stop([child for child in children if all(child.name not in names for names in STOP_ORDER)])
+
+
+def _stop(children: list[Child]) -> None:
     for child in children:
         child.signal_group(signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_SECONDS
