@@ -197,7 +197,7 @@ def _row(raw: bytes) -> tuple:
     for name, expected in _TYPES.items():
         value = data[name]
         # bool is an int to isinstance, never to a ledger column
-        if not isinstance(value, expected) or (value is True or value is False) and expected != (bool,):
+        if not isinstance(value, expected) or ((value is True or value is False) and expected != (bool,)):
             raise Refused(
                 LedgerDeadLetter.Kind.UNDECODABLE, f"not a ledger record: {name} is a JSON {_json_type(value)}"
             )

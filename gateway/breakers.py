@@ -193,7 +193,7 @@ def breaker_snapshot(deployment_id: int) -> dict:
     """The shared state as stored (for the admin and the live view)."""
     from sentinel.redis_clients import sync_redis
 
-    key, window = keys_for(deployment_id)
+    key, _window = keys_for(deployment_id)
     try:
         state, forced, open_until, openings = sync_redis().hmget(key, "state", "forced", "open_until", "openings")
     except _REDIS_ERRORS:

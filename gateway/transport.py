@@ -91,7 +91,7 @@ def prepare(litellm_model: str, api_base: str | None, api_key: str | None) -> Fa
 
     try:
         model, provider, _, resolved_base = litellm.get_llm_provider(litellm_model, api_base=api_base)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a model litellm cannot place goes through litellm itself
         return None
     if provider not in OPENAI_SHAPED_PROVIDERS:
         return None

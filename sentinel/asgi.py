@@ -14,7 +14,7 @@ import threading
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+from django.core.asgi import get_asgi_application
 
 console_application = get_asgi_application()
 

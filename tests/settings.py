@@ -9,7 +9,7 @@ os.environ.setdefault("SENTINEL_DATA_DIR", ".data/test")
 # too; tests of the guard itself start theirs with SENTINEL_EGRESS_ALLOW="" (tests/sentinel/test_egress.py).
 os.environ.setdefault("SENTINEL_EGRESS_ALLOW", "127.0.0.1")
 
-from sentinel.settings import *  # noqa: E402,F403
+from sentinel.settings import *  # noqa: F403
 
 # Users are created by the dozen (the tenancy fixture makes five per test): a fast hasher keeps that
 # from costing seconds per test. The gateway processes tests start load these settings too.

@@ -117,7 +117,7 @@ def test_a_stalled_redis_is_not_waited_for_and_recovery_is_immediate(
     frozen server would). Requests stop waiting on it after the short admission timeout and each
     tenant's policy applies; the admission steps it held, run when it resumes, take nothing; and the
     first request after it answers again is admitted through it."""
-    server, port = own_redis
+    _server, port = own_redis
     direct = redis.Redis(port=port)
     with StallingProxy(port) as proxy:
         gateway = start_gateway(test_database_name, env={"REDIS_URL": proxy.url})

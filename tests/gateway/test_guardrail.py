@@ -115,7 +115,7 @@ def test_no_spelling_of_an_internal_guardrail_is_called(guarded, internal, egres
 def test_an_allowed_guardrails_redirect_to_an_internal_address_is_not_followed(guarded, internal, mock_provider):
     public = Listener(PUBLIC, status=307, headers={"location": internal.url("/check")})
     try:
-        client, alias, provider, tenant = guarded(public.url("/check"), "closed")
+        client, alias, provider, _tenant = guarded(public.url("/check"), "closed")
         with pytest.raises(openai.InternalServerError):
             ask(client, alias, "the launch code is 0000", stream=False)
         assert len(public.requests) == 1  # the allowed host was asked, and answered with a redirect

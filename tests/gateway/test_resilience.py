@@ -103,7 +103,7 @@ def test_slow_primary_opens_on_slow_call_rate(gateway, api_key, chain, mock_prov
 
 
 def test_half_open_lets_only_the_configured_probes_through_then_closes(gateway, api_key, chain, mock_provider):
-    model, (primary, secondary) = chain(open_seconds=1, half_open_probes=3, slow_call_seconds=5)
+    model, (primary, _secondary) = chain(open_seconds=1, half_open_probes=3, slow_call_seconds=5)
     mock_provider.control(primary, error_rate=1.0)
     for i in range(3):
         post(gateway, api_key, model, f"o{i}")

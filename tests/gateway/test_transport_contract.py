@@ -20,7 +20,7 @@ def served(request, gateway, tenant, make_key, make_model):
 
 
 def test_non_streamed(served):
-    alias, provider, client = served
+    alias, _provider, client = served
     raw = client.chat.completions.with_raw_response.create(
         model=alias, messages=[{"role": "user", "content": "contract"}], temperature=0.5, seed=7
     )
