@@ -24,6 +24,19 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
+# Fixtures that start or reach a server (PostgreSQL, Valkey, a gateway or mock provider process, a
+# browser): a test that uses one, directly or through another fixture, is marked `servers`, and
+# `make test-fast` (`-m "not servers"`) leaves it out. Tests that reach a server without a fixture
+# carry `pytest.mark.servers` themselves.
+SERVER_FIXTURES = {"django_db_setup", "mock_provider", "gateway", "browser"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("django_db"):
+            item.add_marker(pytest.mark.servers)
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
