@@ -365,8 +365,7 @@ def test_upstream_failure_releases_everything(gateway, mock_provider, held, stre
 @pytest.mark.parametrize("stream", [False, True])
 def test_client_disconnect_before_first_token_releases_everything(gateway, mock_provider, held, stream):
     model, provider, key, key_id, budget = held
-    mock_provider.control(provider, stall_ms=4000)  # the provider would answer after 4 s
-    started = time.monotonic()
+    mock_provider.control(provider, stall_ms=30_000)  # the provider would answer long after the test
 
     def impatient_client():
         with pytest.raises(httpx.ReadTimeout):
@@ -383,11 +382,12 @@ def test_client_disconnect_before_first_token_releases_everything(gateway, mock_
     during = holds(key_id, budget)
     assert during["in_flight"] == 1 and during["reserved"] > 0 and during["tokens"] > 0
     client.join()
-    while holds(key_id, budget)["in_flight"] and time.monotonic() - started < 3.5:
+    deadline = time.monotonic() + 15  # a bound on the wait, not a claim about speed
+    while holds(key_id, budget)["in_flight"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    # Released by the disconnect at ~1 s, long before the provider would have answered.
-    assert time.monotonic() - started < 3.0
+    # Released by the disconnect, not by an answer: the provider has answered nothing yet.
     assert holds(key_id, budget) == {"in_flight": 0, "tokens": 0, "reserved": 0, "spent": 0}
+    assert mock_provider.stats(provider)["completed"] == 0
 
 
 def test_concurrency_limit(gateway, tenant, make_key, make_model, mock_provider, live_db):
@@ -410,8 +410,7 @@ def test_the_window_slides(test_database_name, tenant, make_key, make_model, moc
         assert sorted(s for s, _, _ in first) == [200] * 5 + [429]
         retry = int(next(h for s, h, _ in first if s == 429)["retry-after"])
         assert retry <= 2
-        time.sleep(2.3)
-        assert time.monotonic() - admitted_by >= 2.3
+        time.sleep(max(0.0, admitted_by + 2.3 - time.monotonic()))  # every entry of the first batch has left
         second = asyncio.run(fire(urls, key, [ask(model, i) for i in range(6, 12)]))
         assert sorted(s for s, _, _ in second) == [200] * 5 + [429]
 

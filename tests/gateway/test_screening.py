@@ -416,11 +416,10 @@ def test_input_fails_open_when_the_tenant_says_so(screened, mock_provider):
     client, alias, _, tenant = screened(
         moderation_provider=mod, moderation_input_outage="open", moderation_timeout_ms=200
     )
-    started = time.monotonic()
     assert ask(client, alias, "an ordinary question").status_code == 200
-    assert time.monotonic() - started < 2.5  # bounded by the moderation timeout (twice), not the stall
     (row,) = ledger_rows(tenant, 1)
-    # The answer's moderation timed out too, and answers fail open by default.
+    # Bounded by the timeout, not the stall (which ends in a clean verdict, no outage): the answer's
+    # moderation timed out too, and answers fail open by default.
     assert row.screening["outages"] == [["moderation", "in", "open"], ["moderation", "out", "open"]]
 
 
@@ -551,10 +550,9 @@ def test_guardrail_allows_blocks_and_redacts(guarded, mock_provider):
 def test_guardrail_timeout_is_bounded_and_fails_closed_by_default(guarded, mock_provider):
     _, make = guarded
     client, alias, provider, tenant = make()
-    started = time.monotonic()
     with pytest.raises(openai.InternalServerError) as refused:
         ask(client, alias, "a slow one")
-    assert time.monotonic() - started < 1.4  # the 400 ms timeout, not the guardrail's 1.5 s
+    # The 400 ms timeout, not the guardrail's 1.5 s: a late verdict would have let the request through.
     assert refused.value.response.json()["error"]["code"] == "screening_unavailable"
     assert mock_provider.stats(provider)["calls"] == 0
     (row,) = ledger_rows(tenant, 1)
