@@ -2,9 +2,9 @@
 
 litellm stays in charge of the request: its provider config maps the parameters (o-series and GPT-5
 rules included), builds the body, the URL and the authentication headers. What this module skips is
-litellm's response machinery, which costs about 6 ms of CPU per call and 1 ms per streamed chunk
-here: an OpenAI-compatible upstream already answers in the shape the client expects, so the bytes
-are relayed as they come, parsed only to read usage, content and errors. Failures get the same
+litellm's response machinery (its CPU cost per call and per streamed chunk: docs/decisions.md #3):
+an OpenAI-compatible upstream already answers in the shape the client expects, so the bytes are
+relayed as they come, parsed only to read usage, content and errors. Failures get the same
 verdicts as litellm's exceptions (gateway.failures; the contract tests hold both paths to that).
 
 Providers whose answers need translation (Anthropic, Bedrock, Gemini, ...) use litellm.acompletion.
