@@ -19,27 +19,16 @@ from pathlib import Path
 
 import httpx
 
+from sentinel.startup import free_port, wait_until_ready
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def wait_until_ok(url: str, process: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {process.returncode}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready after {timeout}s")
+    def exited() -> str | None:
+        return None if process.poll() is None else f"process for {url} exited with {process.returncode}"
+
+    wait_until_ready(url, timeout=timeout, stopped=exited)
 
 
 def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
