@@ -28,7 +28,6 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-import redis.exceptions
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
@@ -39,7 +38,7 @@ from gateway.auth import KeyInfo, block_markers
 from gateway.breakers import Attempt
 from gateway.errors import GatewayError
 from gateway.localstate import GENERATION_KEY, current_generation, observe_generation
-from sentinel.redis_clients import NotWaiting, checking_allowed
+from sentinel.redis_clients import UNREACHABLE, NotWaiting, checking_allowed
 
 if TYPE_CHECKING:
     from gateway.routing import Target
@@ -50,7 +49,6 @@ WINDOW_MS = settings.RATE_WINDOW_SECONDS * 1000
 UNITS_PER_USD = 10**10  # Redis counts money in integer units of 1e-10 USD (the ledger's precision)
 LEASE_MARGIN_MS = 30_000
 SPEND_TTL_SECONDS = 2 * 86400  # a provider's spend counter outlives its UTC day
-_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 def to_units(amount: Decimal) -> int:
@@ -178,7 +176,7 @@ def provider_spend_today(provider_id: int) -> Decimal | None:
 
     try:
         units = sync_redis().get(provider_spend_key(provider_id, datetime.now(UTC).date()))
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         return None
     return from_units(int(units or 0))
 
@@ -189,7 +187,7 @@ def deployment_in_flight(deployment_id: int) -> int | None:
 
     try:
         return sync_redis().zcount(in_flight_key(deployment_id), int(time.time() * 1000), "+inf")
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         return None
 
 
@@ -293,7 +291,7 @@ async def admit(
                     )
             except NotWaiting:
                 raise
-            except _REDIS_ERRORS:
+            except UNREACHABLE:
                 # Sent, but no answer: the step may have run, or run when Redis resumes. Once Redis
                 # answers again, whatever it took is given back (void.lua).
                 _voids.append(_void_of(ticket, deployments))
@@ -307,7 +305,7 @@ async def admit(
             # from the ledger, then try again.
             index = int(result[1]) - 1
             initial[index] = to_units(await settled_spend(ticket.budgets[index]))
-    except _REDIS_ERRORS as exc:
+    except UNREACHABLE as exc:
         log.debug("admission without Redis (%s): the tenant's policy decides", exc)
         return _admit_without_redis(key, ticket)
 
@@ -430,7 +428,7 @@ async def _void_given_up() -> None:
             await scripts.void(keys=keys, args=args)
             _voids.pop(0)
             log.info("voided the admission step of %s, given up on while Redis did not answer", args[0])
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         pass  # unreachable again: the next answer goes on
     finally:
         _voiding = False
@@ -446,7 +444,7 @@ async def reserve(ticket: Ticket, targets: list[Target]) -> None:
     lease_ms = int(settings.CHAIN_DEADLINE_SECONDS * 1000) + LEASE_MARGIN_MS
     try:
         states, slot = await scripts.reserve(keys=keys, args=[ticket.request_id, lease_ms, len(targets), *args])
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         return  # unreachable: nothing is limited, as admission without Redis limits nothing
     for target, state in zip(targets, states, strict=True):
         ticket.breaker_states[target.deployment_id] = state.decode()
@@ -527,7 +525,7 @@ async def settle(
                 ledger_record,
             ],
         )
-    except _REDIS_ERRORS as exc:
+    except UNREACHABLE as exc:
         # The holds expire on their own (leases); the ledger keeps the spend either way.
         log.warning("admission: could not settle %s (%s)", ticket.request_id, exc)
         breakers.record_locally(attempts)

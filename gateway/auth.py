@@ -15,12 +15,11 @@ import orjson
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db.models import Q
-from redis import exceptions as redis_errors
 
 from gateway.errors import GatewayError
 from gateway.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker, current_generation
 from gateway.screening.policy import Policy, policy_from_model
-from sentinel.redis_clients import async_redis
+from sentinel.redis_clients import UNREACHABLE, async_redis
 from tenants.models import Budget, Tenant, VirtualKey
 from tenants.services import key_digest
 
@@ -138,7 +137,7 @@ async def _lookup(digest: str) -> KeyInfo | None:
     cache_key = _redis_cache_key(digest)
     try:
         raw = await redis.get(cache_key)
-    except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+    except UNREACHABLE:
         raw, redis = None, None  # Redis is down: the database still knows the key
     if raw is not None:
         data = orjson.loads(raw)
@@ -148,7 +147,7 @@ async def _lookup(digest: str) -> KeyInfo | None:
     else:
         info = await sync_to_async(_load_from_db)(digest)
         if redis is not None:
-            with contextlib.suppress(redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+            with contextlib.suppress(*UNREACHABLE):
                 await redis.set(
                     cache_key,
                     orjson.dumps(asdict(info) if info else None),
@@ -215,7 +214,7 @@ async def ensure_not_blocked(info: KeyInfo) -> None:
 
     try:
         generation, key_blocked, tenant_blocked = await async_redis().mget(GENERATION_KEY, *block_markers(info))
-    except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+    except UNREACHABLE:
         return
     observe_generation(generation)
     if key_blocked:

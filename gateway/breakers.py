@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
-from redis import exceptions as redis_errors
 
 from gateway import metrics, scripts
+from sentinel.redis_clients import UNREACHABLE
 
 if TYPE_CHECKING:
     from gateway.routing import Target
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CIRCUITS_GROUP = "circuits"
-_REDIS_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ async def permit(target: Target, state: str, *, local: bool) -> tuple[bool, bool
             keys=[keys_for(target.deployment_id)[0]],
             args=[target.policy.half_open_probes, int(settings.CHAIN_DEADLINE_SECONDS * 1000)],
         )
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         return _local.permit(target)
     if transition:
         announce(target, transition.decode(), "open time over; probing")
@@ -196,7 +195,7 @@ def breaker_snapshot(deployment_id: int) -> dict:
     key, _window = keys_for(deployment_id)
     try:
         state, forced, open_until, openings = sync_redis().hmget(key, "state", "forced", "open_until", "openings")
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         return {"state": "unknown", "open_for_seconds": None, "openings": None}
     state = (state or b"closed").decode()
     if forced:
