@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field, fields
 import orjson
 from aiohttp import web
 
+from gateway import sse
+
 DEFAULT_PROVIDER = "default"
 
 # Short common words: each one is a token of the answer, so an answer of N tokens is N words.
@@ -521,14 +523,7 @@ class MockProvider:
         created = int(time.time())
 
         def chunk(delta: dict, finish: str | None = None) -> bytes:
-            payload = {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-            return b"data: " + orjson.dumps(payload) + b"\n\n"
+            return sse.chunk(completion_id, created, model, delta, finish)
 
         if faults.ttft_ms:
             await asyncio.sleep(faults.ttft_ms / 1000)
@@ -558,8 +553,8 @@ class MockProvider:
                 "choices": [],
                 "usage": usage,
             }
-            await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
+            await response.write(sse.event(payload))
+        await response.write(sse.DONE)
         await response.write_eof()
         state.completed += 1
         return response
