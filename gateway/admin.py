@@ -12,7 +12,6 @@ from gateway.batches.models import Batch, BatchItem
 from gateway.batches.services import batch_cancel
 from gateway.breakers import breaker_force, breaker_snapshot
 from gateway.cache.services import cache_invalidate
-from gateway.localstate import announce_change
 from gateway.models import (
     BreakerPolicy,
     BreakerTransition,
@@ -25,25 +24,9 @@ from gateway.models import (
     Provider,
 )
 from gateway.services import kill_switch_set
-from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
+from sentinel.console.scoping import AnnouncesChanges, OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
 from sentinel.text import PlainTextForm, PlainTextInline
 from tenants.selectors import MANAGE
-
-
-class AnnouncesChanges(OperatorOnlyAdmin):
-    """Gateway processes cache routing configuration: tell them when the admin changes it."""
-
-    def save_related(self, request, form, formsets, change):
-        super().save_related(request, form, formsets, change)
-        announce_change()
-
-    def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        announce_change()
-
-    def delete_queryset(self, request, queryset):
-        super().delete_queryset(request, queryset)
-        announce_change()
 
 
 class ProviderForm(forms.ModelForm):
@@ -71,7 +54,7 @@ class ProviderForm(forms.ModelForm):
 
 
 @admin.register(Provider)
-class ProviderAdmin(AnnouncesChanges):
+class ProviderAdmin(AnnouncesChanges, OperatorOnlyAdmin):
     form = ProviderForm
     list_display = ["name", "kind", "api_base", "key_configured", "timeout_seconds", "spend_today"]
     search_fields = ["name", "kind"]
@@ -105,7 +88,7 @@ class ReasonForm(PlainTextForm, forms.Form):
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(AnnouncesChanges):
+class DeploymentAdmin(AnnouncesChanges, OperatorOnlyAdmin):
     list_display = [
         "name",
         "provider",
@@ -199,7 +182,7 @@ class DeploymentAdmin(AnnouncesChanges):
 
 
 @admin.register(BreakerPolicy)
-class BreakerPolicyAdmin(AnnouncesChanges):
+class BreakerPolicyAdmin(AnnouncesChanges, OperatorOnlyAdmin):
     list_display = [
         "name",
         "window_seconds",
@@ -275,7 +258,7 @@ class ChainEntryInline(PlainTextInline, admin.TabularInline):
 
 
 @admin.register(ModelAlias)
-class ModelAliasAdmin(AnnouncesChanges):
+class ModelAliasAdmin(AnnouncesChanges, OperatorOnlyAdmin):
     list_display = ["name", "description"]
     search_fields = ["name"]
     inlines = [ChainEntryInline]

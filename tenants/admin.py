@@ -22,6 +22,7 @@ from billing.money import ZERO
 from billing.selectors import key_usage
 from gateway.localstate import announce_change
 from sentinel.console.scoping import (
+    AnnouncesChanges,
     OperatorOnlyAdmin,
     TenantFilter,
     TenantScopedAdmin,
@@ -461,7 +462,7 @@ class BudgetForm(forms.ModelForm):
 
 
 @admin.register(Budget)
-class BudgetAdmin(TenantScopedAdmin):
+class BudgetAdmin(AnnouncesChanges, TenantScopedAdmin):
     form = BudgetForm
     list_display = ["tenant", "key", "period", "limit_usd", "alert_at_percent", "hard"]
     list_filter = ["period", "hard", TenantFilter]
@@ -471,19 +472,10 @@ class BudgetAdmin(TenantScopedAdmin):
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        announce_change()
         if not change or {"limit_usd", "alert_at_percent", "period", "key"} & set(form.changed_data):
             from tenants.tasks import budget_check
 
             transaction.on_commit(lambda: budget_check.delay(obj.pk))
-
-    def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        announce_change()
-
-    def delete_queryset(self, request, queryset):
-        super().delete_queryset(request, queryset)
-        announce_change()
 
 
 @admin.register(BudgetAlert)

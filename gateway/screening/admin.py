@@ -10,10 +10,9 @@ from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from gateway.localstate import announce_change
 from gateway.screening.models import ScreeningPolicy, ScreeningReport
 from gateway.screening.selectors import screening_decisions, screening_outages
-from sentinel.console.scoping import TenantFilter, TenantScopedAdmin
+from sentinel.console.scoping import AnnouncesChanges, TenantFilter, TenantScopedAdmin
 from tenants.selectors import MANAGE, tenant_ids_for, tenants_for
 
 REPORT_DAYS = (1, 7, 30, 90)
@@ -43,7 +42,7 @@ class ScreeningPolicyForm(forms.ModelForm):
 
 
 @admin.register(ScreeningPolicy)
-class ScreeningPolicyAdmin(TenantScopedAdmin):
+class ScreeningPolicyAdmin(AnnouncesChanges, TenantScopedAdmin):  # the keys' settings carry the policy
     view_roles = MANAGE
     form = ScreeningPolicyForm
     list_display = ["tenant", "enabled", "email", "payment_card", "secret", "injection", "moderation", "guardrail"]
@@ -101,15 +100,6 @@ class ScreeningPolicyAdmin(TenantScopedAdmin):
         if form.cleaned_data.get("guardrail_secret"):
             obj.set_guardrail_secret(form.cleaned_data["guardrail_secret"])
         super().save_model(request, obj, form, change)
-        announce_change()  # every process re-reads the keys' settings, which carry the policy
-
-    def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        announce_change()
-
-    def delete_queryset(self, request, queryset):
-        super().delete_queryset(request, queryset)
-        announce_change()
 
 
 @admin.register(ScreeningReport)

@@ -13,6 +13,7 @@ from django.contrib import admin
 from django.http import Http404
 from django.urls import reverse
 
+from gateway.localstate import announce_change
 from sentinel.text import PlainTextAdmin, PlainTextInline
 from tenants.models import Membership, Tenant, VirtualKey
 from tenants.selectors import ALL_ROLES, MANAGE
@@ -170,6 +171,23 @@ class TenantScopedInline(PlainTextInline):
     def __init__(self, parent_model, admin_site):
         super().__init__(parent_model, admin_site)
         self.parent_admin = admin_site.get_model_admin(parent_model)
+
+
+class AnnouncesChanges:
+    """A mixin for admins of configuration that gateway processes cache (routing, policies, budgets):
+    every save (inlines included) and delete tells them to re-read it."""
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        announce_change()
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        announce_change()
+
+    def delete_queryset(self, request, queryset):
+        super().delete_queryset(request, queryset)
+        announce_change()
 
 
 class OperatorOnlyAdmin(PlainTextAdmin, admin.ModelAdmin):
