@@ -24,7 +24,14 @@ from gateway.models import (
     Provider,
 )
 from gateway.services import kill_switch_set
-from sentinel.console.scoping import AnnouncesChanges, OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
+from sentinel.console.scoping import (
+    AnnouncesChanges,
+    OperatorOnlyAdmin,
+    TenantFilter,
+    TenantScopedAdmin,
+    ViewAndDelete,
+    ViewOnly,
+)
 from sentinel.text import PlainTextForm, PlainTextInline
 from tenants.selectors import MANAGE
 
@@ -196,17 +203,11 @@ class BreakerPolicyAdmin(AnnouncesChanges, OperatorOnlyAdmin):
 
 
 @admin.register(BreakerTransition)
-class BreakerTransitionAdmin(OperatorOnlyAdmin):
+class BreakerTransitionAdmin(ViewAndDelete, OperatorOnlyAdmin):
     list_display = ["created_at", "deployment", "from_state", "to_state", "reason", "actor"]
     list_filter = ["to_state", "deployment"]
     list_select_related = ["deployment", "actor"]
     date_hierarchy = "created_at"
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 class KillSwitchForm(forms.ModelForm):
@@ -236,19 +237,10 @@ class KillSwitchAdmin(OperatorOnlyAdmin):
 
 
 @admin.register(ControlAction)
-class ControlActionAdmin(OperatorOnlyAdmin):
+class ControlActionAdmin(ViewOnly, OperatorOnlyAdmin):
     list_display = ["created_at", "action", "subject", "reason", "actor"]
     list_filter = ["action"]
     list_select_related = ["actor"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class ChainEntryInline(PlainTextInline, admin.TabularInline):
@@ -265,7 +257,7 @@ class ModelAliasAdmin(AnnouncesChanges, OperatorOnlyAdmin):
 
 
 @admin.register(CacheEntry)
-class CacheEntryAdmin(TenantScopedAdmin):
+class CacheEntryAdmin(ViewAndDelete, TenantScopedAdmin):
     """A tenant's cached answers, for its admins to inspect and invalidate. Invalidating (or deleting
     one) goes through gateway.cache.services, which also clears the exact tier in Redis and in every
     process; a plain row delete would not."""
@@ -286,12 +278,6 @@ class CacheEntryAdmin(TenantScopedAdmin):
     def short_prompt(self, obj):
         return obj.prompt[:80]
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
     def get_actions(self, request):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)  # deleting must also clear Redis and every process
@@ -307,7 +293,7 @@ class CacheEntryAdmin(TenantScopedAdmin):
 
 
 @admin.register(Batch)
-class BatchAdmin(TenantScopedAdmin):
+class BatchAdmin(ViewOnly, TenantScopedAdmin):  # a batch is its tenant's record of the work: cancel it
     """Batches as their tenants see them through /v1/batches: read only; tenant admins (and operators)
     may cancel them."""
 
@@ -355,12 +341,3 @@ class BatchAdmin(TenantScopedAdmin):
 
     def has_cancel_permission(self, request):
         return self.has_view_permission(request) and self._allowed(request, None, self.manage_roles)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False  # a batch's rows are its tenant's record of the work; cancel it instead

@@ -27,6 +27,7 @@ from sentinel.console.scoping import (
     TenantFilter,
     TenantScopedAdmin,
     TenantScopedInline,
+    ViewAndDelete,
     may,
     tenant_ids_with,
 )
@@ -479,7 +480,7 @@ class BudgetAdmin(AnnouncesChanges, TenantScopedAdmin):
 
 
 @admin.register(BudgetAlert)
-class BudgetAlertAdmin(TenantScopedAdmin):
+class BudgetAlertAdmin(ViewAndDelete, TenantScopedAdmin):
     tenant_lookup = "budget__tenant_id"
     view_roles = SEE_SPEND
     list_display = ["budget", "period_start", "spent_usd", "created_at"]
@@ -487,12 +488,6 @@ class BudgetAlertAdmin(TenantScopedAdmin):
     list_select_related = ["budget__tenant", "budget__key"]
     search_fields = ["budget__tenant__name", "budget__key__name"]
     readonly_fields = ["budget", "period_start", "spent_usd", "created_at"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 # --- webhooks ------------------------------------------------------------------------------------

@@ -6,14 +6,13 @@ from datetime import timedelta
 
 from django import forms
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from gateway.screening.models import ScreeningPolicy, ScreeningReport
 from gateway.screening.selectors import screening_decisions, screening_outages
-from sentinel.console.scoping import AnnouncesChanges, TenantFilter, TenantScopedAdmin
-from tenants.selectors import MANAGE, tenant_ids_for, tenants_for
+from sentinel.console.scoping import AnnouncesChanges, ReportAdmin, TenantFilter, TenantScopedAdmin
+from tenants.selectors import MANAGE, tenant_ids_for
 
 REPORT_DAYS = (1, 7, 30, 90)
 
@@ -103,27 +102,12 @@ class ScreeningPolicyAdmin(AnnouncesChanges, TenantScopedAdmin):  # the keys' se
 
 
 @admin.register(ScreeningReport)
-class ScreeningReportAdmin(admin.ModelAdmin):
-    """Not a list of rows: the changelist is the report, over the tenants the user manages."""
+class ScreeningReportAdmin(ReportAdmin):
+    """The screening report page, over the tenants the user manages."""
 
-    def has_module_permission(self, request):
-        return tenants_for(request.user, MANAGE).exists()
+    report_roles = MANAGE
 
-    def has_view_permission(self, request, obj=None):
-        return self.has_module_permission(request)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def changelist_view(self, request, extra_context=None):
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+    def report(self, request):
         try:
             days = int(request.GET.get("days", 7))
         except ValueError:
