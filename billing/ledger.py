@@ -41,15 +41,16 @@ from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from billing.models import LedgerDeadLetter, LedgerEntry, RollupDue
+from sentinel import redis_keys
 from sentinel.redis_clients import UNREACHABLE, async_redis, sync_redis
 from tenants.models import Tenant
 from tenants.services import key_mark_used
 
 log = logging.getLogger(__name__)
 
-STREAM = "sentinel:ledger"
+STREAM = redis_keys.LEDGER_STREAM
 # Where earlier versions kept dead letters; the drain moves any left there into LedgerDeadLetter.
-OLD_DEAD_LETTERS = "sentinel:ledger:dead"
+OLD_DEAD_LETTERS = redis_keys.LEDGER_OLD_DEAD_LETTERS
 GROUP = "ledger-writers"
 
 

@@ -38,6 +38,7 @@ from gateway.auth import KeyInfo, block_markers
 from gateway.breakers import Attempt
 from gateway.errors import GatewayError
 from gateway.localstate import GENERATION_KEY, current_generation, observe_generation
+from sentinel import redis_keys
 from sentinel.redis_clients import UNREACHABLE, NotWaiting, checking_allowed
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def limits_for(key: KeyInfo, model: str, model_limits: dict[str, int]) -> list[L
     for scope, ident, values in scopes:
         for kind in ("rpm", "tpm", "concurrency"):
             if kind in values:
-                base = f"{{sentinel}}:rl:{ident}:{kind}"
+                base = redis_keys.rate_log(ident, kind)
                 keys = (base, base + ":sum") if kind == "tpm" else (base,)
                 limits.append(Limit(f"{scope}-{kind}", kind, values[kind], keys))
     return limits
@@ -125,7 +126,7 @@ def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:
     for budget_id, key_id, period, limit_usd, alert_percent, hard in key.budgets:
         start, end = period_bounds(period, now)
         limit = to_units(Decimal(limit_usd))
-        base = f"{{sentinel}}:budget:{budget_id}:{start.isoformat()}"
+        base = redis_keys.budget_period(budget_id, start)
         holds.append(
             BudgetHold(
                 budget_id=budget_id,
@@ -144,12 +145,12 @@ def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:
 
 def provider_spend_key(provider_id: int, day: date) -> str:
     """A provider's spend on one UTC day, in units (settled requests add to it)."""
-    return f"{{sentinel}}:pspend:{provider_id}:{day.isoformat()}"
+    return redis_keys.provider_spend(provider_id, day)
 
 
 def in_flight_key(deployment_id: int) -> str:
     """The requests holding one of a deployment's concurrency slots (scored by lease end)."""
-    return f"{{sentinel}}:dc:{deployment_id}"
+    return redis_keys.deployment_slots(deployment_id)
 
 
 def _deployment_keys_and_args(targets, day: date) -> tuple[list[str], list]:
@@ -389,7 +390,7 @@ def _admit_args(
 
 def void_key(step: str) -> str:
     """Set when an admission step was given up on: if it runs after that, it takes nothing."""
-    return f"{{sentinel}}:void:{step}"
+    return redis_keys.void(step)
 
 
 # --- admission steps given up on ---------------------------------------------------------------

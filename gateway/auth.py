@@ -19,6 +19,7 @@ from django.db.models import Q
 from gateway.errors import GatewayError
 from gateway.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker, current_generation
 from gateway.screening.policy import Policy, policy_from_model
+from sentinel import redis_keys
 from sentinel.redis_clients import UNREACHABLE, async_redis
 from tenants.models import Budget, Tenant, VirtualKey
 from tenants.services import key_digest
@@ -74,7 +75,7 @@ class KeyInfo:
 def _redis_cache_key(digest: str) -> str:
     """Copies are kept per configuration generation: a change anywhere (a key's expiry, limits,
     budgets) retires every copy, as it does the in-process caches."""
-    return f"sentinel:keyinfo:{current_generation().decode()}:{digest}"
+    return redis_keys.key_info(current_generation().decode(), digest)
 
 
 def effective_allowlist(tenant_models: list[str], key_models: list[str]) -> tuple[str, ...] | None:

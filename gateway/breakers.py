@@ -23,6 +23,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
 
 from gateway import metrics, scripts
+from sentinel import redis_keys
 from sentinel.redis_clients import UNREACHABLE
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ DEFAULT_POLICY = Policy()
 
 
 def keys_for(deployment_id: int) -> tuple[str, str]:
-    base = f"{{sentinel}}:cb:{deployment_id}"
+    base = redis_keys.breaker(deployment_id)
     return base, base + ":w"
 
 

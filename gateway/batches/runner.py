@@ -30,6 +30,7 @@ from django.conf import settings
 from gateway import pipeline, scripts
 from gateway.batches import selectors, services
 from gateway.batches.models import Batch, BatchItem
+from sentinel import redis_keys
 from sentinel.redis_clients import UNREACHABLE
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ async def take_turn(tenant_id: int, per_minute: int | None) -> None:
     if not per_minute:
         return
     try:
-        wait_ms = await scripts.pace(keys=[f"{{sentinel}}:batchpace:{tenant_id}"], args=[60_000 // per_minute])
+        wait_ms = await scripts.pace(keys=[redis_keys.batch_pace(tenant_id)], args=[60_000 // per_minute])
     except UNREACHABLE:
         return  # admission still applies the tenant's limits, by its Redis-outage policy
     if wait_ms > 0:

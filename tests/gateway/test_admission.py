@@ -24,6 +24,7 @@ from gateway import tokens
 from gateway.admission import period_bounds, to_units
 from gateway.mock_provider import prompt_usage
 from gateway.models import Deployment
+from sentinel import redis_keys
 from sentinel.redis_clients import sync_redis
 from tenants.models import Budget, VirtualKey
 from tests.servers import start_gateway
@@ -215,7 +216,7 @@ def test_a_hard_budget_holds_for_any_text_under_concurrency(fleet, tenant, make_
     assert spent == admitted * actual
     # Redis counts what the ledger billed, and nothing stays reserved.
     start, _ = period_bounds("daily", datetime.now(UTC))
-    base = f"{{sentinel}}:budget:{budget.pk}:{start.isoformat()}"
+    base = redis_keys.budget_period(budget.pk, start)
     assert (redis_number(base + ":spent"), redis_number(base + ":res:sum")) == (to_units(spent), 0)
 
 
@@ -231,7 +232,9 @@ def test_a_token_limit_holds_for_cjk(fleet, tenant, make_key, make_model, mock_p
     assert {r.status_code for r in results if isinstance(r, openai.APIStatusError)} == {429}
     key_id = VirtualKey.objects.get(tenant=tenant).pk
     time.sleep(0.2)
-    assert redis_number(f"{{sentinel}}:rl:key:{key_id}:tpm:sum") == sum(r.usage.total_tokens for r in answered)
+    assert redis_number(redis_keys.rate_log(f"key:{key_id}", "tpm") + ":sum") == sum(
+        r.usage.total_tokens for r in answered
+    )
 
 
 def test_a_reused_request_id_takes_its_own_share_of_every_limit(fleet, tenant, make_key, make_model, live_db):
@@ -284,7 +287,7 @@ def test_tokens_per_minute_rejects_before_upstream_and_gives_back_unused(
     assert too_big.status_code == 429
     assert "key-tpm" in too_big.json()["error"]["message"]
     assert mock_provider.stats(provider)["calls"] == 0
-    assert redis_number(f"{{sentinel}}:rl:key:{key_id}:tpm:sum") == 0
+    assert redis_number(redis_keys.rate_log(f"key:{key_id}", "tpm") + ":sum") == 0
 
     first = httpx.post(url, headers=headers, json=ask(model, 1, max_tokens=500))
     assert first.status_code == 200
@@ -292,7 +295,7 @@ def test_tokens_per_minute_rejects_before_upstream_and_gives_back_unused(
     assert used < 100
     time.sleep(0.2)
     # The ~500-token reservation became the ~50 tokens really used ...
-    assert redis_number(f"{{sentinel}}:rl:key:{key_id}:tpm:sum") == used
+    assert redis_number(redis_keys.rate_log(f"key:{key_id}", "tpm") + ":sum") == used
     # ... so a request that only fits because of that is admitted.
     second = httpx.post(url, headers=headers, json=ask(model, 2, max_tokens=900))
     assert second.status_code == 200
@@ -302,10 +305,10 @@ def test_tokens_per_minute_rejects_before_upstream_and_gives_back_unused(
 
 def holds(key_id: int, budget: Budget) -> dict[str, int]:
     start, _ = period_bounds(budget.period, datetime.now(UTC))
-    base = f"{{sentinel}}:budget:{budget.pk}:{start.isoformat()}"
+    base = redis_keys.budget_period(budget.pk, start)
     return {
-        "in_flight": sync_redis().zcard(f"{{sentinel}}:rl:key:{key_id}:concurrency"),
-        "tokens": redis_number(f"{{sentinel}}:rl:key:{key_id}:tpm:sum"),
+        "in_flight": sync_redis().zcard(redis_keys.rate_log(f"key:{key_id}", "concurrency")),
+        "tokens": redis_number(redis_keys.rate_log(f"key:{key_id}", "tpm") + ":sum"),
         "reserved": redis_number(base + ":res:sum"),
         "spent": redis_number(base + ":spent"),
     }
