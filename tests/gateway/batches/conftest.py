@@ -4,10 +4,13 @@ backoffs so that recovery takes seconds, and the OpenAI SDK as the client."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import orjson
 import pytest
+from django.utils import timezone
 
+from gateway.batches.models import Batch, BatchFile
 from sentinel.celery import app as celery_app
 from tests.servers import start_celery_worker
 
@@ -27,6 +30,19 @@ def batch_worker(test_database_name):
     yield worker
     worker.stop()
     celery_app.control.purge()
+
+
+def stored_batch(tenant, key, content: bytes = b"{}", *, filename: str = "in.jsonl", **fields) -> Batch:
+    """A chat-completions batch written straight to the database, with its input file: for tests
+    that start from a batch in a given state rather than from an upload. In progress, expiring in a
+    day, unless `fields` say otherwise."""
+    file = BatchFile.objects.create(
+        tenant=tenant, key=key, purpose="batch", filename=filename, bytes=len(content), content=content
+    )
+    fields = {"status": Batch.Status.IN_PROGRESS, "expires_at": timezone.now() + timedelta(hours=24), **fields}
+    return Batch.objects.create(
+        tenant=tenant, key=key, endpoint="/v1/chat/completions", completion_window="24h", input_file=file, **fields
+    )
 
 
 def jsonl(model: str, prompts: list[str], **body) -> bytes:
