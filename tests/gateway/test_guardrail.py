@@ -16,6 +16,7 @@ from billing.models import LedgerEntry
 from gateway.screening.models import ScreeningPolicy
 from sentinel.egress import Allowlist
 from tests.console.conftest import as_user
+from tests.gateway.test_screening_admin import policy_form
 from tests.servers import Listener, scrape_metrics, start_gateway
 
 # 127.0.0.2 plays a public host; 127.0.0.1 (where the listeners that must hear nothing are) is internal.
@@ -139,27 +140,6 @@ def test_an_allowed_guardrail_is_consulted(guarded, internal, mock_provider):
 
 
 # --- saving ----------------------------------------------------------------------------------------
-
-
-def policy_form(tenant, guardrail_url: str) -> dict:
-    return {
-        "tenant": tenant.pk,
-        "enabled": "on",
-        **dict.fromkeys(("email", "phone", "iban", "output_personal_data"), "redact"),
-        **dict.fromkeys(
-            ("payment_card", "national_id", "secret", "injection", "moderation", "output_moderation"), "block"
-        ),
-        "ip_address": "log",
-        "phone_region": "US",
-        "stream_window": 64,
-        "moderation_model": "omni-moderation-latest",
-        "moderation_timeout_ms": 2000,
-        "moderation_input_outage": "closed",
-        "moderation_output_outage": "open",
-        "guardrail_url": guardrail_url,
-        "guardrail_timeout_ms": 300,
-        "guardrail_outage": "closed",
-    }
 
 
 @pytest.mark.parametrize(
