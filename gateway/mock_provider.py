@@ -545,15 +545,7 @@ class MockProvider:
             await response.write(chunk({"content": token}))
         await response.write(chunk({}, finish_reason))
         if include_usage:
-            payload = {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": usage,
-            }
-            await response.write(sse.event(payload))
+            await response.write(sse.usage_chunk(completion_id, created, model, usage))
         await response.write(sse.DONE)
         await response.write_eof()
         state.completed += 1

@@ -15,12 +15,14 @@ def event(payload: dict) -> bytes:
 
 def chunk(completion_id: str, created: int, model: str, delta: dict, finish: str | None = None) -> bytes:
     """One chat.completion.chunk event with a single choice."""
-    return event(
-        {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-    )
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return event(_chunk(completion_id, created, model, choices=[choice]))
+
+
+def usage_chunk(completion_id: str, created: int, model: str, usage: dict) -> bytes:
+    """The last chunk when the client asked for usage (stream_options.include_usage): no choices."""
+    return event(_chunk(completion_id, created, model, choices=[], usage=usage))
+
+
+def _chunk(completion_id: str, created: int, model: str, **fields) -> dict:
+    return {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model, **fields}

@@ -84,13 +84,5 @@ async def stream_chunks(answer: dict, *, include_usage: bool) -> AsyncIterator[b
         yield chunk({"content": piece})
     yield chunk({}, answer["finish_reason"])
     if include_usage:
-        payload = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [],
-            "usage": answer["usage"],
-        }
-        yield sse.event(payload)
+        yield sse.usage_chunk(completion_id, created, model, answer["usage"])
     yield sse.DONE
