@@ -5,12 +5,14 @@ see it; tests stay apart by creating their own tenants, keys and models with uni
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -39,6 +41,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "a condition") -> Any:
+    """Poll `condition` until it returns something true, and return that; after `timeout` seconds an
+    AssertionError naming `what`. The timeout bounds the wait: it is no claim about speed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def embedded_test_valkey() -> dict | None:

@@ -38,6 +38,7 @@ from billing.services import spend_roll_up
 from sentinel.celery import app as celery_app
 from sentinel.redis_clients import async_redis, sync_redis
 from tests.billing.conftest import drain_all, hand_off_all, record
+from tests.conftest import wait_for
 from tests.servers import database_url_for, free_port, scrape_metrics, start_celery_worker, start_gateway
 
 
@@ -541,16 +542,6 @@ def ledger_table_locked(database: str):
             yield conn
         finally:
             conn.rollback()
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def blocked_ledger_insert() -> int | None:

@@ -15,7 +15,7 @@ from gateway.models import Deployment
 from tenants.models import Budget, BudgetAlert, WebhookDelivery, WebhookEndpoint
 from tenants.webhooks import sign
 from tests.billing.conftest import drain_all, hand_off_all, record
-from tests.conftest import unique
+from tests.conftest import unique, wait_for
 from tests.console.conftest import as_user
 from tests.servers import WebhookReceiver, start_celery_worker
 
@@ -25,14 +25,6 @@ def celery_worker(test_database_name):
     worker = start_celery_worker(test_database_name, name="alerts")
     yield worker
     worker.stop()
-
-
-def wait_for(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.1)
 
 
 def test_threshold_alerts_once_with_a_signed_webhook(gateway, celery_worker, tenant, make_key, make_model, live_db):

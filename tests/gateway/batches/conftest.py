@@ -3,7 +3,6 @@ backoffs so that recovery takes seconds, and the OpenAI SDK as the client."""
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import orjson
@@ -12,6 +11,7 @@ from django.utils import timezone
 
 from gateway.batches.models import Batch, BatchFile
 from sentinel.celery import app as celery_app
+from tests.conftest import wait_for
 from tests.servers import start_celery_worker
 
 FAST_BATCHES = {
@@ -56,16 +56,6 @@ def jsonl(model: str, prompts: list[str], **body) -> bytes:
         for i, prompt in enumerate(prompts)
     ]
     return b"\n".join(orjson.dumps(line) for line in lines) + b"\n"
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def finished(client, batch_id: str, timeout: float = 60.0):
