@@ -342,14 +342,14 @@ def test_a_transition_seen_on_the_request_path_reaches_operators_webhooks_signed
 
     from tenants.models import WebhookDelivery, WebhookEndpoint
     from tenants.webhooks import sign
-    from tests.servers import WebhookReceiver
+    from tests.servers import Listener
 
-    operators, tenant_receiver = WebhookReceiver(), WebhookReceiver()
+    operators, tenant_receiver = Listener(), Listener()
     try:
-        endpoint = WebhookEndpoint(tenant=None, url=operators.url, events=["breaker.transition"])
+        endpoint = WebhookEndpoint(tenant=None, url=operators.url("/hook"), events=["breaker.transition"])
         endpoint.set_secret("whsec-ops")
         endpoint.save()
-        tenants_endpoint = WebhookEndpoint(tenant=tenancy.tenant, url=tenant_receiver.url, events=[])
+        tenants_endpoint = WebhookEndpoint(tenant=tenancy.tenant, url=tenant_receiver.url("/hook"), events=[])
         tenants_endpoint.set_secret("whsec-tenant")
         tenants_endpoint.save()
         model, (primary, _) = chain()
@@ -359,7 +359,7 @@ def test_a_transition_seen_on_the_request_path_reaches_operators_webhooks_signed
         while not WebhookDelivery.objects.filter(endpoint=endpoint, status="delivered").exists():
             assert time.monotonic() < deadline, "the transition was never delivered"
             time.sleep(0.1)
-        headers, body = operators.requests[0]
+        _, headers, body = operators.requests[0]
         assert headers["x-sentinel-event"] == "breaker.transition"
         assert headers["x-sentinel-signature"] == sign("whsec-ops", headers["x-sentinel-timestamp"], body)
         data = json.loads(body)["data"]
@@ -368,7 +368,7 @@ def test_a_transition_seen_on_the_request_path_reaches_operators_webhooks_signed
         time.sleep(0.5)
         assert tenant_receiver.requests == [] and not WebhookDelivery.objects.filter(endpoint=tenants_endpoint)
     finally:
-        WebhookEndpoint.objects.filter(url__in=[operators.url, tenant_receiver.url]).delete()
+        WebhookEndpoint.objects.filter(url__in=[operators.url("/hook"), tenant_receiver.url("/hook")]).delete()
         operators.close()
         tenant_receiver.close()
 
