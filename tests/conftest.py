@@ -5,6 +5,7 @@ see it; tests stay apart by creating their own tenants, keys and models with uni
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,9 +17,14 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from hypothesis.configuration import set_hypothesis_home_dir
 from openai import OpenAI
 
 from tests.servers import GatewayServer, MockProviderServer, start_gateway, start_mock_provider
+
+# Tests write nothing into the tree: hypothesis keeps its example database and caches under the
+# temporary directory instead of .hypothesis/ at the root.
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "sentinel-hypothesis")
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 ARTIFACTS.mkdir(exist_ok=True)
