@@ -59,7 +59,7 @@ def run_one(scenario: Scenario, argv: list[str]) -> str:
         code = exc.code
     except KeyboardInterrupt:
         raise
-    except Exception as exc:  # one scenario's failure does not stop the others
+    except Exception as exc:  # noqa: BLE001 - one scenario's failure does not stop the others
         import traceback
 
         traceback.print_exc()

@@ -94,7 +94,7 @@ def cost_centres(stacks: list[tuple[list[tuple[str, str]], int]], possible: int)
     inclusive_fn: Counter = Counter()
     centres: Counter = Counter()
     for frames, count in stacks:
-        leaf_function, leaf_file = frames[-1]
+        _leaf_function, leaf_file = frames[-1]
         self_by_package[package_of(leaf_file)] += count
         for fn in {f"{function} ({package_of(file)})" for function, file in frames}:
             inclusive_fn[fn] += count

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import time
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ import httpx
 import psutil
 
 from sentinel.run import Child, stop_all
+from sentinel.startup import free_port, wait_until_ready
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = BASE_DIR / ".data" / "bench"
@@ -61,25 +61,12 @@ def web_server(args) -> str:
     return f"python -m sentinel.web: {args.workers} uvicorn processes, one SO_REUSEPORT socket each (as make run)"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def wait_ready(url: str, children: list[Child], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def stopped() -> str | None:
         dead = [c.name for c in children if c.process is not None and c.process.poll() is not None]
-        if dead:
-            raise RuntimeError(f"{', '.join(dead)} stopped during start-up (see the logs)")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready after {timeout:.0f}s")
+        return f"{', '.join(dead)} stopped during start-up (see the logs)" if dead else None
+
+    wait_until_ready(url, timeout=timeout, stopped=stopped)
 
 
 def wait_quiet(processes: list[psutil.Process], timeout: float = 60.0) -> None:

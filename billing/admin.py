@@ -30,7 +30,7 @@ from billing.models import LedgerDeadLetter, LedgerEntry, Price, SpendReport
 from billing.selectors import DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
 from billing.statements import parse_month, statement, statement_csv, statement_pdf
-from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
+from sentinel.console.scoping import OperatorOnlyAdmin, ReportAdmin, TenantFilter, TenantScopedAdmin, ViewOnly
 from tenants.models import Tenant
 from tenants.selectors import EXPORT_SPEND, SEE_SPEND, tenants_for
 
@@ -98,7 +98,7 @@ class PriceAdmin(OperatorOnlyAdmin):
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(TenantScopedAdmin):
+class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
     """The request log: a tenant's admins and finance see their tenant's requests, filter them and
     download what the filters select (CSV streamed, XLSX written row by row); nobody edits them."""
 
@@ -155,18 +155,9 @@ class LedgerEntryAdmin(TenantScopedAdmin):
         response["Content-Disposition"] = f'attachment; filename="requests-{stamp}.{kind}"'
         return response
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(LedgerDeadLetter)
-class LedgerDeadLetterAdmin(TenantScopedAdmin):
+class LedgerDeadLetterAdmin(ViewOnly, TenantScopedAdmin):
     """Ledger records the database refused, each with why and the record as it was queued: operators
     see all of them, a tenant's admins and finance those naming their tenant; nobody edits them. The
     record is shown escaped (control characters as \\x escapes, HTML as text), whatever bytes it holds."""
@@ -193,15 +184,6 @@ class LedgerDeadLetterAdmin(TenantScopedAdmin):
     def shown(self, obj: LedgerDeadLetter) -> str:
         return format_html('<pre style="white-space: pre-wrap">{}</pre>', record_text(bytes(obj.record)))
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 class SpendReportForm(forms.Form):
     start = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), help_text="First UTC day.")
@@ -224,28 +206,13 @@ class SpendReportForm(forms.Form):
 
 
 @admin.register(SpendReport)
-class SpendReportAdmin(admin.ModelAdmin):
-    """Not a list of rows: the changelist is the report page. Visible to anyone who may see the
-    spend of at least one tenant; exports need the export role in every tenant exported."""
+class SpendReportAdmin(ReportAdmin):
+    """The spend report page. Visible to anyone who may see the spend of at least one tenant; exports
+    need the export role in every tenant exported."""
 
-    def has_module_permission(self, request):
-        return tenants_for(request.user, SEE_SPEND).exists()
+    report_roles = SEE_SPEND
 
-    def has_view_permission(self, request, obj=None):
-        return self.has_module_permission(request)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def changelist_view(self, request, extra_context=None):
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+    def report(self, request):
         today = timezone.now().date()
         initial = {"start": today.replace(day=1), "end": today, "group_by": list(DIMENSIONS)}
         form = SpendReportForm(request.GET if "start" in request.GET else None, user=request.user, initial=initial)

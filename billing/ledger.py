@@ -41,15 +41,16 @@ from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from billing.models import LedgerDeadLetter, LedgerEntry, RollupDue
-from sentinel.redis_clients import async_redis, sync_redis
+from sentinel import redis_keys
+from sentinel.redis_clients import UNREACHABLE, async_redis, sync_redis
 from tenants.models import Tenant
 from tenants.services import key_mark_used
 
 log = logging.getLogger(__name__)
 
-STREAM = "sentinel:ledger"
+STREAM = redis_keys.LEDGER_STREAM
 # Where earlier versions kept dead letters; the drain moves any left there into LedgerDeadLetter.
-OLD_DEAD_LETTERS = "sentinel:ledger:dead"
+OLD_DEAD_LETTERS = redis_keys.LEDGER_OLD_DEAD_LETTERS
 GROUP = "ledger-writers"
 
 
@@ -82,7 +83,7 @@ class LedgerRecord:
     screening: dict | None = None  # checks that ran, fired and what was done (gateway.screening), never text
 
     def encode(self) -> bytes:
-        # orjson serializes dataclasses itself, ~30x faster than through asdict(): this is on the request path.
+        # orjson serializes dataclasses itself, much faster than through asdict(): this is on the request path.
         return orjson.dumps(self)
 
 
@@ -95,7 +96,7 @@ async def hand_off(record: LedgerRecord) -> None:
 async def hand_off_encoded(encoded: bytes) -> None:
     try:
         await async_redis().xadd(STREAM, {"r": encoded})
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError):
+    except UNREACHABLE:
         await write_directly(encoded)
 
 
@@ -197,7 +198,7 @@ def _row(raw: bytes) -> tuple:
     for name, expected in _TYPES.items():
         value = data[name]
         # bool is an int to isinstance, never to a ledger column
-        if not isinstance(value, expected) or (value is True or value is False) and expected != (bool,):
+        if not isinstance(value, expected) or ((value is True or value is False) and expected != (bool,)):
             raise Refused(
                 LedgerDeadLetter.Kind.UNDECODABLE, f"not a ledger record: {name} is a JSON {_json_type(value)}"
             )

@@ -271,12 +271,6 @@ def ledger_entries(
     return entries.order_by("-created_at", "-id")
 
 
-def price_label(price: Price | None) -> str:
-    if price is None:
-        return "deployment price or unpriced"
-    return f"{price.model} from {price.effective_from:%Y-%m-%d %H:%M:%S} UTC"
-
-
 def dead_letter_counts() -> dict[str, int]:
     """Ledger records ever set aside as dead letters, by kind; every kind is there, zero included, so
     a counter built on it exists before its first increase."""

@@ -62,7 +62,7 @@ class Statement:
 def parse_month(text: str) -> date | None:
     """'2026-11' → 2026-11-01; anything else None."""
     try:
-        return datetime.strptime(text, "%Y-%m").date()
+        return date.fromisoformat(f"{text}-01") if len(text) == 7 else None
     except (TypeError, ValueError):
         return None
 

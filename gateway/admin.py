@@ -25,26 +25,16 @@ from gateway.models import (
 )
 from gateway.services import kill_switch_set
 from gateway.upstream.breakers import breaker_force, breaker_snapshot
-from sentinel.console.scoping import OperatorOnlyAdmin, TenantFilter, TenantScopedAdmin
-from sentinel.localstate import announce_change
+from sentinel.console.scoping import (
+    AnnouncesChanges,
+    OperatorOnlyAdmin,
+    TenantFilter,
+    TenantScopedAdmin,
+    ViewAndDelete,
+    ViewOnly,
+)
 from sentinel.text import PlainTextForm, PlainTextInline, count_text
 from tenants.selectors import MANAGE
-
-
-class AnnouncesChanges(OperatorOnlyAdmin):
-    """Gateway processes cache routing configuration: tell them when the admin changes it."""
-
-    def save_related(self, request, form, formsets, change):
-        super().save_related(request, form, formsets, change)
-        announce_change()
-
-    def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        announce_change()
-
-    def delete_queryset(self, request, queryset):
-        super().delete_queryset(request, queryset)
-        announce_change()
 
 
 class ProviderForm(forms.ModelForm):
@@ -72,7 +62,7 @@ class ProviderForm(forms.ModelForm):
 
 
 @admin.register(Provider)
-class ProviderAdmin(AnnouncesChanges):
+class ProviderAdmin(AnnouncesChanges, OperatorOnlyAdmin):
     form = ProviderForm
     list_display = ["name", "kind", "api_base", "key_configured", "timeout_seconds", "spend_today"]
     search_fields = ["name", "kind"]
@@ -106,7 +96,7 @@ class ReasonForm(PlainTextForm, forms.Form):
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(AnnouncesChanges):
+class DeploymentAdmin(AnnouncesChanges, OperatorOnlyAdmin):
     list_display = [
         "name",
         "provider",
@@ -200,7 +190,7 @@ class DeploymentAdmin(AnnouncesChanges):
 
 
 @admin.register(BreakerPolicy)
-class BreakerPolicyAdmin(AnnouncesChanges):
+class BreakerPolicyAdmin(AnnouncesChanges, OperatorOnlyAdmin):
     list_display = [
         "name",
         "window_seconds",
@@ -214,17 +204,11 @@ class BreakerPolicyAdmin(AnnouncesChanges):
 
 
 @admin.register(BreakerTransition)
-class BreakerTransitionAdmin(OperatorOnlyAdmin):
+class BreakerTransitionAdmin(ViewAndDelete, OperatorOnlyAdmin):
     list_display = ["created_at", "deployment", "from_state", "to_state", "reason", "actor"]
     list_filter = ["to_state", "deployment"]
     list_select_related = ["deployment", "actor"]
     date_hierarchy = "created_at"
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 class KillSwitchForm(forms.ModelForm):
@@ -254,19 +238,10 @@ class KillSwitchAdmin(OperatorOnlyAdmin):
 
 
 @admin.register(ControlAction)
-class ControlActionAdmin(OperatorOnlyAdmin):
+class ControlActionAdmin(ViewOnly, OperatorOnlyAdmin):
     list_display = ["created_at", "action", "subject", "reason", "actor"]
     list_filter = ["action"]
     list_select_related = ["actor"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class ChainEntryInline(PlainTextInline, admin.TabularInline):
@@ -276,14 +251,14 @@ class ChainEntryInline(PlainTextInline, admin.TabularInline):
 
 
 @admin.register(ModelAlias)
-class ModelAliasAdmin(AnnouncesChanges):
+class ModelAliasAdmin(AnnouncesChanges, OperatorOnlyAdmin):
     list_display = ["name", "description"]
     search_fields = ["name"]
     inlines = [ChainEntryInline]
 
 
 @admin.register(CacheEntry)
-class CacheEntryAdmin(TenantScopedAdmin):
+class CacheEntryAdmin(ViewAndDelete, TenantScopedAdmin):
     """A tenant's cached answers, for its admins to inspect and invalidate. Invalidating (or deleting
     one) goes through gateway.cache.services, which also clears the exact tier in Redis and in every
     process; a plain row delete would not."""
@@ -304,12 +279,6 @@ class CacheEntryAdmin(TenantScopedAdmin):
     def short_prompt(self, obj):
         return obj.prompt[:80]
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
     def get_actions(self, request):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)  # deleting must also clear Redis and every process
@@ -325,7 +294,7 @@ class CacheEntryAdmin(TenantScopedAdmin):
 
 
 @admin.register(Batch)
-class BatchAdmin(TenantScopedAdmin):
+class BatchAdmin(ViewOnly, TenantScopedAdmin):  # a batch is its tenant's record of the work: cancel it
     """Batches as their tenants see them through /v1/batches: read only; tenant admins (and operators)
     may cancel them."""
 
@@ -373,12 +342,3 @@ class BatchAdmin(TenantScopedAdmin):
 
     def has_cancel_permission(self, request):
         return self.has_view_permission(request) and self._allowed(request, None, self.manage_roles)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False  # a batch's rows are its tenant's record of the work; cancel it instead

@@ -15,12 +15,12 @@ import orjson
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db.models import Q
-from redis import exceptions as redis_errors
 
 from gateway.errors import GatewayError
 from gateway.screening.policy import Policy, policy_from_model
+from sentinel import redis_keys
 from sentinel.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker, current_generation
-from sentinel.redis_clients import async_redis
+from sentinel.redis_clients import UNREACHABLE, async_redis
 from tenants.models import Budget, Tenant, VirtualKey
 from tenants.services import key_digest
 
@@ -75,7 +75,7 @@ class KeyInfo:
 def _redis_cache_key(digest: str) -> str:
     """Copies are kept per configuration generation: a change anywhere (a key's expiry, limits,
     budgets) retires every copy, as it does the in-process caches."""
-    return f"sentinel:keyinfo:{current_generation().decode()}:{digest}"
+    return redis_keys.key_info(current_generation().decode(), digest)
 
 
 def effective_allowlist(tenant_models: list[str], key_models: list[str]) -> tuple[str, ...] | None:
@@ -138,7 +138,7 @@ async def _lookup(digest: str) -> KeyInfo | None:
     cache_key = _redis_cache_key(digest)
     try:
         raw = await redis.get(cache_key)
-    except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+    except UNREACHABLE:
         raw, redis = None, None  # Redis is down: the database still knows the key
     if raw is not None:
         data = orjson.loads(raw)
@@ -148,7 +148,7 @@ async def _lookup(digest: str) -> KeyInfo | None:
     else:
         info = await sync_to_async(_load_from_db)(digest)
         if redis is not None:
-            with contextlib.suppress(redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+            with contextlib.suppress(*UNREACHABLE):
                 await redis.set(
                     cache_key,
                     orjson.dumps(asdict(info) if info else None),
@@ -215,7 +215,7 @@ async def ensure_not_blocked(info: KeyInfo) -> None:
 
     try:
         generation, key_blocked, tenant_blocked = await async_redis().mget(GENERATION_KEY, *block_markers(info))
-    except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+    except UNREACHABLE:
         return
     observe_generation(generation)
     if key_blocked:

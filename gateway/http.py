@@ -4,7 +4,7 @@ a plain ASGI app.
 The request path (gateway.pipeline) takes headers and a body and returns a Reply; serving it
 through Django's ASGI handler cost more CPU than the whole pipeline (two signals whose receivers run
 in a fresh thread per request, a thread hop for response.close, a disconnect-listener task, a send
-loop per chunk: about 30% of a worker's CPU under load). Here the same pipeline is served directly:
+loop per chunk; docs/decisions.md #1). Here the same pipeline is served directly:
 the body is read with its size limit, the reply is sent as it is, and a client that goes away
 cancels the request so what it held is released (the pipeline records it as 499). Everything else
 under /v1 and /health stays with Django (sentinel.asgi).

@@ -296,7 +296,7 @@ async def gemini_generate(request: web.Request, state: ProviderState, body: dict
     finish = "MAX_TOKENS" if cut else "STOP"
     if tool:
         declarations = body["tools"][0].get("function_declarations") or body["tools"][0].get("functionDeclarations")
-        parts = [{"functionCall": {"name": (declarations or [{}])[0].get("name") or "tool", "args": {}}}]
+        parts: list[dict] = [{"functionCall": {"name": (declarations or [{}])[0].get("name") or "tool", "args": {}}}]
         tokens, output_tokens = [], 5
     else:
         parts, output_tokens = [{"text": "".join(tokens)}], len(tokens)

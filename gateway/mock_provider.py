@@ -21,6 +21,7 @@ from dataclasses import asdict
 import orjson
 from aiohttp import web
 
+from gateway import sse
 from gateway.mock_answers import (
     DEFAULT_PROVIDER,
     HARM_MARKER,
@@ -246,14 +247,7 @@ class MockProvider:
         created = int(time.time())
 
         def chunk(delta: dict, finish: str | None = None) -> bytes:
-            payload = {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-            return b"data: " + orjson.dumps(payload) + b"\n\n"
+            return sse.chunk(completion_id, created, model, delta, finish)
 
         if faults.ttft_ms:
             await asyncio.sleep(faults.ttft_ms / 1000)
@@ -275,16 +269,8 @@ class MockProvider:
             await response.write(chunk({"content": token}))
         await response.write(chunk({}, finish_reason))
         if include_usage:
-            payload = {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": usage,
-            }
-            await response.write(b"data: " + orjson.dumps(payload) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
+            await response.write(sse.usage_chunk(completion_id, created, model, usage))
+        await response.write(sse.DONE)
         await response.write_eof()
         state.completed += 1
         return response

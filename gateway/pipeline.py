@@ -29,7 +29,7 @@ from django.conf import settings
 from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
-from gateway import cache, metrics, requestlog
+from gateway import cache, metrics, requestlog, sse
 from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_blocked
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.replay import REFUSAL, answer_from_response, completion_body, storable, stream_chunks
@@ -536,7 +536,7 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
     recorded = False
     try:
         answer.add(first.data)
-        yield first.raw or sse(first.data)
+        yield first.raw or sse.event(first.data)
         async for event in rest:
             chunk = event.data
             if chunk.get("usage"):
@@ -547,7 +547,7 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
                     continue
             call.chunks += 1
             answer.add(chunk)
-            yield event.raw or sse(chunk)
+            yield event.raw or sse.event(chunk)
         recorded = True
         record = await stream_record(call, 200, "", usage)
         stored = answer.stored(usage, first.data.get("model", ""))
@@ -555,15 +555,15 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
         await finish(call, record)
         if usage_chunk is not None:
             cost = format_usd(Decimal(record.cost_usd))
-            yield sse({**usage_chunk, "usage": {**usage_chunk["usage"], "cost_usd": cost}})
-        yield b"data: [DONE]\n\n"
+            yield sse.event({**usage_chunk, "usage": {**usage_chunk["usage"], "cost_usd": cost}})
+        yield sse.DONE
         remember(call, stored, Decimal(record.cost_usd))
     except UpstreamError as error:
         # After the first token there is no failing over: end with an error event, and let the
         # breaker count the broken stream against the deployment.
         call.attempts[-1].outcome = "fail"
         message = f"The provider's stream broke off after it started: {error.message}"
-        yield sse(GatewayError(502, "stream_interrupted", message).payload())
+        yield sse.event(GatewayError(502, "stream_interrupted", message).payload())
         recorded = True
         await finish(call, await stream_record(call, 502, "stream_interrupted", usage))
     finally:
@@ -614,10 +614,6 @@ async def finish_disconnected(call: Call, usage: dict) -> None:
 async def stream_record(call: Call, status: int, error_code: str, usage: dict) -> LedgerRecord:
     cost, price_id = await charge(call, usage)
     return ledger_record(call, status, error_code=error_code, usage=usage, cost=cost, price_id=price_id)
-
-
-def sse(payload: dict) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 def as_client_error(error: UpstreamError) -> GatewayError:

@@ -237,8 +237,8 @@ def validation_error(exc: ValidationError) -> GatewayError:
     return invalid_request(f"Invalid value for '{param}': {error['msg'].lower()}.", param=param, code="invalid_value")
 
 
-def parse_chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
-    """The validated request and the body as sent. Raises GatewayError(400) on anything wrong."""
+def json_object(raw: bytes) -> dict:
+    """A request body parsed as a JSON object. Raises GatewayError(400) when it is not one."""
     if not raw:
         raise invalid_request("Request body is empty; expected a JSON object.", code="invalid_json")
     try:
@@ -247,6 +247,12 @@ def parse_chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
         raise invalid_request(f"Request body is not valid JSON: {exc}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid_request("Request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def parse_chat_request(raw: bytes) -> tuple[ChatRequest, dict]:
+    """The validated request and the body as sent. Raises GatewayError(400) on anything wrong."""
+    body = json_object(raw)
     check_body(body, raw=raw)  # depth, NUL, identifiers: before anything reads or serialises it
     try:
         request = ChatRequest.model_validate(body)

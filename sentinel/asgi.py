@@ -17,7 +17,7 @@ from sentinel.embedded import ensure_environment
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
 ensure_environment()  # served by another ASGI server with nothing set: the embedded servers, as sentinel.web does
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+from django.core.asgi import get_asgi_application  # noqa: E402 - after the servers it needs are up
 
 console_application = get_asgi_application()
 

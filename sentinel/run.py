@@ -16,11 +16,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sentinel.env import envint, envstr
+from sentinel.startup import wait_until_ready
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STOP_GRACE_SECONDS = 10.0
@@ -77,18 +77,14 @@ def port_free(host: str, port: int) -> bool:
 
 
 def wait_http_ok(url: str, timeout: float, children: list[Child]) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(c.process and c.process.poll() is not None for c in children):
-            return False
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return False
+    def stopped() -> str | None:
+        return "stopped" if any(c.process and c.process.poll() is not None for c in children) else None
+
+    try:
+        wait_until_ready(url, timeout=timeout, stopped=stopped)
+    except (RuntimeError, TimeoutError):
+        return False
+    return True
 
 
 # The order children stop in: the web processes first (no new requests), then the worker and beat

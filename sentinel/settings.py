@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from sentinel import egress, logs
+from sentinel import egress, logs, redis_keys
 from sentinel.env import (  # noqa: F401
     DATA_DIR_DEFAULT,
     ENV_VARS,
@@ -180,7 +180,7 @@ CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "sentinel:django",
+        "KEY_PREFIX": redis_keys.DJANGO_CACHE_PREFIX,
     }
 }
 
@@ -192,7 +192,7 @@ CHANNEL_LAYERS = {
             # brpop_timeout). redis-py's default read timeout is also 5 s, so the read lost that race
             # and the error ended the socket: reads get longer than the block.
             "hosts": [{"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}],
-            "prefix": "sentinel:channels",
+            "prefix": redis_keys.CHANNELS_PREFIX,
         },
     }
 }

@@ -23,10 +23,12 @@ from billing.money import ZERO
 from billing.selectors import key_usage
 from sentinel.console.fields import ModelNamesAdmin
 from sentinel.console.scoping import (
+    AnnouncesChanges,
     OperatorOnlyAdmin,
     TenantFilter,
     TenantScopedAdmin,
     TenantScopedInline,
+    ViewAndDelete,
     may,
     tenant_ids_with,
 )
@@ -538,7 +540,7 @@ class BudgetForm(forms.ModelForm):
 
 
 @admin.register(Budget)
-class BudgetAdmin(TenantScopedAdmin):
+class BudgetAdmin(AnnouncesChanges, TenantScopedAdmin):
     form = BudgetForm
     list_display = ["tenant", "key", "period", "limit_usd", "alert_at_percent", "hard"]
     list_filter = ["period", "hard", TenantFilter]
@@ -548,23 +550,14 @@ class BudgetAdmin(TenantScopedAdmin):
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        announce_change()
         if not change or {"limit_usd", "alert_at_percent", "period", "key"} & set(form.changed_data):
             from tenants.tasks import budget_check
 
             transaction.on_commit(lambda: budget_check.delay(obj.pk))
 
-    def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        announce_change()
-
-    def delete_queryset(self, request, queryset):
-        super().delete_queryset(request, queryset)
-        announce_change()
-
 
 @admin.register(BudgetAlert)
-class BudgetAlertAdmin(TenantScopedAdmin):
+class BudgetAlertAdmin(ViewAndDelete, TenantScopedAdmin):
     tenant_lookup = "budget__tenant_id"
     view_roles = SEE_SPEND
     list_display = ["budget", "period_start", "spent_usd", "created_at"]
@@ -572,12 +565,6 @@ class BudgetAlertAdmin(TenantScopedAdmin):
     list_select_related = ["budget__tenant", "budget__key"]
     search_fields = ["budget__tenant__name", "budget__key__name"]
     readonly_fields = ["budget", "period_start", "spent_usd", "created_at"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 # --- webhooks ------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def budget_alert(budget_id: int, period_start: str, spent_usd: str) -> None:
     budget = Budget.objects.select_related("tenant", "key").filter(pk=budget_id).first()
     if budget is None:
         return
-    alert, created = BudgetAlert.objects.get_or_create(
+    _alert, created = BudgetAlert.objects.get_or_create(
         budget=budget, period_start=date.fromisoformat(period_start), defaults={"spent_usd": Decimal(spent_usd)}
     )
     if not created:

@@ -5,18 +5,26 @@ see it; tests stay apart by creating their own tenants, keys and models with uni
 from __future__ import annotations
 
 import os
+import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
+from hypothesis.configuration import set_hypothesis_home_dir
 from openai import OpenAI
 
 from tests.servers import GatewayServer, MockProviderServer, start_gateway, start_mock_provider
+
+# Tests write nothing into the tree: hypothesis keeps its example database and caches under the
+# temporary directory instead of .hypothesis/ at the root.
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "sentinel-hypothesis")
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 ARTIFACTS.mkdir(exist_ok=True)
@@ -24,8 +32,33 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
+# Fixtures that start or reach a server (PostgreSQL, Valkey, a gateway or mock provider process, a
+# browser): a test that uses one, directly or through another fixture, is marked `servers`, and
+# `make test-fast` (`-m "not servers"`) leaves it out. Tests that reach a server without a fixture
+# carry `pytest.mark.servers` themselves.
+SERVER_FIXTURES = {"django_db_setup", "mock_provider", "gateway", "browser"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.get_closest_marker("django_db"):
+            item.add_marker(pytest.mark.servers)
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "a condition") -> Any:
+    """Poll `condition` until it returns something true, and return that; after `timeout` seconds an
+    AssertionError naming `what`. The timeout bounds the wait: it is no claim about speed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def embedded_test_valkey() -> dict | None:

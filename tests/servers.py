@@ -13,33 +13,23 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 
+from sentinel.startup import free_port, wait_until_ready
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def wait_until_ok(url: str, process: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {process.returncode}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready after {timeout}s")
+    def exited() -> str | None:
+        return None if process.poll() is None else f"process for {url} exited with {process.returncode}"
+
+    wait_until_ready(url, timeout=timeout, stopped=exited)
 
 
 def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
@@ -206,36 +196,13 @@ def wait_for_worker(log_path: Path, process: subprocess.Popen, timeout: float = 
         time.sleep(0.1)
 
 
-class WebhookReceiver:
-    """An HTTP receiver on 127.0.0.1 that records POSTs; its first `failures` answers are 500."""
-
-    def __init__(self, failures: int = 0) -> None:
-        self.requests: list[tuple[dict, bytes]] = []
-        self.failures = failures
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["content-length"]))
-                receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                self.send_response(500 if len(receiver.requests) <= receiver.failures else 200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-
-
 class Listener:
-    """An HTTP server on a loopback address that counts every TCP connection it accepts, so a test
-    can say that nothing reached it (`connections == 0`), and records the requests it answers with
-    `status`, `headers` and `body`."""
+    """The tests' HTTP server on a loopback address (a webhook receiver, a guardrail, a provider, a
+    redirect target). It counts every TCP connection it accepts, so a test can say that nothing
+    reached it (`connections == 0`), and records every request (`calls`: method, path, headers,
+    body; `requests`: the same without the method). Its answer is `status` with `headers` and
+    `body` (the first `failures` answers are 500 instead), or whatever `respond(path, headers, body)`
+    returns as (status, body)."""
 
     def __init__(
         self,
@@ -245,28 +212,32 @@ class Listener:
         status: int = 200,
         headers: dict[str, str] | None = None,
         body: bytes = b'{"action": "allow"}',
+        failures: int = 0,
+        respond: Callable[[str, dict, bytes], tuple[int, bytes]] | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self.connections = 0
-        self.requests: list[tuple[str, dict, bytes]] = []  # (path, headers, body)
+        self.calls: list[tuple[str, str, dict, bytes]] = []  # (method, path, headers, body)
         lock = threading.Lock()
         listener = self
 
         class Handler(BaseHTTPRequestHandler):
             def answer(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
-                listener.requests.append(
-                    (self.path, {k.lower(): v for k, v in self.headers.items()}, self.rfile.read(length))
-                )
-                self.send_response(status)
+                sent_headers, sent = {k.lower(): v for k, v in self.headers.items()}, self.rfile.read(length)
+                with lock:
+                    listener.calls.append((self.command, self.path, sent_headers, sent))
+                    failing = len(listener.calls) <= failures
+                code, payload = respond(self.path, sent_headers, sent) if respond else (status, body)
+                self.send_response(500 if failing else code)
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
                 self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
+                self.send_header("content-length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(body)
+                self.wfile.write(payload)
 
-            do_GET = do_POST = answer
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = answer
 
             def log_message(self, *args):
                 pass
@@ -287,10 +258,27 @@ class Listener:
         self.scheme = "https" if tls is not None else "http"
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
+    @property
+    def requests(self) -> list[tuple[str, dict, bytes]]:
+        """(path, headers, body) of every request, in order."""
+        return [(path, headers, body) for _, path, headers, body in self.calls]
+
+    @property
+    def origin(self) -> str:
+        """scheme://host:port, no path: a base URL for a client to add its own paths to."""
+        return self.url("")
+
     def url(self, path: str = "/", host: str | None = None) -> str:
         """This listener's URL, or `host` (a name or another spelling of its address) with its port."""
         host = host or (f"[{self.host}]" if ":" in self.host else self.host)
         return f"{self.scheme}://{host}:{self.port}{path}"
+
+    def seen(self, text: str) -> bool:
+        """Whether `text` appeared anywhere in what this listener received (paths, headers, bodies)."""
+        return any(
+            text in path or text in body.decode(errors="replace") or any(text in v for v in headers.values())
+            for _, path, headers, body in self.calls
+        )
 
     def close(self) -> None:
         self.server.shutdown()

@@ -12,7 +12,7 @@ os.environ.setdefault("SENTINEL_EGRESS_ALLOW", "127.0.0.1")
 # The test session's entry point: pytest-django reads these settings before any conftest, so the
 # embedded servers (when DATABASE_URL / REDIS_URL are unset) start here; the gateways and workers the
 # tests start inherit the URLs.
-from sentinel.embedded import ensure_environment  # noqa: E402
+from sentinel.embedded import ensure_environment
 
 ensure_environment()
 

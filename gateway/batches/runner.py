@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass
 
 import orjson
-import redis.exceptions
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
@@ -32,12 +31,13 @@ from gateway import pipeline
 from gateway.batches import selectors, services
 from gateway.batches.models import Batch, BatchItem
 from gateway.lua import scripts
+from sentinel import redis_keys
+from sentinel.redis_clients import UNREACHABLE
 
 log = logging.getLogger(__name__)
 
 SLICE_SECONDS = 30.0
 RETRYABLE = frozenset({429, 500, 502, 503, 504})  # worth another run later (tries permitting)
-_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ async def take_turn(tenant_id: int, per_minute: int | None) -> None:
     if not per_minute:
         return
     try:
-        wait_ms = await scripts.pace(keys=[f"{{sentinel}}:batchpace:{tenant_id}"], args=[60_000 // per_minute])
-    except _REDIS_ERRORS:
+        wait_ms = await scripts.pace(keys=[redis_keys.batch_pace(tenant_id)], args=[60_000 // per_minute])
+    except UNREACHABLE:
         return  # admission still applies the tenant's limits, by its Redis-outage policy
     if wait_ms > 0:
         await asyncio.sleep(wait_ms / 1000)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.bodies import BATCH_CREATE_IDENTIFIERS, check_body
-from gateway.errors import invalid_request
-from gateway.schemas import integer, validation_error
+from gateway.schemas import integer, json_object, validation_error
 
 ENDPOINT = "/v1/chat/completions"
 MAX_METADATA_PAIRS = 16
@@ -45,14 +43,7 @@ class BatchCreate(BaseModel):
 
 
 def parse_batch_create(raw: bytes) -> BatchCreate:
-    if not raw:
-        raise invalid_request("Request body is empty; expected a JSON object.", code="invalid_json")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_request(f"Request body is not valid JSON: {exc}.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise invalid_request("Request body must be a JSON object.", code="invalid_json")
+    body = json_object(raw)
     check_body(body, identifiers=BATCH_CREATE_IDENTIFIERS, raw=raw)
     try:
         return BatchCreate.model_validate(body)

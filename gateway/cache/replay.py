@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 
 import orjson
 
+from gateway import sse
+
 # Openings of refusals and apologies: such an answer is about this model's mood, not the question.
 REFUSAL = re.compile(
     r"^\s*(i'?m sorry|i am sorry|sorry,? (but )?i|i apologi[sz]e|i can(not|'t|’t) (help|assist|provide|do|comply)"
@@ -75,27 +77,12 @@ async def stream_chunks(answer: dict, *, include_usage: bool) -> AsyncIterator[b
     model = answer["model"]
 
     def chunk(delta: dict, finish: str | None = None) -> bytes:
-        payload = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-        return b"data: " + orjson.dumps(payload) + b"\n\n"
+        return sse.chunk(completion_id, created, model, delta, finish)
 
     yield chunk({"role": "assistant", "content": ""})
     for piece in _PIECES.findall(answer["content"]):
         yield chunk({"content": piece})
     yield chunk({}, answer["finish_reason"])
     if include_usage:
-        payload = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [],
-            "usage": answer["usage"],
-        }
-        yield b"data: " + orjson.dumps(payload) + b"\n\n"
-    yield b"data: [DONE]\n\n"
+        yield sse.usage_chunk(completion_id, created, model, answer["usage"])
+    yield sse.DONE

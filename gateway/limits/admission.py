@@ -28,7 +28,6 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-import redis.exceptions
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
@@ -40,8 +39,9 @@ from gateway.errors import GatewayError
 from gateway.lua import scripts
 from gateway.upstream import breakers
 from gateway.upstream.breakers import Attempt
+from sentinel import redis_keys
 from sentinel.localstate import GENERATION_KEY, current_generation, observe_generation
-from sentinel.redis_clients import NotWaiting, checking_allowed
+from sentinel.redis_clients import UNREACHABLE, NotWaiting, checking_allowed
 from tenants.periods import period_bounds
 
 if TYPE_CHECKING:
@@ -53,7 +53,6 @@ WINDOW_MS = settings.RATE_WINDOW_SECONDS * 1000
 UNITS_PER_USD = 10**10  # Redis counts money in integer units of 1e-10 USD (the ledger's precision)
 LEASE_MARGIN_MS = 30_000
 SPEND_TTL_SECONDS = 2 * 86400  # a provider's spend counter outlives its UTC day
-_REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 
 
 def to_units(amount: Decimal) -> int:
@@ -102,7 +101,7 @@ def limits_for(key: KeyInfo, model: str, model_limits: dict[str, int]) -> list[L
     for scope, ident, values in scopes:
         for kind in ("rpm", "tpm", "concurrency"):
             if kind in values:
-                base = f"{{sentinel}}:rl:{ident}:{kind}"
+                base = redis_keys.rate_log(ident, kind)
                 keys = (base, base + ":sum") if kind == "tpm" else (base,)
                 limits.append(Limit(f"{scope}-{kind}", kind, values[kind], keys))
     return limits
@@ -120,7 +119,7 @@ def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:
     for budget_id, key_id, period, limit_usd, alert_percent, hard in key.budgets:
         start, end = period_bounds(period, now)
         limit = to_units(Decimal(limit_usd))
-        base = f"{{sentinel}}:budget:{budget_id}:{start.isoformat()}"
+        base = redis_keys.budget_period(budget_id, start)
         holds.append(
             BudgetHold(
                 budget_id=budget_id,
@@ -139,12 +138,12 @@ def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:
 
 def provider_spend_key(provider_id: int, day: date) -> str:
     """A provider's spend on one UTC day, in units (settled requests add to it)."""
-    return f"{{sentinel}}:pspend:{provider_id}:{day.isoformat()}"
+    return redis_keys.provider_spend(provider_id, day)
 
 
 def in_flight_key(deployment_id: int) -> str:
     """The requests holding one of a deployment's concurrency slots (scored by lease end)."""
-    return f"{{sentinel}}:dc:{deployment_id}"
+    return redis_keys.deployment_slots(deployment_id)
 
 
 def _deployment_keys_and_args(targets, day: date) -> tuple[list[str], list]:
@@ -171,7 +170,7 @@ def provider_spend_today(provider_id: int) -> Decimal | None:
 
     try:
         units = sync_redis().get(provider_spend_key(provider_id, datetime.now(UTC).date()))
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         return None
     return from_units(int(units or 0))
 
@@ -182,7 +181,7 @@ def deployment_in_flight(deployment_id: int) -> int | None:
 
     try:
         return sync_redis().zcount(in_flight_key(deployment_id), int(time.time() * 1000), "+inf")
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         return None
 
 
@@ -286,7 +285,7 @@ async def admit(
                     )
             except NotWaiting:
                 raise
-            except _REDIS_ERRORS:
+            except UNREACHABLE:
                 # Sent, but no answer: the step may have run, or run when Redis resumes. Once Redis
                 # answers again, whatever it took is given back (void.lua).
                 _voids.append(_void_of(ticket, deployments))
@@ -300,7 +299,7 @@ async def admit(
             # from the ledger, then try again.
             index = int(result[1]) - 1
             initial[index] = to_units(await settled_spend(ticket.budgets[index]))
-    except _REDIS_ERRORS as exc:
+    except UNREACHABLE as exc:
         log.debug("admission without Redis (%s): the tenant's policy decides", exc)
         return _admit_without_redis(key, ticket)
 
@@ -386,7 +385,7 @@ def _admit_args(
 
 def void_key(step: str) -> str:
     """Set when an admission step was given up on: if it runs after that, it takes nothing."""
-    return f"{{sentinel}}:void:{step}"
+    return redis_keys.void(step)
 
 
 # --- admission steps given up on ---------------------------------------------------------------
@@ -425,7 +424,7 @@ async def _void_given_up() -> None:
             await scripts.void(keys=keys, args=args)
             _voids.pop(0)
             log.info("voided the admission step of %s, given up on while Redis did not answer", args[0])
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         pass  # unreachable again: the next answer goes on
     finally:
         _voiding = False
@@ -441,7 +440,7 @@ async def reserve(ticket: Ticket, targets: list[Target]) -> None:
     lease_ms = int(settings.CHAIN_DEADLINE_SECONDS * 1000) + LEASE_MARGIN_MS
     try:
         states, slot = await scripts.reserve(keys=keys, args=[ticket.request_id, lease_ms, len(targets), *args])
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         return  # unreachable: nothing is limited, as admission without Redis limits nothing
     for target, state in zip(targets, states, strict=True):
         ticket.breaker_states[target.deployment_id] = state.decode()
@@ -522,7 +521,7 @@ async def settle(
                 ledger_record,
             ],
         )
-    except _REDIS_ERRORS as exc:
+    except UNREACHABLE as exc:
         # The holds expire on their own (leases); the ledger keeps the spend either way.
         log.warning("admission: could not settle %s (%s)", ticket.request_id, exc)
         breakers.record_locally(attempts)

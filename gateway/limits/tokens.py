@@ -85,7 +85,7 @@ def encoding(name: str):
 
     folder = _bundled_encodings()
     blob = f"https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
-    if folder is None or not (folder / hashlib.sha1(blob.encode()).hexdigest()).exists():
+    if folder is None or not (folder / hashlib.sha1(blob.encode(), usedforsecurity=False).hexdigest()).exists():
         log.warning("tiktoken encoding %s is not bundled with litellm; prompts are bounded by bytes", name)
         return None
     with _load_lock:

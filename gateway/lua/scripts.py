@@ -24,7 +24,7 @@ _SOURCES = {
 class Script:
     def __init__(self, name: str) -> None:
         self.source = "\n".join((_HERE / f"{part}.lua").read_text() for part in _SOURCES[name])
-        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        self.sha = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
 
     async def __call__(self, keys: list, args: list):
         client = async_redis()

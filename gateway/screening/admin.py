@@ -6,15 +6,13 @@ from datetime import timedelta
 
 from django import forms
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from gateway.screening.models import ScreeningPolicy, ScreeningReport
 from gateway.screening.selectors import screening_decisions, screening_outages
-from sentinel.console.scoping import TenantFilter, TenantScopedAdmin
-from sentinel.localstate import announce_change
-from tenants.selectors import MANAGE, tenant_ids_for, tenants_for
+from sentinel.console.scoping import AnnouncesChanges, ReportAdmin, TenantFilter, TenantScopedAdmin
+from tenants.selectors import MANAGE, tenant_ids_for
 
 REPORT_DAYS = (1, 7, 30, 90)
 
@@ -43,7 +41,7 @@ class ScreeningPolicyForm(forms.ModelForm):
 
 
 @admin.register(ScreeningPolicy)
-class ScreeningPolicyAdmin(TenantScopedAdmin):
+class ScreeningPolicyAdmin(AnnouncesChanges, TenantScopedAdmin):  # the keys' settings carry the policy
     view_roles = MANAGE
     form = ScreeningPolicyForm
     list_display = ["tenant", "enabled", "email", "payment_card", "secret", "injection", "moderation", "guardrail"]
@@ -101,39 +99,15 @@ class ScreeningPolicyAdmin(TenantScopedAdmin):
         if form.cleaned_data.get("guardrail_secret"):
             obj.set_guardrail_secret(form.cleaned_data["guardrail_secret"])
         super().save_model(request, obj, form, change)
-        announce_change()  # every process re-reads the keys' settings, which carry the policy
-
-    def delete_model(self, request, obj):
-        super().delete_model(request, obj)
-        announce_change()
-
-    def delete_queryset(self, request, queryset):
-        super().delete_queryset(request, queryset)
-        announce_change()
 
 
 @admin.register(ScreeningReport)
-class ScreeningReportAdmin(admin.ModelAdmin):
-    """Not a list of rows: the changelist is the report, over the tenants the user manages."""
+class ScreeningReportAdmin(ReportAdmin):
+    """The screening report page, over the tenants the user manages."""
 
-    def has_module_permission(self, request):
-        return tenants_for(request.user, MANAGE).exists()
+    report_roles = MANAGE
 
-    def has_view_permission(self, request, obj=None):
-        return self.has_module_permission(request)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def changelist_view(self, request, extra_context=None):
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+    def report(self, request):
         try:
             days = int(request.GET.get("days", 7))
         except ValueError:

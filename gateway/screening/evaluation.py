@@ -43,6 +43,19 @@ def load(path: Path) -> list[dict]:
     return examples
 
 
+def load_for_command(path: Path) -> list[dict]:
+    """load() as the management commands read their file: a missing file or a bad line is a
+    CommandError naming the file (and the line)."""
+    from django.core.management.base import CommandError
+
+    if not path.exists():
+        raise CommandError(f"{path}: no such file")
+    try:
+        return load(path)
+    except LabeledSetError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def fired(text: str, *, region: str = "US") -> set[str]:
     spans = local_spans(text, kinds=KINDS, injection_on=True, moderation_on=True, region=region)
     return {check_of(span) for span in spans}

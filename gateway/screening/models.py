@@ -39,7 +39,9 @@ class ScreeningPolicy(models.Model):
     national_id = _action(Action.BLOCK, "National ID numbers (SSN, SIN, DNI/NIE, codice fiscale, NIR, CPF, ...).")
     ip_address = _action(Action.LOG, "IP addresses (not loopback, netmasks or networks).")
     secret = _action(Action.BLOCK, "API keys, tokens, private keys, passwords stated in the text.")
-    injection = _action(Action.BLOCK, "Prompt injection and jailbreak attempts (user and tool messages).")
+    injection = _action(
+        Action.BLOCK, "Prompt injection and jailbreak attempts, in every message but the system/developer prompt."
+    )
     moderation = _action(Action.BLOCK, "Harmful requests: the local check, and the moderation provider if set.")
     phone_region = models.CharField(
         max_length=2, default="US", help_text="Two-letter country whose national phone formats are recognized."

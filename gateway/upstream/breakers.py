@@ -24,10 +24,11 @@ from django.conf import settings
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from redis import exceptions as redis_errors
 
 from gateway import metrics
 from gateway.lua import scripts
+from sentinel import redis_keys
+from sentinel.redis_clients import UNREACHABLE
 
 if TYPE_CHECKING:
     from gateway.upstream.routing import Target
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CIRCUITS_GROUP = "circuits"
-_REDIS_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ DEFAULT_POLICY = Policy()
 
 
 def keys_for(deployment_id: int) -> tuple[str, str]:
-    base = f"{{sentinel}}:cb:{deployment_id}"
+    base = redis_keys.breaker(deployment_id)
     return base, base + ":w"
 
 
@@ -158,7 +158,7 @@ async def permit(target: Target, state: str, *, local: bool) -> tuple[bool, bool
             keys=[keys_for(target.deployment_id)[0]],
             args=[target.policy.half_open_probes, int(settings.CHAIN_DEADLINE_SECONDS * 1000)],
         )
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         return _local.permit(target)
     if transition:
         announce(target, transition.decode(), "open time over; probing")
@@ -242,10 +242,10 @@ def breaker_snapshot(deployment_id: int) -> dict:
     """The shared state as stored (for the admin and the live view)."""
     from sentinel.redis_clients import sync_redis
 
-    key, window = keys_for(deployment_id)
+    key, _window = keys_for(deployment_id)
     try:
         state, forced, open_until, openings = sync_redis().hmget(key, "state", "forced", "open_until", "openings")
-    except _REDIS_ERRORS:
+    except UNREACHABLE:
         return {"state": "unknown", "open_for_seconds": None, "openings": None}
     state = (state or b"closed").decode()
     if forced:

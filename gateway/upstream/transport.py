@@ -2,9 +2,9 @@
 
 litellm stays in charge of the request: its provider config maps the parameters (o-series and GPT-5
 rules included), builds the body, the URL and the authentication headers. What this module skips is
-litellm's response machinery, which costs about 6 ms of CPU per call and 1 ms per streamed chunk
-here: an OpenAI-compatible upstream already answers in the shape the client expects, so the bytes
-are relayed as they come, parsed only to read usage, content and errors. Failures get the same
+litellm's response machinery (its CPU cost per call and per streamed chunk: docs/decisions.md #3):
+an OpenAI-compatible upstream already answers in the shape the client expects, so the bytes are
+relayed as they come, parsed only to read usage, content and errors. Failures get the same
 verdicts as litellm's exceptions (gateway.upstream.failures; the contract tests hold both paths to that).
 
 Providers whose answers need translation (Anthropic, Bedrock, Gemini, ...) use litellm.acompletion.
@@ -91,7 +91,7 @@ def prepare(litellm_model: str, api_base: str | None, api_key: str | None) -> Fa
 
     try:
         model, provider, _, resolved_base = litellm.get_llm_provider(litellm_model, api_base=api_base)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a model litellm cannot place goes through litellm itself
         return None
     if provider not in OPENAI_SHAPED_PROVIDERS:
         return None

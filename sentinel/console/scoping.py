@@ -10,12 +10,14 @@ both refuse control characters in their text fields (sentinel.text).
 from __future__ import annotations
 
 from django.contrib import admin
-from django.http import Http404
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponse
 from django.urls import reverse
 
+from sentinel.localstate import announce_change
 from sentinel.text import PlainTextAdmin, PlainTextInline
 from tenants.models import Membership, Tenant, VirtualKey
-from tenants.selectors import ALL_ROLES, MANAGE
+from tenants.selectors import ALL_ROLES, MANAGE, tenants_for
 
 
 def roles_of(request) -> dict[int, str]:
@@ -180,6 +182,63 @@ class TenantScopedInline(PlainTextInline):
     def __init__(self, parent_model, admin_site):
         super().__init__(parent_model, admin_site)
         self.parent_admin = admin_site.get_model_admin(parent_model)
+
+
+class ViewAndDelete:
+    """A mixin for admins of records Sentinel writes (transitions, alerts, cache entries): they are
+    looked at and may be deleted, never added or edited by hand."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class ViewOnly(ViewAndDelete):
+    """A mixin for admins of records that are history (the ledger, audit rows, batches): not even
+    deleted from the admin."""
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ReportAdmin(ViewOnly, admin.ModelAdmin):
+    """An admin whose changelist is a report page, not a list of rows: shown to anyone holding one of
+    `report_roles` in at least one tenant; `report(request)` builds the page."""
+
+    report_roles: frozenset[str] = MANAGE
+
+    def has_module_permission(self, request):
+        return tenants_for(request.user, self.report_roles).exists()
+
+    def has_view_permission(self, request, obj=None):
+        return self.has_module_permission(request)
+
+    def changelist_view(self, request, extra_context=None):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return self.report(request)
+
+    def report(self, request) -> HttpResponse:
+        raise NotImplementedError
+
+
+class AnnouncesChanges:
+    """A mixin for admins of configuration that gateway processes cache (routing, policies, budgets):
+    every save (inlines included) and delete tells them to re-read it."""
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        announce_change()
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)
+        announce_change()
+
+    def delete_queryset(self, request, queryset):
+        super().delete_queryset(request, queryset)
+        announce_change()
 
 
 class OperatorOnlyAdmin(PlainTextAdmin, admin.ModelAdmin):

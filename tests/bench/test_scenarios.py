@@ -126,7 +126,7 @@ def test_soak_checks_every_answer_and_measures_every_process(tmp_path, test_data
     web = [row for row in result["processes"] if row["process"].startswith("web:")]
     assert len(web) == result["config"]["sentinel_web_workers"] == 2
     assert all(row["rss_start_mb"] > 0 and row["growth"] is not None and row["met"] is not None for row in web)
-    assert [c["check"] for c in result["targets"]][0].startswith("RSS growth of every process")
+    assert result["targets"][0]["check"].startswith("RSS growth of every process")
 
 
 def test_soak_measures_postgres_by_its_own_memory_not_the_buffer_cache(db):

@@ -16,7 +16,7 @@ from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from types import SimpleNamespace
 
@@ -38,6 +38,7 @@ from billing.services import spend_roll_up
 from sentinel.celery import app as celery_app
 from sentinel.redis_clients import async_redis, sync_redis
 from tests.billing.conftest import drain_all, hand_off_all, record
+from tests.conftest import wait_for
 from tests.servers import database_url_for, free_port, scrape_metrics, start_celery_worker, start_gateway
 
 
@@ -118,7 +119,7 @@ def test_while_redis_is_unreachable_a_record_goes_straight_to_postgres(empty_que
     asyncio.run(hand_off_and_hang_up())
     row = LedgerEntry.objects.get(tenant=tenant)
     assert (str(row.id), row.request_id, row.cost_usd) == (lone.id, "no-redis", Decimal(lone.cost_usd))
-    assert RollupDue.objects.filter(tenant=tenant, day=datetime(2026, 5, 1).date()).exists()
+    assert RollupDue.objects.filter(tenant=tenant, day=date(2026, 5, 1)).exists()
 
 
 def test_rows_mark_their_tenant_days_for_the_rollup(empty_queue, tenant):
@@ -126,8 +127,8 @@ def test_rows_mark_their_tenant_days_for_the_rollup(empty_queue, tenant):
     hand_off_all([record(tenant, at=at) for at in days])
     drain_all()
     assert set(RollupDue.objects.filter(tenant=tenant).values_list("day", flat=True)) == {
-        datetime(2026, 3, 1).date(),
-        datetime(2026, 3, 2).date(),
+        date(2026, 3, 1),
+        date(2026, 3, 2),
     }
 
 
@@ -429,7 +430,7 @@ def fail_with_the_database_unreachable(database: str, tenant, good) -> BaseExcep
     connection.settings_dict.update(HOST="127.0.0.1", PORT=str(free_port()))
     connection.settings_dict["OPTIONS"]["pool"] = {**saved["OPTIONS"]["pool"], "timeout": 1}
     try:
-        with pytest.raises(Exception) as failure:
+        with pytest.raises(Exception) as failure:  # noqa: PT011 - the caller asserts which one
             drain()
         return failure.value
     finally:
@@ -543,16 +544,6 @@ def ledger_table_locked(database: str):
             conn.rollback()
 
 
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def blocked_ledger_insert() -> int | None:
     """The pid of a backend whose ledger INSERT waits for a lock, if one does."""
     with connection.cursor() as cursor:
@@ -647,7 +638,7 @@ async def load_until_killed(gateway, api_key: str, alias: str, *, answers: int, 
                     pass
             else:
                 await client.chat.completions.create(model=alias, messages=ask(f"plain {i}"), extra_headers=headers)
-        except Exception:  # cut off by the kill: connection reset or refused, stream broken off
+        except Exception:  # noqa: BLE001 - cut off by the kill: connection reset or refused, stream broken off
             return
         answered.add(request_id)
         if len(answered) >= answers and not killed.is_set():

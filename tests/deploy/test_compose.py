@@ -15,7 +15,7 @@ import pytest
 import yaml
 from django.core.management import get_commands, load_command_class
 
-import sentinel.demo  # noqa: F401 - registers its variables
+import sentinel.demo
 import sentinel.run  # noqa: F401 - registers its variables
 from sentinel import web
 from sentinel.env import ENV_VARS

@@ -7,6 +7,7 @@ import secrets
 
 import httpx
 
+from sentinel import redis_keys
 from sentinel.redis_clients import sync_redis
 from tenants.services import KEY_PREFIX, key_digest
 
@@ -14,7 +15,7 @@ from tenants.services import KEY_PREFIX, key_digest
 def looked_up(secret: str) -> bool:
     """Whether the gateway looked this secret up: every lookup of an unknown key leaves a remembered
     miss in Redis, under the digest of the secret."""
-    return bool(sync_redis().keys(f"sentinel:keyinfo:*:{key_digest(secret)}"))
+    return bool(sync_redis().keys(redis_keys.key_info("*", key_digest(secret))))
 
 
 def test_an_over_long_key_is_refused_without_a_lookup(gateway, model):

@@ -145,7 +145,7 @@ def test_real_requests_nest_far_less_than_the_limit():
     body = {"model": "m", "messages": ASK, "tools": tools, "response_format": response_format}
     assert depth({**body, "response_format": None}) == 34  # as sentinel.text says
     assert depth({**body, "tools": None}) == 33
-    request, parsed = parse_chat_request(json.dumps(body).encode())
+    _request, parsed = parse_chat_request(json.dumps(body).encode())
     assert parsed["tools"] == tools
     assert depth(body) <= MAX_JSON_DEPTH // 2 + 2
 

@@ -48,7 +48,7 @@ def test_a_wrong_hit_counts_against_precision(tmp_path, live_db, embedding_model
 def test_a_malformed_file_is_a_clear_error(tmp_path, live_db):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"a": "x", "b": "y"}\n')
-    with pytest.raises(CommandError, match="bad.jsonl:1"):
+    with pytest.raises(CommandError, match=r"bad\.jsonl:1"):
         call_command("cache_eval", str(path))
 
 

@@ -70,7 +70,7 @@ def test_a_refusal_is_retried_once_on_the_smart_model(gateway, escalating, mock_
 
 
 def test_without_the_switch_the_refusal_is_the_answer(gateway, escalating, mock_provider):
-    tenant, key, small, _, small_provider, smart_provider = escalating(escalate=False)
+    tenant, key, small, _, _small_provider, smart_provider = escalating(escalate=False)
     response = ask(gateway, key, small)
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"] == REFUSAL_TEXT
@@ -80,7 +80,7 @@ def test_without_the_switch_the_refusal_is_the_answer(gateway, escalating, mock_
 
 
 def test_answers_and_the_smart_models_own_refusals_are_not_escalated(gateway, escalating, mock_provider):
-    tenant, key, small, smart, _, smart_provider = escalating()
+    _tenant, key, small, smart, _, smart_provider = escalating()
     mock_provider.control(smart_provider, refuses=True)
     answered = ask(gateway, key, small, prompt="What is the capital of Chile?")
     refused_by_smart = ask(gateway, key, smart)

@@ -16,6 +16,7 @@ from billing.models import LedgerEntry
 from gateway.screening.models import ScreeningPolicy
 from sentinel.egress import Allowlist
 from tests.console.conftest import as_user
+from tests.gateway.test_screening_admin import policy_form
 from tests.servers import Listener, scrape_metrics, start_gateway
 
 # 127.0.0.2 plays a public host; 127.0.0.1 (where the listeners that must hear nothing are) is internal.
@@ -115,7 +116,7 @@ def test_no_spelling_of_an_internal_guardrail_is_called(guarded, internal, egres
 def test_an_allowed_guardrails_redirect_to_an_internal_address_is_not_followed(guarded, internal, mock_provider):
     public = Listener(PUBLIC, status=307, headers={"location": internal.url("/check")})
     try:
-        client, alias, provider, tenant = guarded(public.url("/check"), "closed")
+        client, alias, provider, _tenant = guarded(public.url("/check"), "closed")
         with pytest.raises(openai.InternalServerError):
             ask(client, alias, "the launch code is 0000", stream=False)
         assert len(public.requests) == 1  # the allowed host was asked, and answered with a redirect
@@ -139,27 +140,6 @@ def test_an_allowed_guardrail_is_consulted(guarded, internal, mock_provider):
 
 
 # --- saving ----------------------------------------------------------------------------------------
-
-
-def policy_form(tenant, guardrail_url: str) -> dict:
-    return {
-        "tenant": tenant.pk,
-        "enabled": "on",
-        **dict.fromkeys(("email", "phone", "iban", "output_personal_data"), "redact"),
-        **dict.fromkeys(
-            ("payment_card", "national_id", "secret", "injection", "moderation", "output_moderation"), "block"
-        ),
-        "ip_address": "log",
-        "phone_region": "US",
-        "stream_window": 64,
-        "moderation_model": "omni-moderation-latest",
-        "moderation_timeout_ms": 2000,
-        "moderation_input_outage": "closed",
-        "moderation_output_outage": "open",
-        "guardrail_url": guardrail_url,
-        "guardrail_timeout_ms": 300,
-        "guardrail_outage": "closed",
-    }
 
 
 @pytest.mark.parametrize(

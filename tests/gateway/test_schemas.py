@@ -64,7 +64,7 @@ def test_a_content_part_without_its_payload_is_refused(part):
 
 
 def test_parts_of_other_types_pass_through():
-    request, body = parse(messages=[{"role": "user", "content": [{"type": "document", "source": {"x": 1}}]}])
+    _request, body = parse(messages=[{"role": "user", "content": [{"type": "document", "source": {"x": 1}}]}])
     assert body["messages"][0]["content"][0] == {"type": "document", "source": {"x": 1}}
 
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
@@ -24,7 +22,7 @@ from gateway.models import CacheEntry, Provider
 from gateway.screening.models import ScreeningPolicy
 from tests.conftest import unique
 from tests.gateway import screening_values
-from tests.servers import free_port
+from tests.servers import Listener
 
 EMAIL = "ann.meyer@example-mail.com"
 CARD = "4111 1111 1111 1111"
@@ -416,11 +414,10 @@ def test_input_fails_open_when_the_tenant_says_so(screened, mock_provider):
     client, alias, _, tenant = screened(
         moderation_provider=mod, moderation_input_outage="open", moderation_timeout_ms=200
     )
-    started = time.monotonic()
     assert ask(client, alias, "an ordinary question").status_code == 200
-    assert time.monotonic() - started < 2.5  # bounded by the moderation timeout (twice), not the stall
     (row,) = ledger_rows(tenant, 1)
-    # The answer's moderation timed out too, and answers fail open by default.
+    # Bounded by the timeout, not the stall (which ends in a clean verdict, no outage): the answer's
+    # moderation timed out too, and answers fail open by default.
     assert row.screening["outages"] == [["moderation", "in", "open"], ["moderation", "out", "open"]]
 
 
@@ -449,74 +446,50 @@ def test_an_answer_is_withheld_when_output_moderation_is_down_and_the_tenant_fai
 # --- the custom guardrail ----------------------------------------------------------------------
 
 
-class Guardrail:
-    """An HTTP guardrail on 127.0.0.1: block on "forbidden", redact "codeword", sleep on "slow"."""
+def guardrail_listener(secret: str) -> Listener:
+    """An HTTP guardrail on 127.0.0.1: block on "forbidden", redact "codeword", sleep on "slow"; 401
+    to a request not signed with `secret`."""
 
-    def __init__(self, secret: str) -> None:
-        self.requests: list[tuple[dict, bytes]] = []
-        guardrail = self
+    def respond(path: str, headers: dict, body: bytes) -> tuple[int, bytes]:
+        expected = (
+            "sha256="
+            + hmac.new(
+                secret.encode(), headers["x-sentinel-timestamp"].encode() + b"." + body, hashlib.sha256
+            ).hexdigest()
+        )
+        if headers.get("x-sentinel-signature") != expected:
+            return 401, b""
+        texts = json.loads(body)["texts"]
+        joined = " ".join(t["text"] for t in texts)
+        if "slow" in joined:
+            time.sleep(1.5)
+        if "forbidden" in joined:
+            answer = {"action": "block"}
+        elif "codeword" in joined:
+            answer = {
+                "action": "redact",
+                "redactions": [
+                    {"id": t["id"], "start": t["text"].index("codeword"), "end": t["text"].index("codeword") + 8}
+                    for t in texts
+                    if "codeword" in t["text"]
+                ],
+            }
+        else:
+            answer = {"action": "allow"}
+        return 200, json.dumps(answer).encode()
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["content-length"]))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                guardrail.requests.append((headers, body))
-                expected = (
-                    "sha256="
-                    + hmac.new(
-                        secret.encode(), headers["x-sentinel-timestamp"].encode() + b"." + body, hashlib.sha256
-                    ).hexdigest()
-                )
-                if headers.get("x-sentinel-signature") != expected:
-                    self.send_response(401)
-                    self.end_headers()
-                    return
-                texts = json.loads(body)["texts"]
-                joined = " ".join(t["text"] for t in texts)
-                if "slow" in joined:
-                    time.sleep(1.5)
-                if "forbidden" in joined:
-                    answer = {"action": "block"}
-                elif "codeword" in joined:
-                    answer = {
-                        "action": "redact",
-                        "redactions": [
-                            {
-                                "id": t["id"],
-                                "start": t["text"].index("codeword"),
-                                "end": t["text"].index("codeword") + 8,
-                            }
-                            for t in texts
-                            if "codeword" in t["text"]
-                        ],
-                    }
-                else:
-                    answer = {"action": "allow"}
-                payload = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/check"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
+    return Listener(respond=respond)
 
 
 @pytest.fixture
 def guarded(screened):
     secret = "guardrail-" + unique("s")
-    guardrail = Guardrail(secret)
+    guardrail = guardrail_listener(secret)
 
     def make(**policy):
-        client, alias, provider, tenant = screened(guardrail_url=guardrail.url, guardrail_timeout_ms=400, **policy)
+        client, alias, provider, tenant = screened(
+            guardrail_url=guardrail.url("/check"), guardrail_timeout_ms=400, **policy
+        )
         row = ScreeningPolicy.objects.get(tenant=tenant)
         row.set_guardrail_secret(secret)
         row.save()
@@ -530,7 +503,7 @@ def test_guardrail_allows_blocks_and_redacts(guarded, mock_provider):
     guardrail, make = guarded
     client, alias, provider, tenant = make(email="redact")
     assert ask(client, alias, f"hello from {EMAIL}").status_code == 200
-    sent = json.loads(guardrail.requests[-1][1])
+    sent = json.loads(guardrail.requests[-1][2])
     assert sent["texts"] == [{"id": 0, "role": "user", "text": "hello from [EMAIL]"}]  # after local redaction
     with pytest.raises(openai.BadRequestError) as refused:
         ask(client, alias, "this is forbidden")
@@ -551,10 +524,9 @@ def test_guardrail_allows_blocks_and_redacts(guarded, mock_provider):
 def test_guardrail_timeout_is_bounded_and_fails_closed_by_default(guarded, mock_provider):
     _, make = guarded
     client, alias, provider, tenant = make()
-    started = time.monotonic()
     with pytest.raises(openai.InternalServerError) as refused:
         ask(client, alias, "a slow one")
-    assert time.monotonic() - started < 1.4  # the 400 ms timeout, not the guardrail's 1.5 s
+    # The 400 ms timeout, not the guardrail's 1.5 s: a late verdict would have let the request through.
     assert refused.value.response.json()["error"]["code"] == "screening_unavailable"
     assert mock_provider.stats(provider)["calls"] == 0
     (row,) = ledger_rows(tenant, 1)

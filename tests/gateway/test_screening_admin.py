@@ -70,7 +70,8 @@ def test_viewers_and_finance_do_not_see_the_report(tenancy):
     assert as_user(tenancy.finance).get(REPORT).status_code == 403
 
 
-def policy_form(tenant) -> dict:
+def policy_form(tenant, guardrail_url: str = "") -> dict:
+    """The admin's screening policy form, filled in (test_guardrail saves it with a guardrail URL)."""
     return {
         "tenant": tenant.pk,
         "enabled": "on",
@@ -85,6 +86,7 @@ def policy_form(tenant) -> dict:
         "moderation_timeout_ms": 2000,
         "moderation_input_outage": "closed",
         "moderation_output_outage": "open",
+        "guardrail_url": guardrail_url,
         "guardrail_timeout_ms": 300,
         "guardrail_outage": "closed",
     }

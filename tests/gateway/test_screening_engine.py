@@ -354,6 +354,7 @@ def test_injection_holds_on_prompts_written_after_it_was_tuned():
     assert (fresh["tp"], fresh["fp"], fresh["fn"]) == (42, 1, 8)  # recall 0.84, precision 0.977
 
 
+@pytest.mark.slow  # trains the classifier
 def test_the_injection_model_is_trained_from_a_labeled_set(tmp_path):
     out = tmp_path / "model.json"
     call_command("injection_train", str(DATA / "injection_train.jsonl"), "--out", str(out), stdout=StringIO())
@@ -522,6 +523,7 @@ def test_input_redaction_leaves_nothing_in_any_field(data):
 # --- long texts are screened off the event loop --------------------------------------------------
 
 
+@pytest.mark.slow  # screens a long request
 def test_a_long_request_is_screened_while_the_event_loop_goes_on():
     """Issue 25: a long message's local checks ran on the event loop, so every other request
     waited behind them."""

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-import sentinel.demo  # noqa: F401 - registers its variables
+import sentinel.demo
 import sentinel.run  # noqa: F401 - registers its variables
 from sentinel.env import ENV_VARS, envbool, envfloat, envint
 

@@ -22,6 +22,7 @@ def embedded_valkey_pid() -> int:
     return found["pid"]
 
 
+@pytest.mark.servers  # reads the running embedded Valkey
 def test_embedded_valkey_runs_on_glibc_malloc_with_its_caches_off():
     from sentinel.redis_clients import sync_redis
 

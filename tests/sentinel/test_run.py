@@ -21,6 +21,8 @@ import pytest
 from gateway.mock_provider import answer_text
 from tests.servers import BASE_DIR, database_url_for, free_port, scrape_metrics
 
+pytestmark = pytest.mark.servers  # runs `python -m sentinel.run` in a subprocess
+
 READY_LINE = "Press Ctrl-C to stop everything"
 
 

@@ -39,7 +39,7 @@ def test_a_killed_worker_is_replaced_while_the_other_serves(test_database_name, 
         deadline = time.monotonic() + 30
         while len(listening := listeners(gateway)) != 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        first, second = listening
+        first, _second = listening
         os.kill(first.pid, signal.SIGKILL)
         # Connections the kernel had already queued on the dead worker's socket are reset (clients
         # retry those); once it is gone, the other worker's socket takes every new connection.

@@ -15,9 +15,9 @@ from gateway.models import Deployment
 from tenants.models import Budget, BudgetAlert, WebhookDelivery, WebhookEndpoint
 from tenants.webhooks import sign
 from tests.billing.conftest import drain_all, hand_off_all, record
-from tests.conftest import unique
+from tests.conftest import unique, wait_for
 from tests.console.conftest import as_user
-from tests.servers import WebhookReceiver, start_celery_worker
+from tests.servers import Listener, start_celery_worker
 
 
 @pytest.fixture(scope="module")
@@ -27,18 +27,10 @@ def celery_worker(test_database_name):
     worker.stop()
 
 
-def wait_for(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.1)
-
-
 def test_threshold_alerts_once_with_a_signed_webhook(gateway, celery_worker, tenant, make_key, make_model, live_db):
-    receiver = WebhookReceiver(failures=1)
+    receiver = Listener(failures=1)
     try:
-        endpoint = WebhookEndpoint(tenant=tenant, url=receiver.url, events=["budget.threshold"])
+        endpoint = WebhookEndpoint(tenant=tenant, url=receiver.url("/hook"), events=["budget.threshold"])
         endpoint.set_secret("whsec-test")
         endpoint.save()
         model, (provider,) = make_model()
@@ -63,7 +55,7 @@ def test_threshold_alerts_once_with_a_signed_webhook(gateway, celery_worker, ten
         delivery = WebhookDelivery.objects.get(endpoint=endpoint)
         assert (delivery.event, delivery.attempts) == ("budget.threshold", 2)  # first attempt got a 500
         assert len(receiver.requests) == 2
-        headers, body = receiver.requests[-1]
+        _, headers, body = receiver.requests[-1]
         assert headers["x-sentinel-signature"] == sign("whsec-test", headers["x-sentinel-timestamp"], body)
         payload = json.loads(body)
         assert payload["event"] == "budget.threshold"
@@ -75,9 +67,9 @@ def test_threshold_alerts_once_with_a_signed_webhook(gateway, celery_worker, ten
 
 
 def test_an_endpoint_of_another_tenant_hears_nothing(gateway, celery_worker, tenancy, make_key, make_model, live_db):
-    receiver = WebhookReceiver()
+    receiver = Listener()
     try:
-        outsider_endpoint = WebhookEndpoint(tenant=tenancy.other, url=receiver.url)
+        outsider_endpoint = WebhookEndpoint(tenant=tenancy.other, url=receiver.url("/hook"))
         outsider_endpoint.set_secret("other")
         outsider_endpoint.save()
         model, (provider,) = make_model()

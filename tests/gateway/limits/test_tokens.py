@@ -266,6 +266,7 @@ messages_strategy = st.lists(
 )
 
 
+@pytest.mark.slow  # 150 examples, each counted exactly by litellm
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(messages=messages_strategy, tools=st.none() | tools_strategy)
 def test_any_prompt_is_reserved_at_least_as_billed(messages, tools):

@@ -8,9 +8,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -25,7 +23,7 @@ from gateway.schemas import CHAT_PARAMETERS
 from gateway.upstream import providers
 from gateway.upstream.routing import Target
 from tests.conftest import unique
-from tests.servers import free_port
+from tests.servers import Listener
 
 ANTHROPIC_MODEL = "anthropic/claude-3-5-haiku-20241022"
 ANTHROPIC_ANSWER = {
@@ -48,61 +46,24 @@ OLLAMA_ANSWER = {
 }
 
 
-class Listener:
-    """An HTTP server on 127.0.0.1 that records every request it gets and answers as a provider
-    would (Anthropic's messages API, Ollama's generate API), so that a redirected call succeeds as
-    it did in the attack."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
-        listener = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _record(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = self.rfile.read(length) if length else b""
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                listener.requests.append((self.command, self.path, headers, body))
-                answer = OLLAMA_ANSWER if "/api/" in self.path else ANTHROPIC_ANSWER
-                payload = orjson.dumps(answer)
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _record
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.server.timeout = 5
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def seen(self, text: str) -> bool:
-        """Whether `text` appeared anywhere in what this listener received."""
-        return any(
-            text in path or text in body.decode(errors="replace") or any(text in v for v in headers.values())
-            for _, path, headers, body in self.requests
-        )
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def provider_listener() -> Listener:
+    """A listener that answers as a provider would (Anthropic's messages API, Ollama's generate API),
+    so that a redirected call succeeds as it did in the attack."""
+    return Listener(
+        respond=lambda path, headers, body: (200, orjson.dumps(OLLAMA_ANSWER if "/api/" in path else ANTHROPIC_ANSWER))
+    )
 
 
 @pytest.fixture
 def upstream():
-    listener = Listener()
+    listener = provider_listener()
     yield listener
     listener.close()
 
 
 @pytest.fixture
 def redirect():
-    listener = Listener()
+    listener = provider_listener()
     yield listener
     listener.close()
 
@@ -146,7 +107,7 @@ def test_the_body_cannot_redirect_a_translated_call_with_the_operators_key(
     response = ask(
         gateway,
         key,
-        {"model": alias, "messages": [{"role": "user", "content": "hi"}], "api_base": f"{redirect.url}/x"},
+        {"model": alias, "messages": [{"role": "user", "content": "hi"}], "api_base": f"{redirect.origin}/x"},
     )
 
     assert refusal(response) == unknown("api_base")
@@ -159,7 +120,7 @@ def test_the_fast_path_refuses_them_too(gateway, api_key, model, mock_provider, 
     alias, (provider,) = model
     for name in ("api_base", "base_url", "api_key", "extra_headers", "headers", "custom_llm_provider"):
         body = {"model": alias, "messages": [{"role": "user", "content": "hi"}]}
-        body[name] = hostile_value(name, redirect.url)
+        body[name] = hostile_value(name, redirect.origin)
         assert refusal(ask(gateway, api_key, body)) == unknown(name)
     assert mock_provider.stats(provider)["calls"] == 0
     assert redirect.requests == []
@@ -199,7 +160,7 @@ def hostile_value(name: str, url: str) -> object:
 def test_every_keyword_litellm_takes_is_refused_unless_it_is_openais(
     gateway, tenant, make_key, upstream, redirect, live_db
 ):
-    alias, secret = translated_model(ANTHROPIC_MODEL, "anthropic", api_base=upstream.url)
+    alias, secret = translated_model(ANTHROPIC_MODEL, "anthropic", api_base=upstream.origin)
     key = make_key(tenant)
     keywords = litellm_keywords()
     assert len(keywords) > 500  # the scan found litellm's code, not nothing
@@ -208,7 +169,7 @@ def test_every_keyword_litellm_takes_is_refused_unless_it_is_openais(
     with httpx.Client(headers={"authorization": f"Bearer {key}"}, timeout=30) as client:
         for name in sorted(keywords - CHAT_PARAMETERS):
             body = {"model": alias, "messages": [{"role": "user", "content": "hi"}]}
-            body[name] = hostile_value(name, f"{redirect.url}/{name}")
+            body[name] = hostile_value(name, f"{redirect.origin}/{name}")
             response = client.post(f"{gateway.base_url}/chat/completions", json=body)
             if refusal(response) != unknown(name) or secret in response.text:
                 misanswered[name] = refusal(response)
@@ -225,9 +186,9 @@ def test_the_keywords_litellm_shares_with_openai_reach_only_the_configured_upstr
     invalid), and with values that look like settings they still move nothing: `metadata` is
     litellm's own on its path (the client's is replaced), `cache` is Sentinel's (never forwarded),
     the rest are request fields the provider gets, not settings of the call."""
-    alias, secret = translated_model(ANTHROPIC_MODEL, "anthropic", api_base=upstream.url)
+    alias, secret = translated_model(ANTHROPIC_MODEL, "anthropic", api_base=upstream.origin)
     key = make_key(make_tenant(cache_enabled=False))  # every accepted request is a call
-    url = f"{redirect.url}/x"
+    url = f"{redirect.origin}/x"
     shared = sorted((litellm_keywords() & CHAT_PARAMETERS) - {"model", "messages"})
     assert {"metadata", "cache", "user", "tools", "response_format"} <= set(shared)
 
@@ -243,11 +204,11 @@ def test_the_keywords_litellm_shares_with_openai_reach_only_the_configured_upstr
     assert set(statuses.values()) <= {200, 400}, statuses
     assert (statuses["metadata"], statuses["user"], statuses["cache"]) == (200, 200, 200)
     assert redirect.requests == []
-    assert {(method, path) for method, path, _, _ in upstream.requests} == {("POST", "/v1/messages")}
+    assert {(method, path) for method, path, _, _ in upstream.calls} == {("POST", "/v1/messages")}
     assert len(upstream.requests) == list(statuses.values()).count(200)
-    for _, _, headers, body in upstream.requests:
+    for _, _, headers, body in upstream.calls:
         assert headers["x-api-key"] == secret
-        assert not any(redirect.url in value for value in headers.values())
+        assert not any(redirect.origin in value for value in headers.values())
         assert b"base_url" not in body  # the client's metadata went nowhere
 
 
@@ -260,8 +221,8 @@ def test_the_keywords_litellm_shares_with_openai_reach_only_the_configured_upstr
     ],
 )
 def test_a_message_carries_no_settings(message, param, gateway, tenant, make_key, upstream, redirect, live_db):
-    alias, _ = translated_model(ANTHROPIC_MODEL, "anthropic", api_base=upstream.url)
-    message = orjson.loads(orjson.dumps(message).decode().replace("{url}", redirect.url))
+    alias, _ = translated_model(ANTHROPIC_MODEL, "anthropic", api_base=upstream.origin)
+    message = orjson.loads(orjson.dumps(message).decode().replace("{url}", redirect.origin))
     response = ask(gateway, make_key(tenant), {"model": alias, "messages": [message]})
 
     assert refusal(response) == unknown(param)
@@ -273,8 +234,8 @@ def test_a_tool_cannot_send_the_call_through_litellms_mcp_gateway(
 ):
     """litellm runs a tool of type "mcp" whose server_url names its MCP gateway itself; OpenAI's chat
     completions know function and custom tools only."""
-    alias, _ = translated_model(ANTHROPIC_MODEL, "anthropic", api_base=upstream.url)
-    tool = {"type": "mcp", "server_url": f"litellm_proxy/mcp/{redirect.url}", "server_label": "x"}
+    alias, _ = translated_model(ANTHROPIC_MODEL, "anthropic", api_base=upstream.origin)
+    tool = {"type": "mcp", "server_url": f"litellm_proxy/mcp/{redirect.origin}", "server_label": "x"}
     body = {"model": alias, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
     response = ask(gateway, make_key(tenant), body)
 
@@ -288,7 +249,7 @@ def test_an_openai_parameter_the_provider_lacks_is_the_clients_error(
 ):
     """litellm refuses an OpenAI parameter a translated provider has no equivalent for; that was a
     500 (its exception carries no HTTP response), and is the client's 400, naming the parameter."""
-    alias, _ = translated_model(ANTHROPIC_MODEL, "anthropic", api_base=upstream.url)
+    alias, _ = translated_model(ANTHROPIC_MODEL, "anthropic", api_base=upstream.origin)
     body = {"model": alias, "messages": [{"role": "user", "content": "hi"}], "verbosity": "low", "stream": stream}
     response = ask(gateway, make_key(tenant), body)
 
@@ -306,8 +267,8 @@ def test_litellm_fetches_no_image_from_an_internal_address(gateway, tenant, make
     """A content part is the model's input, yet for providers that take images inline litellm
     downloads an image URL itself: its own guard (litellm.user_url_validation, on by default, which
     Sentinel leaves on) refuses loopback, private and link-local addresses before connecting."""
-    alias, _ = translated_model("ollama/llama3", "ollama", api_base=upstream.url)
-    image = {"type": "image_url", "image_url": {"url": f"{redirect.url}/image.png"}}
+    alias, _ = translated_model("ollama/llama3", "ollama", api_base=upstream.origin)
+    image = {"type": "image_url", "image_url": {"url": f"{redirect.origin}/image.png"}}
     body = {"model": alias, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]}
     response = ask(gateway, make_key(tenant), body)
 
@@ -369,25 +330,9 @@ def test_litellms_arguments_are_built_from_the_allowlist_alone(stream, api_base)
 @pytest.fixture
 def garbage_upstream():
     """A provider that answers 200 with something no translation can read."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length") or 0))
-            payload = b'{"id": 7, "content": "not a message"}'
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+    upstream = Listener(body=b'{"id": 7, "content": "not a message"}')
+    yield upstream.origin
+    upstream.close()
 
 
 def test_a_malformed_answer_reaches_the_client_without_a_traceback(

@@ -20,7 +20,7 @@ def served(request, gateway, tenant, make_key, make_model):
 
 
 def test_non_streamed(served):
-    alias, provider, client = served
+    alias, _provider, client = served
     raw = client.chat.completions.with_raw_response.create(
         model=alias, messages=[{"role": "user", "content": "contract"}], temperature=0.5, seed=7
     )
@@ -132,7 +132,7 @@ def test_stalled_provider_times_out(gateway, tenant, make_key, make_model, mock_
     )
     assert response.status_code == 503
     assert "upstream_timeout" in response.json()["error"]["message"]
-    assert response.elapsed.total_seconds() < 2.5
+    assert mock_provider.stats(provider)["completed"] == 0  # given up on before the provider answered
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
-from gateway.screening.evaluation import LabeledSetError, load
+from gateway.screening.evaluation import load_for_command
 from gateway.screening.injection_model import WEIGHTS, features
 
 
@@ -31,12 +31,7 @@ class Command(BaseCommand):
         from sklearn.linear_model import LogisticRegression
         from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
-        if not file.exists():
-            raise CommandError(f"{file}: no such file")
-        try:
-            examples = load(file)
-        except LabeledSetError as exc:
-            raise CommandError(str(exc)) from None
+        examples = load_for_command(file)
         y = np.array([int("injection" in e["labels"]) for e in examples])
         vectorizer = DictVectorizer()
         x = vectorizer.fit_transform([dict.fromkeys(features(e["text"]), 1) for e in examples])

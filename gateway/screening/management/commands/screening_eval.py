@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
-from gateway.screening.evaluation import CHECKS, LabeledSetError, by_kind, evaluate, load
+from gateway.screening.evaluation import CHECKS, by_kind, evaluate, load_for_command
 
 
 class Command(BaseCommand):
@@ -20,12 +20,7 @@ class Command(BaseCommand):
         parser.add_argument("--show-errors", action="store_true", help="List false positives and misses.")
 
     def handle(self, *args, file: Path, region: str, show_errors: bool, **options):
-        if not file.exists():
-            raise CommandError(f"{file}: no such file")
-        try:
-            examples = load(file)
-        except LabeledSetError as exc:
-            raise CommandError(str(exc)) from None
+        examples = load_for_command(file)
         scores, outcomes = evaluate(examples, region=region)
         self.stdout.write(
             f"{'check':<14}{'labeled':>9}{'fired':>7}{'TP':>5}{'FP':>5}{'FN':>5}{'precision':>11}{'recall':>8}"
