@@ -112,7 +112,7 @@ def setup_django(data_dir: Path) -> dict[str, bool]:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    from gateway.cache import shared_embedder
+    from gateway.cache.engine import shared_embedder
 
     shared_embedder()  # as `make run` does: the embedding model is exported once, before web workers load it
     _storage = embedded

@@ -29,11 +29,12 @@ from django.conf import settings
 from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
-from gateway import admission, autoroute, breakers, cache, metrics, providers, requestlog
+from gateway import admission, autoroute, breakers, metrics, providers, requestlog
 from gateway import tokens as prompt_tokens
 from gateway.admission import Ticket
 from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_blocked
 from gateway.breakers import Attempt
+from gateway.cache import engine as cache
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.replay import REFUSAL, answer_from_response, completion_body, storable, stream_chunks
 from gateway.errors import GatewayError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from gateway.cache import exact_redis_key
+from gateway.cache.engine import exact_redis_key
 from gateway.localstate import announce_change
 from gateway.models import CacheEntry
 from sentinel.redis_clients import sync_redis
