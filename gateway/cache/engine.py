@@ -2,20 +2,30 @@
 cosine, searched strictly inside the request's partition: exactly in a small one, through the
 partition's own HNSW index in a large one (gateway/cache/indexes.py); every candidate verified before
 it is served). It fails open: an embedder or database that errs or is slow sends the request upstream.
-New entries are embedded and stored after the response, off the request path.
+
+A miss must cost little, since most traffic is misses (docs/performance.md, docs/decisions.md):
+- Redis counts each partition's entries, read in the same MGET as the exact key: a partition with no
+  entry (every new conversation's turn is one) is neither embedded nor searched;
+- an answer is stored after the response with the embedding its lookup computed, or, when there was
+  none (an empty partition), without one: a later lookup in that partition embeds those prompts with
+  its own, in one batch, so a partition that is never asked again never costs an embedding;
+- a tenant's entries are counted in Redis; the database is counted and trimmed only past the cap;
+- prompts are embedded in one thread, in batches of whatever requests are waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import queue
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import numpy as np
 import orjson
 from django.conf import settings
 
@@ -29,15 +39,29 @@ from sentinel.text import control_character
 log = logging.getLogger(__name__)
 
 CANDIDATES = 5
+DEFERRED_BATCH = 32  # entries stored without an embedding, embedded at most this many per lookup
+EMBED_BATCH = 32  # prompts embedded together at most (what is waiting when the thread is free)
 _exact_local = TTLCache(ttl=60.0, maxsize=20_000)
 _pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_embed_thread: ThreadPoolExecutor | None = None  # made on first use (importing starts no thread)
+_batcher: _Batcher | None = None  # made on first use (importing starts no thread)
 _embedder = None
 _embedder_lock = threading.Lock()
 
 
 def exact_redis_key(digest: str) -> str:
     return f"sentinel:cache:{digest}"
+
+
+def partition_redis_key(partition: str) -> str:
+    """How many entries were stored in a partition (never fewer than it holds while Redis keeps it:
+    evictions and invalidations do not count down, which only costs a needless search)."""
+    return f"sentinel:cache:part:{partition}"
+
+
+def tenant_redis_key(tenant_id: int) -> str:
+    """About how many entries a tenant holds: counted up on every store, set to the truth whenever
+    the database is counted (past the cap, or when the counter is new)."""
+    return f"sentinel:cache:tenant:{tenant_id}:entries"
 
 
 # --- per-request controls ----------------------------------------------------------------------
@@ -126,16 +150,67 @@ def embedder_ready() -> bool:
     return _embedder is not None
 
 
-def embed_thread() -> ThreadPoolExecutor:
-    global _embed_thread
+class _Batcher:
+    """One thread embedding prompts in batches: each run takes everything waiting (up to
+    EMBED_BATCH), so under load many prompts share one model call (bench: `embed_batches`)."""
+
+    def __init__(self) -> None:
+        self.waiting: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="embed-batcher", daemon=True).start()
+
+    def submit(self, texts: list[str]) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.waiting.put((texts, future, loop))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            jobs = [self.waiting.get()]
+            size = len(jobs[0][0])
+            while size < EMBED_BATCH:
+                try:
+                    job = self.waiting.get_nowait()
+                except queue.Empty:
+                    break
+                jobs.append(job)
+                size += len(job[0])
+            try:
+                vectors = shared_embedder().embed([text for texts, _, _ in jobs for text in texts])
+                outcome, start = [], 0
+                for texts, _, _ in jobs:
+                    outcome.append((vectors[start : start + len(texts)], None))
+                    start += len(texts)
+            except Exception as exc:  # noqa: BLE001 - handed to every waiting request, which fails open
+                outcome = [(None, exc)] * len(jobs)
+            for (_, future, loop), (result, error) in zip(jobs, outcome, strict=True):
+                with contextlib.suppress(RuntimeError):  # that request's event loop has closed meanwhile
+                    loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.done():  # the request gave up waiting (its lookup timed out)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def batcher() -> _Batcher:
+    global _batcher
     with _embedder_lock:
-        if _embed_thread is None:
-            _embed_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
-    return _embed_thread
+        if _batcher is None:
+            _batcher = _Batcher()
+    return _batcher
+
+
+async def embed_many(texts: list[str]) -> np.ndarray:
+    return await batcher().submit(texts)
 
 
 async def embed(text: str):
-    return await asyncio.get_running_loop().run_in_executor(embed_thread(), shared_embedder().embed_one, text)
+    return (await embed_many([text]))[0]
 
 
 async def _configure(connection) -> None:
@@ -204,11 +279,19 @@ async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: fl
     than SENTINEL_CACHE_LOOKUP_TIMEOUT_MS is logged and reported as a miss."""
     found = Lookup(None)
     try:
-        found.hit = await _exact(key)
+        wants_semantic = semantic and key.semantic
+        found.hit, entries = await _exact(key, count_partition=wants_semantic)
         # Until the model has loaded (a few seconds after start) the semantic tier is skipped, not waited for.
-        if found.hit is None and semantic and key.semantic and embedder_ready():
+        if found.hit is None and wants_semantic and embedder_ready():
+            if not entries:
+                # Nothing stored in this partition: nothing to find, so nothing to embed or search.
+                # The answer is stored without an embedding; a later lookup here embeds it.
+                _metrics().cache_semantic("skipped_empty")
+                return found
+            _metrics().cache_semantic("searched")
             async with asyncio.timeout(settings.CACHE_LOOKUP_TIMEOUT_MS / 1000):
                 found.embedding = await embed(key.prompt)
+                _metrics().cache_embedded("query")
                 found.hit = await _semantic(key, tenant_id, found.embedding, threshold or acceptance.DEFAULT_THRESHOLD)
     except Exception as exc:  # noqa: BLE001 - the cache must never fail a request
         log.warning("cache lookup failed open: %s: %s", type(exc).__name__, exc)
@@ -216,36 +299,60 @@ async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: fl
     return found
 
 
-def record_failure(stage: str) -> None:
+def _metrics():
+    # Imported on first use: sentinel.run imports this module before prometheus_client may be.
     from gateway import metrics
 
-    metrics.cache_failure(stage)
+    return metrics
 
 
-async def _exact(key: CacheKey) -> Hit | None:
+def record_failure(stage: str) -> None:
+    _metrics().cache_failure(stage)
+
+
+async def _exact(key: CacheKey, *, count_partition: bool) -> tuple[Hit | None, int]:
+    """The exact tier, and (when asked) how many entries the partition has had, from one MGET."""
     stored = _exact_local.get(key.exact)
+    entries = 0
+    if stored is None or count_partition:
+        if stored is None:
+            raw, count = await async_redis().mget(exact_redis_key(key.exact), partition_redis_key(key.partition))
+            if raw is not None:
+                stored = orjson.loads(raw)
+                _exact_local.set(key.exact, stored)
+        else:
+            count = await async_redis().get(partition_redis_key(key.partition)) if _expired(stored) else 1
+        entries = int(count or 0)
     if stored is None:
-        raw = await async_redis().get(exact_redis_key(key.exact))
-        if raw is None:
-            return None
-        stored = orjson.loads(raw)
-        _exact_local.set(key.exact, stored)
-    if stored["expires"] <= datetime.now(UTC).timestamp():
+        return None, entries
+    if _expired(stored):
         _exact_local.pop(key.exact)
-        return None
-    return Hit("hit-exact", stored["answer"], stored["id"], Decimal(stored["cost_usd"]))
+        return None, entries
+    return Hit("hit-exact", stored["answer"], stored["id"], Decimal(stored["cost_usd"])), entries
+
+
+def _expired(stored: dict) -> bool:
+    return stored["expires"] <= datetime.now(UTC).timestamp()
 
 
 async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float) -> Hit | None:
     async with (await pool()).connection() as conn:
-        rows = await (
-            await conn.execute(
+        async with conn.pipeline():
+            searched = await conn.execute(
                 "select id, prompt, answer, cost_usd, 1 - (embedding <=> %s) as similarity "
                 "from gateway_cacheentry where partition = %s and expires_at > now() and embedding is not null "
                 "order by embedding <=> %s limit %s",
                 (embedding, key.partition, embedding, CANDIDATES),
             )
-        ).fetchall()
+            deferred = await conn.execute(
+                "select id, prompt, answer, cost_usd from gateway_cacheentry "
+                "where partition = %s and expires_at > now() and embedding is null limit %s",
+                (key.partition, DEFERRED_BATCH),
+            )
+        rows = await searched.fetchall()
+        pending = await deferred.fetchall()
+        if pending:
+            rows += await _embed_deferred(conn, pending, embedding)
     for entry_id, prompt, answer, cost, similarity in sorted(rows, key=lambda r: -r[4]):
         if similarity < threshold:
             break
@@ -253,6 +360,21 @@ async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float) 
         if verdict.accepted:
             return Hit("hit-semantic", answer, entry_id, cost, float(similarity))
     return None
+
+
+async def _embed_deferred(conn, pending: list, embedding) -> list:
+    """Entries stored without an embedding (their partition was empty then): embed them now that
+    their partition is asked again, write the vectors, and return them as candidates with their
+    cosine to the prompt asked."""
+    vectors = await embed_many([prompt for _, prompt, _, _ in pending])
+    _metrics().cache_embedded("deferred", len(pending))
+    async with conn.cursor() as cursor:
+        await cursor.executemany(
+            "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
+            [(vector, row[0]) for vector, row in zip(vectors, pending, strict=True)],
+        )
+    similarities = vectors @ np.asarray(embedding, dtype=np.float32)
+    return [(*row, float(similarity)) for row, similarity in zip(pending, similarities, strict=True)]
 
 
 TOUCH_FLUSH_SECONDS = 0.2  # hits are written in one statement per process at most this often
@@ -313,11 +435,10 @@ async def store(
     embedding=None,
     semantic: bool,
 ) -> None:
-    """File an answer under its key (after the response was sent). Embeds the prompt if the lookup
-    did not, then evicts the tenant's least recently used entries beyond its cap."""
+    """File an answer under its key (after the response was sent), with the embedding its lookup
+    computed or without one (a lookup in its partition embeds it later, if one ever comes); count
+    it in Redis; past the tenant's cap, evict its least recently used entries."""
     try:
-        if embedding is None and semantic and key.semantic:
-            embedding = await embed(key.prompt)
         expires = datetime.now(UTC) + timedelta(seconds=ttl)
         async with (await pool()).connection() as conn:
             row = await (
@@ -339,19 +460,33 @@ async def store(
                 )
             ).fetchone()
             stored = {"id": row[0], "answer": answer, "cost_usd": str(cost_usd), "expires": expires.timestamp()}
-            await async_redis().set(exact_redis_key(key.exact), orjson.dumps(stored), ex=ttl)
-            await _evict(conn, tenant_id, max_entries)
+            counted = tenant_redis_key(tenant_id)
+            async with async_redis().pipeline(transaction=False) as pipe:
+                pipe.set(exact_redis_key(key.exact), orjson.dumps(stored), ex=ttl)
+                if key.semantic:  # counted even with the tenant's semantic tier off, for when it is on
+                    part = partition_redis_key(key.partition)
+                    # The count lives as long as the partition's longest-lived entry.
+                    pipe.incr(part).expire(part, ttl, nx=True).expire(part, ttl, gt=True)
+                pipe.incr(counted)
+                tenant_entries = (await pipe.execute())[-1]
+            if tenant_entries == 1 or tenant_entries > max_entries:
+                # A new counter (Redis lost it, or the first entry) is set from the database; past the
+                # cap the database is counted and trimmed exactly.
+                await _evict(conn, tenant_id, max_entries, tenant_entries)
     except Exception as exc:  # noqa: BLE001 - a lost cache store costs a future miss, nothing more
         log.warning("cache store failed: %s: %s", type(exc).__name__, exc)
         record_failure("store")
 
 
-async def _evict(conn, tenant_id: int, max_entries: int) -> None:
+async def _evict(conn, tenant_id: int, max_entries: int, counted: int) -> None:
     count = (
         await (
             await conn.execute("select count(*) from gateway_cacheentry where tenant_id = %s", (tenant_id,))
         ).fetchone()
     )[0]
+    # Down by what the counter overstated (evictions, invalidations, expiry); stores counted since
+    # this one's INCR stay counted.
+    await async_redis().decrby(tenant_redis_key(tenant_id), counted - min(count, max_entries))
     if count <= max_entries:
         return
     rows = await (
