@@ -39,11 +39,14 @@ from sentinel.text import control_character
 log = logging.getLogger(__name__)
 
 CANDIDATES = 5
-DEFERRED_BATCH = 32  # entries stored without an embedding, embedded at most this many per lookup
+DEFERRED_INLINE = 4  # entries stored without an embedding that a lookup embeds and weighs itself
+DEFERRED_BATCH = 32  # ... and how many at a time a background backfill embeds beyond those
 EMBED_BATCH = 32  # prompts embedded together at most (what is waiting when the thread is free)
 _exact_local = TTLCache(ttl=60.0, maxsize=20_000)
 _pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _batcher: _Batcher | None = None  # made on first use (importing starts no thread)
+_backfilling: set[str] = set()  # partitions this process is embedding deferred entries of
+_backfills: set[asyncio.Task] = set()
 _embedder = None
 _embedder_lock = threading.Lock()
 
@@ -175,6 +178,10 @@ class _Batcher:
                     break
                 jobs.append(job)
                 size += len(job[0])
+            # A request that stopped waiting (its lookup timed out) needs nothing embedded any more.
+            jobs = [job for job in jobs if not job[1].done()]
+            if not jobs:
+                continue
             try:
                 vectors = shared_embedder().embed([text for texts, _, _ in jobs for text in texts])
                 outcome, start = [], 0
@@ -347,10 +354,15 @@ async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float) 
             deferred = await conn.execute(
                 "select id, prompt, answer, cost_usd from gateway_cacheentry "
                 "where partition = %s and expires_at > now() and embedding is null limit %s",
-                (key.partition, DEFERRED_BATCH),
+                (key.partition, DEFERRED_INLINE + 1),
             )
         rows = await searched.fetchall()
         pending = await deferred.fetchall()
+        if len(pending) > DEFERRED_INLINE:
+            # More than a lookup should embed on the request path (many first answers of a partition
+            # stored at once): the rest are embedded in the background, once per process.
+            pending = pending[:DEFERRED_INLINE]
+            _start_backfill(key.partition)
         if pending:
             rows += await _embed_deferred(conn, pending, embedding)
     for entry_id, prompt, answer, cost, similarity in sorted(rows, key=lambda r: -r[4]):
@@ -375,6 +387,42 @@ async def _embed_deferred(conn, pending: list, embedding) -> list:
         )
     similarities = vectors @ np.asarray(embedding, dtype=np.float32)
     return [(*row, float(similarity)) for row, similarity in zip(pending, similarities, strict=True)]
+
+
+def _start_backfill(partition: str) -> None:
+    if partition in _backfilling:
+        return
+    _backfilling.add(partition)
+    task = asyncio.get_running_loop().create_task(_backfill(partition))
+    _backfills.add(task)
+    task.add_done_callback(_backfills.discard)
+
+
+async def _backfill(partition: str) -> None:
+    """Embed a partition's deferred entries, DEFERRED_BATCH at a time, off any request."""
+    try:
+        while True:
+            async with (await pool()).connection() as conn:
+                pending = await (
+                    await conn.execute(
+                        "select id, prompt from gateway_cacheentry "
+                        "where partition = %s and expires_at > now() and embedding is null limit %s",
+                        (partition, DEFERRED_BATCH),
+                    )
+                ).fetchall()
+                if not pending:
+                    return
+                vectors = await embed_many([prompt for _, prompt in pending])
+                _metrics().cache_embedded("deferred", len(pending))
+                async with conn.cursor() as cursor:
+                    await cursor.executemany(
+                        "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
+                        [(vector, row[0]) for vector, row in zip(vectors, pending, strict=True)],
+                    )
+    except Exception as exc:  # noqa: BLE001 - the next lookup in the partition starts it again
+        log.warning("cache backfill failed: %s: %s", type(exc).__name__, exc)
+    finally:
+        _backfilling.discard(partition)
 
 
 TOUCH_FLUSH_SECONDS = 0.2  # hits are written in one statement per process at most this often
