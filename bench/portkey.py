@@ -66,7 +66,9 @@ def start(data_dir: Path, log_dir: Path) -> tuple[Child, str]:
 
     script = ensure_installed(data_dir)
     port = free_port()
-    child = Child("portkey", ["node", str(script), "--port", str(port)])
+    # It reads only `--port=N` (`--port N` is ignored: it would start on 8787); `--headless` skips its
+    # console UI. It binds every interface (its start script has no host option).
+    child = Child("portkey", ["node", str(script), f"--port={port}", "--headless"])
     (log_dir / "portkey.log").unlink(missing_ok=True)
     env = {"PATH": shutil.which("node").rsplit("/", 1)[0] + ":/usr/bin:/bin", "NODE_ENV": "production"}
     child.start(log_dir, env)
