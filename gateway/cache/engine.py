@@ -362,13 +362,15 @@ async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float) 
             )
         rows = await searched.fetchall()
         pending = await deferred.fetchall()
-        if len(pending) > DEFERRED_INLINE:
-            # More than a lookup should embed on the request path (many first answers of a partition
-            # stored at once): the rest are embedded in the background, once per process.
-            pending = pending[:DEFERRED_INLINE]
-            _start_backfill(key.partition)
-        if pending:
-            rows += await _embed_deferred(conn, pending, embedding)
+    # Embedding happens with the connection back in the pool: holding connections while waiting
+    # for the embedder starved the other lookups of them.
+    if len(pending) > DEFERRED_INLINE:
+        # Many first answers of a partition stored at once, or stores whose lookups failed open
+        # (an overloaded host): more work on the request path would feed that, so all of them are
+        # embedded in the background, once per process.
+        _start_backfill(key.partition)
+    elif pending:
+        rows += await _embed_deferred(pending, embedding)
     for entry_id, prompt, answer, cost, similarity in sorted(rows, key=lambda r: -r[4]):
         if similarity < threshold:
             break
@@ -378,19 +380,28 @@ async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float) 
     return None
 
 
-async def _embed_deferred(conn, pending: list, embedding) -> list:
+async def _embed_deferred(pending: list, embedding) -> list:
     """Entries stored without an embedding (their partition was empty then): embed them now that
-    their partition is asked again, write the vectors, and return them as candidates with their
-    cosine to the prompt asked."""
+    their partition is asked again, write the vectors after this request, and return them as
+    candidates with their cosine to the prompt asked."""
     vectors = await embed_many([prompt for _, prompt, _, _ in pending])
     _metrics().cache_embedded("deferred", len(pending))
-    async with conn.cursor() as cursor:
-        await cursor.executemany(
-            "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
-            [(vector, row[0]) for vector, row in zip(vectors, pending, strict=True)],
-        )
+    task = asyncio.get_running_loop().create_task(_write_vectors([row[0] for row in pending], vectors))
+    _backfills.add(task)
+    task.add_done_callback(_backfills.discard)
     similarities = vectors @ np.asarray(embedding, dtype=np.float32)
     return [(*row, float(similarity)) for row, similarity in zip(pending, similarities, strict=True)]
+
+
+async def _write_vectors(ids: list[int], vectors) -> None:
+    try:
+        async with (await pool()).connection() as conn, conn.cursor() as cursor:
+            await cursor.executemany(
+                "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
+                [(vector, entry_id) for vector, entry_id in zip(vectors, ids, strict=True)],
+            )
+    except Exception as exc:  # noqa: BLE001 - left deferred: the next lookup or backfill embeds them
+        log.warning("cache deferred embeddings not written: %s: %s", type(exc).__name__, exc)
 
 
 def _start_backfill(partition: str) -> None:
@@ -414,15 +425,15 @@ async def _backfill(partition: str) -> None:
                         (partition, DEFERRED_BATCH),
                     )
                 ).fetchall()
-                if not pending:
-                    return
-                vectors = await embed_many([prompt for _, prompt in pending])
-                _metrics().cache_embedded("deferred", len(pending))
-                async with conn.cursor() as cursor:
-                    await cursor.executemany(
-                        "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
-                        [(vector, row[0]) for vector, row in zip(vectors, pending, strict=True)],
-                    )
+            if not pending:
+                return
+            vectors = await embed_many([prompt for _, prompt in pending])
+            _metrics().cache_embedded("deferred", len(pending))
+            async with (await pool()).connection() as conn, conn.cursor() as cursor:
+                await cursor.executemany(
+                    "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
+                    [(vector, row[0]) for vector, row in zip(vectors, pending, strict=True)],
+                )
     except Exception as exc:  # noqa: BLE001 - the next lookup in the partition starts it again
         log.warning("cache backfill failed: %s: %s", type(exc).__name__, exc)
     finally:

@@ -286,8 +286,12 @@ def test_a_new_partition_is_neither_embedded_nor_searched_until_it_is_asked_agai
     assert hit.headers["x-sentinel-cache"] == "hit-semantic"
     assert hit.parse().choices[0].message.content == answer_text("How do I reset my password?")
     assert [b - a for a, b in zip(start, counters(), strict=True)] == [1, 1, 1, 1]
-    entry.refresh_from_db()
-    assert entry.embedding is not None and len(entry.embedding) == 384
+    deadline = time.monotonic() + 10  # its vector is written after that response
+    while entry.embedding is None:
+        assert time.monotonic() < deadline, "the deferred embedding was never written"
+        time.sleep(0.05)
+        entry.refresh_from_db()
+    assert len(entry.embedding) == 384
     assert mock_provider.stats(provider)["calls"] == 1
 
 
