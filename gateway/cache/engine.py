@@ -261,7 +261,10 @@ async def pool():
 
 
 async def close_pool() -> None:
-    """Close this event loop's pool (for commands that run one loop and exit)."""
+    """Close this event loop's pool (for commands that run one loop and exit), after the deferred
+    embeddings still being written."""
+    loop = asyncio.get_running_loop()
+    await asyncio.gather(*(t for t in _backfills if t.get_loop() is loop), return_exceptions=True)
     existing = _pools.pop(asyncio.get_running_loop(), None)
     if existing is not None:
         await existing.close()
