@@ -458,7 +458,8 @@ PARAPHRASES = [
 def usable_pairs() -> tuple[list[tuple[str, str, float]], list[dict]]:
     """The paraphrase pairs the semantic tier would serve (similarity over the threshold and the
     verifier's consent), with their similarity; and the others, with the reason."""
-    from gateway.cache import acceptance, shared_embedder
+    from gateway.cache import acceptance
+    from gateway.cache.engine import shared_embedder
 
     embedder = shared_embedder()
     usable, refused = [], []
@@ -749,7 +750,8 @@ def measure_size(size: int, pool: np.ndarray, labels: np.ndarray, prompts: list[
 
 
 def embed_pool(count: int) -> tuple[list[str], np.ndarray, np.ndarray]:
-    from gateway.cache import acceptance, shared_embedder
+    from gateway.cache import acceptance
+    from gateway.cache.engine import shared_embedder
 
     texts, labels = cache_data.prompt_pool(count)
     embedder = shared_embedder()
@@ -811,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_django(args.data_dir)
     from django.conf import settings
 
-    from gateway.cache import CANDIDATES
+    from gateway.cache.engine import CANDIDATES
 
     args.candidates = args.candidates or CANDIDATES
     args.index_rows = args.index_rows or settings.CACHE_PARTITION_INDEX_ROWS

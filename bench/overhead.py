@@ -1,13 +1,16 @@
-"""Scenario 1, overhead: what the gateway adds to a request, against the mock directly and against the
-LiteLLM proxy, on the same machine, mock and load generator, in one run.
+"""Scenario 1, overhead: what the gateway adds to a request, against the mock directly and against two
+peers (the LiteLLM proxy; Portkey's gateway, non-stream only), on the same machine, mock and load
+generator, in one run.
 
 Loads (bench/README.md): zero-latency mock, one request at a time (added p50/p99, streamed first token)
-and 32 at a time (throughput), streamed and not; and the realistic mock streamed at 32 (throughput and
-first-token p50 against direct). Sentinel runs with authentication, the ledger (worker and beat
-draining it) and every check of its request path on, one web worker per core; every prompt is unique,
-so nothing is served from a cache.
+and 32 at a time (throughput), streamed and not; multi-turn conversations (3 to 20 turns, every context
+new) one and 32 at a time; and the realistic mock streamed at 32 (throughput and first-token p50
+against direct). Sentinel runs with authentication, the ledger (worker and beat draining it) and every
+check of its request path on, one web worker per core, and is measured twice: as tenants get it (the
+exact and semantic cache on; every prompt unique, so every request is a miss: looked up, then
+stored) and, as context, with the cache bypassed per request (no-cache, no-store).
 
-    python -m bench overhead [--quick] [--no-peer] [--workers N] [--out DIR]
+    python -m bench overhead [--quick] [--no-peer] [--no-portkey] [--only LOAD,...] [--workers N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -20,13 +23,21 @@ from pathlib import Path
 import httpx
 
 from bench import loadgen, report
-from bench.stack import MODEL_ALIAS, Stack, add_stack_arguments, running_stack, web_server
+from bench.stack import CACHE_MODES, MODEL_ALIAS, Stack, add_stack_arguments, running_stack, web_server
 
 SCENARIO = "overhead"
-TARGETS = ("direct", "sentinel", "litellm")
+TARGETS = ("direct", "sentinel", "sentinel-bypass", "litellm", "portkey")
 # The process (tree) whose CPU time a request through each target costs, beyond the load generator.
-SERVER = {"direct": "mock", "sentinel": "web", "litellm": "litellm"}
-LABELS = {"direct": "direct to mock", "sentinel": "Sentinel", "litellm": "LiteLLM proxy"}
+SERVER = {"direct": "mock", "sentinel": "web", "sentinel-bypass": "web", "litellm": "litellm", "portkey": "portkey"}
+LABELS = {
+    "direct": "direct to mock",
+    "sentinel": "Sentinel (cache on, misses)",
+    "sentinel-bypass": "Sentinel (cache bypassed)",
+    "litellm": "LiteLLM proxy",
+    "portkey": "Portkey gateway",
+}
+BYPASS = {"x-sentinel-cache-control": "no-cache, no-store"}
+RUN = uuid.uuid4().hex[:8]
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,14 @@ class Load:
     duration: float | None  # seconds per target
     warmup: int  # requests before measuring, per target
     ramp: float = 0.0  # seconds over which the workers' first requests are staggered
+    turns: bool = False  # conversations of 3 to 20 turns, each context new (every request a new partition)
+
+
+def takes_part(load: Load, target: str) -> bool:
+    """Portkey streams nothing on Node 20 here; the peers are not measured on multi-turn loads."""
+    if target == "portkey" and load.stream:
+        return False
+    return not (load.turns and target in ("litellm", "portkey"))
 
 
 def loads(quick: bool) -> list[Load]:
@@ -49,6 +68,8 @@ def loads(quick: bool) -> list[Load]:
             Load("c1-stream", "c=1 stream", "zero", True, 1, 30, 10, 5),
             Load("c32-nonstream", "c=32 non-stream", "zero", False, 32, 2000, 1.0, 32),
             Load("c32-stream", "c=32 stream", "zero", True, 32, 2000, 1.0, 32),
+            Load("c1-multiturn", "c=1 multi-turn", "zero", False, 1, 30, 10, 5, turns=True),
+            Load("c32-multiturn", "c=32 multi-turn", "zero", False, 32, 2000, 1.0, 32, turns=True),
             Load("realistic-c32-stream", "realistic, c=32 stream", "realistic", True, 32, 64, 5, 0, 0.45),
         ]
     return [
@@ -56,6 +77,8 @@ def loads(quick: bool) -> list[Load]:
         Load("c1-stream", "c=1 stream", "zero", True, 1, 1000, 20, 50),
         Load("c32-nonstream", "c=32 non-stream", "zero", False, 32, None, 10, 500),
         Load("c32-stream", "c=32 stream", "zero", True, 32, None, 10, 200),
+        Load("c1-multiturn", "c=1 multi-turn", "zero", False, 1, 1000, 20, 50, turns=True),
+        Load("c32-multiturn", "c=32 multi-turn", "zero", False, 32, None, 10, 200, turns=True),
         # Staggered over one answer's time (450 ms), so the 32 clients are not in lockstep.
         Load("realistic-c32-stream", "realistic, c=32 stream", "realistic", True, 32, None, 20, 64, 0.45),
         # Not a target: at c=32 the mock's pacing caps every target at about 71/s (32 / 0.45 s), below
@@ -70,8 +93,27 @@ def target_request(stack: Stack, target: str) -> tuple[str, dict[str, str], str]
     if target == "direct":
         return stack.direct_url, {}, "gpt-4o-mini"
     if target == "sentinel":
-        return stack.sentinel_url, stack.sentinel_headers, MODEL_ALIAS
+        # A namespace of its own per run: every run starts from an empty cache, whatever earlier runs
+        # left in the bench database (the prompts are unique either way).
+        namespace = {"x-sentinel-cache-namespace": f"overhead-{RUN}"}
+        return stack.sentinel_url, {"authorization": f"Bearer {stack.key}", **namespace}, MODEL_ALIAS
+    if target == "sentinel-bypass":
+        return stack.sentinel_url, {"authorization": f"Bearer {stack.key}", **BYPASS}, MODEL_ALIAS
+    if target == "portkey":
+        from bench import portkey
+
+        return f"{stack.portkey_url}/v1/chat/completions", portkey.headers(stack.mock_url), "gpt-4o-mini"
     return stack.litellm_url, {}, "mock"
+
+
+def conversation(prefix: str, i: int) -> list[dict]:
+    """3 to 20 turns; the earlier turns make every request's context, so its cache partition, new."""
+    messages = []
+    for turn in range(2 + i % 18):
+        messages.append({"role": "user", "content": f"{prefix} turn {turn}: tell me about item {turn}"})
+        messages.append({"role": "assistant", "content": f"Item {turn} is one of the items you asked about."})
+    messages.append({"role": "user", "content": "And what else can you tell me?"})
+    return messages
 
 
 def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen.Result, dict]:
@@ -83,7 +125,8 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
     def body_for(phase: str):
         def body(i: int) -> dict:
             prompt = f"bench {run_id} {target} {load.name} {phase} {i}: tell me something"
-            return {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": load.stream}
+            messages = conversation(prompt, i) if load.turns else [{"role": "user", "content": prompt}]
+            return {"model": model, "messages": messages, "stream": load.stream}
 
         return body
 
@@ -99,7 +142,7 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
                 headers=headers,
             )
         )
-    workers = stack.web_workers() if target == "sentinel" else []
+    workers = stack.web_workers() if target.startswith("sentinel") else []
     workers_before = stack.cpu_of(workers)
     cpu_before = stack.cpu_seconds(SERVER[target])
     result = loadgen.run(
@@ -122,15 +165,15 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
 
 
 def probe_sentinel(stack: Stack) -> dict:
-    """One request through Sentinel before measuring: the answer is the mock's and the path is the
-    cache-miss path (what the headers say is recorded with the results)."""
+    """One request through Sentinel before measuring, cache on: the answer is the mock's and the path
+    is the cache-miss path (what the headers say is recorded with the results)."""
     from gateway.mock_provider import answer_text
 
     prompt = f"bench probe {uuid.uuid4().hex}"
     response = httpx.post(
         stack.sentinel_url,
         json={"model": MODEL_ALIAS, "messages": [{"role": "user", "content": prompt}]},
-        headers=stack.sentinel_headers,
+        headers=target_request(stack, "sentinel")[1],
         timeout=30,
     )
     if response.status_code != 200:
@@ -160,7 +203,7 @@ def warm_every_worker(stack: Stack, run_id: str, rounds: int = 10) -> list[float
                 lambda i, n=n: body(n * 256 + i),
                 concurrency=32,
                 total=256,
-                headers=stack.sentinel_headers,
+                headers=target_request(stack, "sentinel")[1],
             )
         )
         spent = [after - b for after, b in zip(stack.cpu_of(workers), before, strict=True)]
@@ -170,7 +213,7 @@ def warm_every_worker(stack: Stack, run_id: str, rounds: int = 10) -> list[float
 
 
 def derive(rows: dict[tuple[str, str], dict], have_peer: bool) -> tuple[list[dict], list[dict]]:
-    """Added latency vs direct (c=1) and the issue's targets, from the measured rows."""
+    """Added latency vs direct (c=1) and the issues' targets (#9, #19), from the measured rows."""
 
     def get(load: str, target: str, field: str):
         return (rows.get((load, target)) or {}).get(field)
@@ -183,7 +226,7 @@ def derive(rows: dict[tuple[str, str], dict], have_peer: bool) -> tuple[list[dic
 
     added = []
     for target in TARGETS[1:]:
-        if (("c1-nonstream", target)) not in rows:
+        if ("c1-nonstream", target) not in rows:
             continue
         added.append(
             {
@@ -200,38 +243,67 @@ def derive(rows: dict[tuple[str, str], dict], have_peer: bool) -> tuple[list[dic
                 "stream_ttft_p99_ms": minus(
                     get("c1-stream", target, "ttft_p99_ms"), get("c1-stream", "direct", "ttft_p99_ms")
                 ),
+                "multiturn_p50_ms": minus(
+                    get("c1-multiturn", target, "p50_ms"), get("c1-multiturn", "direct", "p50_ms")
+                ),
             }
         )
-    sentinel_added = next((a for a in added if a["target"] == "sentinel"), {})
+    by_target = {a["target"]: a for a in added}
 
     def check(name: str, measured, goal: str, met) -> dict:
         return {"check": name, "measured": measured, "target": goal, "met": None if measured is None else met}
 
-    s_c32 = get("c32-nonstream", "sentinel", "rps")
-    l_c32 = get("c32-nonstream", "litellm", "rps")
-    s_real = get("realistic-c32-stream", "sentinel", "rps")
+    def at_most(name: str, measured, limit: float, goal: str) -> dict:
+        return check(name, measured, goal, measured is not None and measured <= limit)
+
+    def at_least(name: str, measured, limit: float, goal: str) -> dict:
+        return check(name, measured, goal, measured is not None and measured >= limit)
+
+    on, off = "sentinel", "sentinel-bypass"
+    cpu = "server_cpu_ms_per_request"
+    s_c32, b_c32, l_c32, k_c32 = (get("c32-nonstream", t, "rps") for t in (on, off, "litellm", "portkey"))
+    s_cpu, b_cpu, k_cpu = (get("c32-nonstream", t, cpu) for t in (on, off, "portkey"))
+    s_real = get("realistic-c32-stream", on, "rps")
     d_real = get("realistic-c32-stream", "direct", "rps")
     l_real = get("realistic-c32-stream", "litellm", "rps")
     ttft_delta = minus(
-        get("realistic-c32-stream", "sentinel", "ttft_p50_ms"), get("realistic-c32-stream", "direct", "ttft_p50_ms")
+        get("realistic-c32-stream", on, "ttft_p50_ms"), get("realistic-c32-stream", "direct", "ttft_p50_ms")
     )
-    a_p50 = sentinel_added.get("nonstream_p50_ms")
-    a_ttft = sentinel_added.get("stream_ttft_p50_ms")
-    r1, r2, r3 = ratio(s_c32, l_c32), ratio(s_real, d_real), ratio(s_real, l_real)
+    a_on, a_off, a_k = (by_target.get(t, {}) for t in (on, off, "portkey"))
+    per_core = ratio(ratio(1000, s_cpu), ratio(1000, k_cpu))  # requests per CPU-second, Sentinel / Portkey
     checks = [
-        check("zero, non-stream, c=32: Sentinel / LiteLLM throughput", r1, "≥ 10×", r1 is not None and r1 >= 10),
-        check("realistic, stream, c=32: Sentinel / direct throughput", r2, "≥ 0.90", r2 is not None and r2 >= 0.9),
-        check("realistic, stream, c=32: Sentinel / LiteLLM throughput", r3, "≥ 5×", r3 is not None and r3 >= 5),
-        check(
-            "realistic, stream, c=32: first-token p50 added vs direct (ms)",
-            ttft_delta,
-            "≤ 10 ms",
-            ttft_delta is not None and ttft_delta <= 10,
+        at_most("c=1 non-stream, cache on: added p50 (ms)", a_on.get("nonstream_p50_ms"), 3, "≤ 3 ms"),
+        at_most("c=1 stream, cache on: first token added p50 (ms)", a_on.get("stream_ttft_p50_ms"), 3, "≤ 3 ms"),
+        at_least("c=32 non-stream, cache on: Sentinel / LiteLLM throughput", ratio(s_c32, l_c32), 10, "≥ 10×"),
+        at_least("c=32 non-stream: cache on / cache bypassed throughput", ratio(s_c32, b_c32), 0.6, "≥ 0.60"),
+        at_most("c=32 non-stream: CPU per miss / CPU per bypassed request", ratio(s_cpu, b_cpu), 2, "≤ 2×"),
+        at_most(
+            "multi-turn c=32: CPU per request, cache on / bypassed",
+            ratio(get("c32-multiturn", on, cpu), get("c32-multiturn", off, cpu)),
+            1.1,
+            "≤ 1 (CPU per request moves ±10% run to run)",
         ),
-        check("c=1 non-stream: added p50 (ms)", a_p50, "≤ 3 ms", a_p50 is not None and a_p50 <= 3),
-        check("c=1 stream: first token added p50 (ms)", a_ttft, "≤ 3 ms", a_ttft is not None and a_ttft <= 3),
+        at_least("c=32 non-stream, cache bypassed: Sentinel / LiteLLM throughput", ratio(b_c32, l_c32), 10, "≥ 10×"),
+        at_most("c=1 non-stream, cache bypassed: added p50 (ms)", a_off.get("nonstream_p50_ms"), 2, "≤ 2 ms"),
+        at_least("c=32 non-stream, cache on: requests per CPU-second, Sentinel / Portkey", per_core, 1, "> 1 (ahead)"),
+        at_least(
+            "c=32 non-stream: throughput, Sentinel cache on (all its workers) / Portkey (one process)",
+            ratio(s_c32, k_c32),
+            0,
+            "context",
+        ),
+        check(
+            "c=1 non-stream: added p50, Sentinel cache on minus Portkey (ms)",
+            minus(a_on.get("nonstream_p50_ms"), a_k.get("nonstream_p50_ms")),
+            "< 0 (ahead)",
+            (minus(a_on.get("nonstream_p50_ms"), a_k.get("nonstream_p50_ms")) or 0) < 0,
+        ),
+        at_least("realistic, stream, c=32: Sentinel / direct throughput", ratio(s_real, d_real), 0.9, "≥ 0.90"),
+        at_least("realistic, stream, c=32: Sentinel / LiteLLM throughput", ratio(s_real, l_real), 5, "≥ 5×"),
+        at_most("realistic, stream, c=32: first-token p50 added vs direct (ms)", ttft_delta, 10, "≤ 10 ms"),
     ]
-    s_wide, d_wide, l_wide = (get("realistic-c128-stream", t, "rps") for t in ("sentinel", "direct", "litellm"))
+    checks[9]["met"] = None  # context, not a target
+    s_wide, d_wide, l_wide = (get("realistic-c128-stream", t, "rps") for t in (on, "direct", "litellm"))
     if s_wide:
         for name, value in (("direct", ratio(s_wide, d_wide)), ("LiteLLM", ratio(s_wide, l_wide))):
             checks.append(
@@ -244,6 +316,8 @@ def derive(rows: dict[tuple[str, str], dict], have_peer: bool) -> tuple[list[dic
             )
     if not have_peer:
         checks = [c for c in checks if "LiteLLM" not in c["check"]]
+    if not k_c32:
+        checks = [c for c in checks if "Portkey" not in c["check"]]
     return added, checks
 
 
@@ -251,7 +325,13 @@ def plot(path: Path, rows: dict, samples: dict, all_loads: list[Load], targets: 
     plt = report.pyplot()
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-    colors = {"direct": "#7f7f7f", "sentinel": "#1f77b4", "litellm": "#d62728"}
+    colors = {
+        "direct": "#7f7f7f",
+        "sentinel": "#1f77b4",
+        "sentinel-bypass": "#aec7e8",
+        "litellm": "#d62728",
+        "portkey": "#2ca02c",
+    }
     fig, grid = plt.subplots(2, 2, figsize=(15, 10))
     axes = grid.flatten()
 
@@ -324,15 +404,26 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="measure the LiteLLM proxy too (default: yes, except with --quick)",
     )
+    parser.add_argument(
+        "--portkey",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="measure Portkey's gateway too, non-stream (default: yes, except with --quick)",
+    )
+    parser.add_argument("--only", default="", help="comma-separated load names (default: every load)")
     parser.add_argument("--no-plot", action="store_true")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     with_peer = (not args.quick) if args.peer is None else args.peer
+    with_portkey = (not args.quick) if args.portkey is None else args.portkey
 
     from bench import peer
 
     result = report.envelope(SCENARIO, quick=args.quick)
     all_loads = loads(args.quick)
+    if args.only:
+        wanted = set(args.only.split(","))
+        all_loads = [ld for ld in all_loads if ld.name in wanted]
     rows: dict[tuple[str, str], dict] = {}
     samples: dict[tuple[str, str], list[float]] = {}
     run_id = uuid.uuid4().hex[:8]
@@ -343,13 +434,15 @@ def main(argv: list[str] | None = None) -> int:
         cache=args.cache,
         ledger_worker=not args.quick,
         peer=with_peer,
+        portkey=with_portkey,
     ) as stack:
-        targets = [t for t in TARGETS if t != "litellm" or stack.peer_url]
+        targets = [t for t in TARGETS if (t != "litellm" or stack.peer_url) and (t != "portkey" or stack.portkey_url)]
         result["config"] = {
             "sentinel_web_workers": args.workers,
             "sentinel_web_server": web_server(args),
             "ledger_worker": not args.quick,
-            "sentinel_conditions": stack.conditions,
+            "sentinel_conditions": stack.conditions.rsplit("; ", 1)[0]
+            + f"; measured twice: {CACHE_MODES['miss'][1]}, and as context {CACHE_MODES['bypass'][1]}",
             "loads": [ld.__dict__ for ld in all_loads],
             "mock_tokens": 40,
         }
@@ -360,13 +453,19 @@ def main(argv: list[str] | None = None) -> int:
             result["versions"]["litellm_peer"] = peer.version()
         else:
             result["peer"] = {"missing": stack.peer_missing or "not asked for (--no-peer or --quick)"}
+        if stack.portkey_url:
+            from bench import portkey
+
+            result["portkey"] = {"version": portkey.version(args.data_dir), "conditions": portkey.CONDITIONS}
+        else:
+            result["portkey"] = {"missing": stack.portkey_missing or "not asked for (--no-portkey or --quick)"}
         profile = None
         for load in all_loads:
             if load.profile != profile:
                 stack.mock_profile(load.profile)
                 profile = load.profile
-            for target in targets:
-                print(f"  {load.title:<24} {LABELS[target]:<15}", end="", flush=True)
+            for target in [t for t in targets if takes_part(load, t)]:
+                print(f"  {load.title:<24} {LABELS[target]:<28}", end="", flush=True)
                 measured, extra = measure(stack, load, target, run_id)
                 summary = {**measured.summary(), **extra}
                 cpu_ms = extra["server_cpu_ms_per_request"]
@@ -424,7 +523,14 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         report.table(
-            ["target", "non-stream p50 +ms", "non-stream p99 +ms", "1st token p50 +ms", "1st token p99 +ms"],
+            [
+                "target",
+                "non-stream p50 +ms",
+                "non-stream p99 +ms",
+                "1st token p50 +ms",
+                "1st token p99 +ms",
+                "multi-turn p50 +ms",
+            ],
             [
                 [
                     LABELS[a["target"]],
@@ -432,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
                     a["nonstream_p99_ms"],
                     a["stream_ttft_p50_ms"],
                     a["stream_ttft_p99_ms"],
+                    a["multiturn_p50_ms"],
                 ]
                 for a in added
             ],
@@ -443,13 +550,17 @@ def main(argv: list[str] | None = None) -> int:
         report.table(
             ["check", "measured", "target", "met"],
             [[c["check"], c["measured"], c["target"], c["met"]] for c in checks],
-            title="Targets (issue #9)",
+            title="Targets (issues #9 and #19)",
         )
     )
     if not stack.peer_url:
         print(f"\nNo LiteLLM proxy in this run: {result['peer']['missing']}")
     else:
         print(f"\nPeer: {peer.CONDITIONS}.")
+    if "missing" in result["portkey"]:
+        print(f"No Portkey gateway in this run: {result['portkey']['missing']}")
+    else:
+        print(f"Second peer: {result['portkey']['conditions']}.")
     print(f"Sentinel: {result['config']['sentinel_conditions']}.")
     path = report.write_json(args.out, SCENARIO, result)
     print(f"Results: {path}")

@@ -103,7 +103,7 @@ def setup_django(data_dir: Path) -> dict[str, bool]:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    from gateway.cache import shared_embedder
+    from gateway.cache.engine import shared_embedder
 
     shared_embedder()  # as `make run` does: the embedding model is exported once, before web workers load it
     _storage = embedded
@@ -176,6 +176,8 @@ class Stack:
     gateway_url: str = ""
     peer_url: str = ""
     peer_missing: str = ""  # why the peer is not part of this run, when it is not
+    portkey_url: str = ""  # the second peer (bench/portkey.py), when asked for
+    portkey_missing: str = ""
     key: str = ""
     cache: str = "bypass"  # a CACHE_MODES name
     embedded: dict[str, bool] = field(default_factory=dict)
@@ -302,6 +304,7 @@ def running_stack(
     mock_profile: str = "zero",
     data_dir: Path = DEFAULT_DATA_DIR,
     cache: str = "bypass",
+    portkey: bool = False,
 ):
     """Start everything, yield the Stack, and stop every process started here, whatever happens."""
     log_dir = out_dir / "logs"
@@ -356,6 +359,14 @@ def running_stack(
                 stack.children.append(peer_child)
             except peer_module.PeerUnavailable as exc:
                 stack.peer_missing = str(exc)
+        if portkey:
+            from bench import portkey as portkey_module
+
+            try:
+                portkey_child, stack.portkey_url = portkey_module.start(data_dir, log_dir)
+                stack.children.append(portkey_child)
+            except portkey_module.PeerUnavailable as exc:
+                stack.portkey_missing = str(exc)
         wait_ready(f"{stack.mock_url}/health", stack.children, 30)
         stack.mock_profile(mock_profile)
         wait_ready(f"{stack.gateway_url}/health/ready", stack.children, 120)
@@ -367,6 +378,13 @@ def running_stack(
                 stack.peer_missing = f"the LiteLLM proxy did not start ({exc}; see {log_dir / 'litellm.log'})"
                 stack.peer_url = ""
                 stop_all([stack.child("litellm")])
+        if stack.portkey_url:
+            try:
+                wait_ready(stack.portkey_url, stack.children, 60)
+            except (RuntimeError, TimeoutError) as exc:
+                stack.portkey_missing = f"Portkey did not start ({exc}; see {log_dir / 'portkey.log'})"
+                stack.portkey_url = ""
+                stop_all([stack.child("portkey")])
         yield stack
     finally:
         stop_all(stack.children)

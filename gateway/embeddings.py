@@ -30,8 +30,8 @@ from django.conf import settings
 from pydantic import Field, ValidationError
 
 from billing.money import ZERO
-from gateway import cache
 from gateway.bodies import check_body
+from gateway.cache import engine as cache
 from gateway.cache.keys import CacheKey
 from gateway.errors import GatewayError, invalid_request
 from gateway.limits import admission
@@ -89,7 +89,7 @@ class EmbeddingRequest(_Strict):
     dimensions: integer(ge=1, le=MAX_DIMENSIONS) | None = None
     encoding_format: Literal["float", "base64"] | None = None
     user: str | None = None
-    # Sentinel's: read by gateway.cache.controls_from, never sent to a provider.
+    # Sentinel's: read by gateway.cache.engine.controls_from, never sent to a provider.
     cache: dict[str, Any] | None = None
 
     @property

@@ -96,6 +96,18 @@ CACHE_FAILURES = Counter(
     "went upstream, or the answer was not kept. By stage: lookup or store.",
     ("stage",),
 )
+CACHE_SEMANTIC = Counter(
+    "sentinel_cache_semantic_lookups",
+    "Semantic-tier lookups after an exact miss: searched, or skipped because the partition held no "
+    "entry (nothing to find, so the prompt was neither embedded nor searched).",
+    ("outcome",),
+)
+CACHE_EMBEDDED = Counter(
+    "sentinel_cache_embedded_prompts",
+    "Prompts embedded for the semantic tier: query (a lookup in a partition that has entries) or "
+    "deferred (an entry stored without its embedding, embedded when its partition was next asked).",
+    ("kind",),
+)
 BREAKER_TRANSITIONS = Counter(
     "sentinel_breaker_transitions",
     "Circuit breaker state changes per deployment, by the state entered.",
@@ -284,6 +296,14 @@ def breaker_transition(deployment: str, state: str) -> None:
 
 def cache_failure(stage: str) -> None:
     _child(CACHE_FAILURES, stage).inc()
+
+
+def cache_semantic(outcome: str) -> None:
+    _child(CACHE_SEMANTIC, outcome).inc()
+
+
+def cache_embedded(kind: str, count: int = 1) -> None:
+    _child(CACHE_EMBEDDED, kind).inc(count)
 
 
 def admission_rejected(limit: str) -> None:

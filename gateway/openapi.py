@@ -20,7 +20,7 @@ from gateway.bodies import BATCH_CREATE_IDENTIFIERS, CHAT_IDENTIFIERS, NO_CONTRO
 from gateway.embeddings import EMBEDDING_IDENTIFIERS, EmbeddingRequest
 from gateway.schemas import ChatRequest
 
-# What gateway.cache.controls_from accepts in the body's `cache` object (it refuses any other member).
+# What gateway.cache.engine.controls_from accepts in the body's `cache` object (it refuses any other member).
 CACHE_CONTROLS = {
     "description": "Sentinel's per-request cache controls (never sent to a provider).",
     "anyOf": [

@@ -29,8 +29,9 @@ from django.conf import settings
 from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
-from gateway import cache, metrics, requestlog, sse
+from gateway import metrics, requestlog, sse
 from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_blocked
+from gateway.cache import engine as cache
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.replay import REFUSAL, answer_from_response, completion_body, storable, stream_chunks
 from gateway.errors import GatewayError

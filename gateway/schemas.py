@@ -172,7 +172,7 @@ class ChatRequest(_Strict):
     prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
     user: str | None = None
-    # Sentinel's: read by gateway.cache.controls_from, never sent to a provider.
+    # Sentinel's: read by gateway.cache.engine.controls_from, never sent to a provider.
     cache: dict[str, Any] | None = None
 
 

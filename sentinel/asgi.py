@@ -31,7 +31,7 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 
 from gateway import http as gateway_http  # noqa: E402
-from gateway.cache import warm_up  # noqa: E402
+from gateway.cache.engine import warm_up  # noqa: E402
 from gateway.errors import GatewayError  # noqa: E402
 from gateway.limits import tokens  # noqa: E402
 from gateway.pipeline import request_id_from  # noqa: E402

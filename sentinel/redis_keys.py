@@ -73,6 +73,18 @@ def exact_cache(digest: str) -> str:
     return f"sentinel:cache:{digest}"
 
 
+def cache_partition_count(partition: str) -> str:
+    """How many entries were stored in a cache partition (never fewer than it holds while Redis
+    keeps it: evictions and invalidations do not count down, which only costs a needless search)."""
+    return f"sentinel:cache:part:{partition}"
+
+
+def cache_tenant_count(tenant_id: int) -> str:
+    """About how many cache entries a tenant holds: counted up on every store, set to the truth
+    whenever the database is counted (past the cap, or when the counter is new)."""
+    return f"sentinel:cache:tenant:{tenant_id}:entries"
+
+
 LEDGER_STREAM = "sentinel:ledger"  # the ledger queue (consumer group ledger-writers)
 LEDGER_OLD_DEAD_LETTERS = "sentinel:ledger:dead"  # where refused records went before they moved to Postgres
 DJANGO_CACHE_PREFIX = "sentinel:django"  # Django's cache

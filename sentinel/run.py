@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
     call_command("migrate", verbosity=0)
     demo = ensure_demo(os.environ["SENTINEL_MOCK_URL"])
-    from gateway.cache import shared_embedder
+    from gateway.cache.engine import shared_embedder
 
     shared_embedder()  # exports the embedding model once (first run only), before the web workers load it
 

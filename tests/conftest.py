@@ -125,7 +125,7 @@ def test_database_name(django_db_setup, django_db_blocker) -> str:
 @pytest.fixture(scope="session")
 def embedding_model() -> None:
     """Export the embedding model once (first run only) before gateway processes load it."""
-    from gateway.cache import shared_embedder
+    from gateway.cache.engine import shared_embedder
 
     shared_embedder()
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from gateway.cache import exact_redis_key
-from gateway.localstate import announce_change
+from gateway.cache.engine import exact_redis_key
 from gateway.models import CacheEntry
+from sentinel.localstate import announce_change
 from sentinel.redis_clients import sync_redis
 
 

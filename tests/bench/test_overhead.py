@@ -12,7 +12,16 @@ import sys
 from tests.bench.conftest import processes_with_redis
 from tests.servers import BASE_DIR, database_url_for
 
-LOADS = ["c1-nonstream", "c1-stream", "c32-nonstream", "c32-stream", "realistic-c32-stream"]
+LOADS = [
+    "c1-nonstream",
+    "c1-stream",
+    "c32-nonstream",
+    "c32-stream",
+    "c1-multiturn",
+    "c32-multiturn",
+    "realistic-c32-stream",
+]
+SENTINELS = ("sentinel", "sentinel-bypass")  # cache on (every prompt a miss), and bypassed
 
 
 def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, test_database_name, bench_redis_url):
@@ -33,6 +42,7 @@ def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, te
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Overhead (zero-latency mock unless noted; one run)" in run.stdout
     assert "No LiteLLM proxy in this run: not asked for" in run.stdout
+    assert "No Portkey gateway in this run: not asked for" in run.stdout
 
     result = json.loads((out / "overhead.json").read_text())
     assert (result["scenario"], result["quick"]) == ("overhead", True)
@@ -42,18 +52,20 @@ def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, te
     assert re.fullmatch(r"[0-9a-f]{40}", result["git"]["commit"])
     assert result["versions"]["django"] and result["versions"]["litellm"]
     assert result["peer"] == {"missing": "not asked for (--no-peer or --quick)"}
+    assert result["portkey"] == {"missing": "not asked for (--no-portkey or --quick)"}
     assert result["config"]["sentinel_web_server"].startswith("python -m sentinel.web")
     assert "admission" in result["config"]["sentinel_conditions"]
+    assert "cache on: every request a miss" in result["config"]["sentinel_conditions"]
     assert "cache bypassed per request" in result["config"]["sentinel_conditions"]
-    assert result["sentinel_probe_headers"]["x-sentinel-cache"] == "bypass"
+    assert result["sentinel_probe_headers"]["x-sentinel-cache"] == "miss"
     assert min(result["warm_up_cpu_s_per_worker"]) > 0
 
     rows = {(r["load"], r["target"]): r for r in result["rows"]}
-    assert set(rows) == {(load, target) for load in LOADS for target in ("direct", "sentinel")}
+    assert set(rows) == {(load, target) for load in LOADS for target in ("direct", *SENTINELS)}
     for (load, target), row in rows.items():
         assert row["errors"] == 0 and row["statuses"] == {"200": row["requests"]}
         assert row["server_cpu_ms_per_request"] >= 0  # the mock's share of 30 requests may round to no tick
-        if target == "sentinel":
+        if target in SENTINELS:
             assert row["server_cpu_ms_per_request"] > 0
             assert len(row["web_worker_cpu_share"]) == result["config"]["sentinel_web_workers"]
             assert abs(sum(row["web_worker_cpu_share"]) - 1) <= 0.02
@@ -66,13 +78,17 @@ def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, te
     assert rows[("c1-nonstream", "sentinel")]["requests"] == 30
     assert rows[("realistic-c32-stream", "direct")]["ttft_p50_ms"] >= 120  # the realistic mock's first token
 
-    (added,) = result["added_vs_direct"]
-    assert added["target"] == "sentinel"
-    assert added["nonstream_p50_ms"] == round(
-        rows[("c1-nonstream", "sentinel")]["p50_ms"] - rows[("c1-nonstream", "direct")]["p50_ms"], 3
-    )
+    added = {a["target"]: a for a in result["added_vs_direct"]}
+    assert set(added) == set(SENTINELS)
+    for target in SENTINELS:
+        assert added[target]["nonstream_p50_ms"] == round(
+            rows[("c1-nonstream", target)]["p50_ms"] - rows[("c1-nonstream", "direct")]["p50_ms"], 3
+        )
+        assert added[target]["multiturn_p50_ms"] == round(
+            rows[("c1-multiturn", target)]["p50_ms"] - rows[("c1-multiturn", "direct")]["p50_ms"], 3
+        )
     checks = {c["check"]: c for c in result["targets"]}
-    assert len(checks) == 4 and not any("LiteLLM" in name for name in checks)
+    assert len(checks) == 8 and not any("LiteLLM" in name or "Portkey" in name for name in checks)
     assert all(isinstance(c["met"], bool) for c in checks.values())
 
     assert (out / "overhead.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -236,7 +236,7 @@ def test_size_cap_evicts_the_least_recently_used(served, tenant, live_db):
     model, _, client = served
     tenant.cache_max_entries = 2
     tenant.save()
-    from gateway.localstate import announce_change
+    from sentinel.localstate import announce_change
 
     announce_change()
     for i, prompt in enumerate(("first entry alpha", "second entry bravo")):
@@ -249,6 +249,84 @@ def test_size_cap_evicts_the_least_recently_used(served, tenant, live_db):
     prompts = set(CacheEntry.objects.filter(tenant=tenant).values_list("prompt", flat=True))
     assert prompts == {"first entry alpha", "third entry charlie"}
     assert ask(client, model, "second entry bravo").headers["x-sentinel-cache"] == "miss"
+
+
+def test_a_new_partition_is_neither_embedded_nor_searched_until_it_is_asked_again(
+    served, gateway, tenant, mock_provider, live_db
+):
+    """A conversation's first question in a new partition has nothing to find: it is not embedded and
+    not searched, and its answer is stored without an embedding. The next question in that partition
+    embeds both prompts in one batch, and a paraphrase is still served."""
+    model, provider, client = served
+    system = {"role": "system", "content": f"You answer questions about order {time.time_ns()}."}
+
+    def counters() -> tuple[float, ...]:
+        scrape = scrape_metrics(gateway.url)
+        return (
+            scrape.value("sentinel_cache_semantic_lookups_total", outcome="skipped_empty"),
+            scrape.value("sentinel_cache_semantic_lookups_total", outcome="searched"),
+            scrape.value("sentinel_cache_embedded_prompts_total", kind="query"),
+            scrape.value("sentinel_cache_embedded_prompts_total", kind="deferred"),
+        )
+
+    def converse(question: str):
+        return client.chat.completions.with_raw_response.create(
+            model=model, messages=[system, {"role": "user", "content": question}]
+        )
+
+    start = counters()
+    first = converse("How do I reset my password?")
+    assert first.headers["x-sentinel-cache"] == "miss"
+    wait_stored(tenant, 1)
+    entry = CacheEntry.objects.get(tenant=tenant)
+    assert entry.embedding is None
+    assert [b - a for a, b in zip(start, counters(), strict=True)] == [1, 0, 0, 0]
+
+    hit = converse("how can i reset my password")
+    assert hit.headers["x-sentinel-cache"] == "hit-semantic"
+    assert hit.parse().choices[0].message.content == answer_text("How do I reset my password?")
+    assert [b - a for a, b in zip(start, counters(), strict=True)] == [1, 1, 1, 1]
+    deadline = time.monotonic() + 10  # its vector is written after that response
+    while entry.embedding is None:
+        assert time.monotonic() < deadline, "the deferred embedding was never written"
+        time.sleep(0.05)
+        entry.refresh_from_db()
+    assert len(entry.embedding) == 384
+    assert mock_provider.stats(provider)["calls"] == 1
+
+
+def wait_for_prompt(tenant, prompt: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not CacheEntry.objects.filter(tenant=tenant, prompt=prompt).exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{prompt!r} was never stored")
+        time.sleep(0.05)
+
+
+def test_the_cap_holds_exactly_with_the_count_kept_in_redis(served, tenant, live_db):
+    """Stores count a tenant's entries in Redis and count the database only past the cap (or when
+    the counter is new): the cap still holds exactly, and a lost counter is rebuilt from the rows."""
+    from gateway.cache.engine import tenant_redis_key
+    from sentinel.localstate import announce_change
+    from sentinel.redis_clients import sync_redis
+
+    model, _, client = served
+    tenant.cache_max_entries = 3
+    tenant.save()
+    announce_change()
+    counter = tenant_redis_key(tenant.pk)
+    for i in range(5):
+        ask(client, model, f"capped entry {i}")
+        wait_for_prompt(tenant, f"capped entry {i}")
+        time.sleep(0.2)  # the eviction runs after the row is written
+        assert CacheEntry.objects.filter(tenant=tenant).count() == min(i + 1, 3)
+    assert int(sync_redis().get(counter)) == 3
+    sync_redis().delete(counter)  # Redis lost it: the next store counts the rows again
+    ask(client, model, "capped entry 5")
+    wait_for_prompt(tenant, "capped entry 5")
+    time.sleep(0.2)
+    assert CacheEntry.objects.filter(tenant=tenant).count() == 3
+    assert int(sync_redis().get(counter)) == 3
 
 
 def test_per_request_controls(served, tenant, mock_provider, live_db):
@@ -368,37 +446,48 @@ def test_hits_are_recorded_with_their_tier_and_saving(served, tenant, live_db):
 
 
 def test_fails_open_when_the_vector_store_is_unreachable(
-    test_database_name, tenant, make_key, make_model, mock_provider, live_db
+    test_database_name, gateway, tenant, make_key, make_model, mock_provider, live_db
 ):
     """The cache's own database connection points nowhere; requests still get answers, and every
     failure is counted (metrics), the store's after the response and the lookup's before the call."""
-    gateway = start_gateway(
+    model, (provider,) = make_model()
+    key = make_key(tenant)
+    # A working gateway files one entry, so the partition has something to search (a lookup in an
+    # empty partition never reaches the database).
+    ask(OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0), model, "seed question")
+    wait_stored(tenant, 1)
+    broken = start_gateway(
         test_database_name,
         env={"SENTINEL_CACHE_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"},
     )
 
     def failures(stage: str) -> float:
-        return scrape_metrics(gateway.url).value("sentinel_cache_failures_total", stage=stage)
+        return scrape_metrics(broken.url).value("sentinel_cache_failures_total", stage=stage)
 
     try:
-        model, (provider,) = make_model()
-        client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0)
-        response = ask(client, model, "still answered")
-        assert response.parse().choices[0].message.content == answer_text("still answered")
-        assert response.headers["x-sentinel-cache"] == "miss"
-        # The store (after the response) embeds the prompt, so the model is loaded once it has failed.
-        deadline = time.monotonic() + 60
-        while failures("store") < 1:
-            assert time.monotonic() < deadline, "the failed store was never counted"
+        client = OpenAI(base_url=broken.base_url, api_key=key, max_retries=0)
+        # Until its embedding model has loaded the process skips the semantic tier: ask until a
+        # lookup has reached the database.
+        deadline, warming = time.monotonic() + 60, 0
+        while failures("lookup") < 1:
+            assert time.monotonic() < deadline, "no lookup ever reached the semantic tier"
+            response = ask(client, model, f"warming {warming}")
+            assert response.parse().choices[0].message.content == answer_text(f"warming {warming}")
+            warming += 1
             time.sleep(0.2)
+        before = failures("lookup")
         for prompt in ("still answered", "and this one too"):
             response = ask(client, model, prompt)
             assert response.parse().choices[0].message.content == answer_text(prompt)
             assert response.headers["x-sentinel-cache"] == "miss"
-        assert failures("lookup") == 2  # both reached the semantic tier's database, and went upstream
-        assert mock_provider.stats(provider)["calls"] == 3
+        assert failures("lookup") == before + 2  # both reached the semantic tier's database, and went upstream
+        while failures("store") < 1:  # the answers were not kept (after the responses)
+            assert time.monotonic() < deadline + 30, "no failed store was counted"
+            time.sleep(0.2)
+        assert mock_provider.stats(provider)["calls"] == 1 + warming + 2
+        assert CacheEntry.objects.filter(tenant=tenant).count() == 1
     finally:
-        gateway.stop()
+        broken.stop()
 
 
 def test_invalidation_from_the_admin_reaches_every_tier(served, tenant, tenancy, live_db):

@@ -18,7 +18,7 @@ from pathlib import Path
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from gateway import cache
+from gateway.cache import engine as cache
 from gateway.cache.keys import cache_key
 from gateway.mock_provider import answer_text
 from gateway.models import CacheEntry

@@ -1,0 +1,557 @@
+"""The semantic cache: an exact tier (in-process LRU, then Redis) and a semantic tier (pgvector,
+cosine, searched strictly inside the request's partition: exactly in a small one, through the
+partition's own HNSW index in a large one (gateway/cache/indexes.py); every candidate verified before
+it is served). It fails open: an embedder or database that errs or is slow sends the request upstream.
+
+A miss must cost little, since most traffic is misses (docs/performance.md, docs/decisions.md):
+- Redis counts each partition's entries, read in the same MGET as the exact key: a partition with no
+  entry (every new conversation's turn is one) is neither embedded nor searched;
+- an answer is stored after the response with the embedding its lookup computed, or, when there was
+  none (an empty partition), without one: a later lookup in that partition embeds those prompts with
+  its own, in one batch, so a partition that is never asked again never costs an embedding;
+- a tenant's entries are counted in Redis; the database is counted and trimmed only past the cap;
+- prompts are embedded in one thread, in batches of whatever requests are waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import weakref
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import numpy as np
+import orjson
+from django.conf import settings
+
+from gateway.cache import acceptance
+from gateway.cache.keys import CacheKey
+from gateway.errors import invalid_request
+from sentinel import redis_keys
+from sentinel.localstate import TTLCache
+from sentinel.redis_clients import async_redis
+from sentinel.text import control_character
+
+log = logging.getLogger(__name__)
+
+CANDIDATES = 5
+DEFERRED_INLINE = 4  # entries stored without an embedding that a lookup embeds and weighs itself
+DEFERRED_BATCH = 8  # ... and how many at a time a background backfill embeds beyond those
+# Prompts embedded together at most (what is waiting when the thread is free). CPU per prompt here:
+# 9.4 ms alone, 5.2 in fours, 4.2 in eights, 3.9 in 16s and 32s; every request of a batch waits for
+# the whole batch, so beyond 8 the latency grows for little (on a loaded host a batch of 24 outlasted
+# the lookup's 500 ms bound and all 24 went upstream).
+EMBED_BATCH = 8
+_exact_local = TTLCache(ttl=60.0, maxsize=20_000)
+_pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_batcher: _Batcher | None = None  # made on first use (importing starts no thread)
+_backfilling: set[str] = set()  # partitions this process is embedding deferred entries of
+_backfills: set[asyncio.Task] = set()
+_embedder = None
+_embedder_lock = threading.Lock()
+
+
+# The cache's Redis keys (named in sentinel.redis_keys, with every other key).
+exact_redis_key = redis_keys.exact_cache
+partition_redis_key = redis_keys.cache_partition_count
+tenant_redis_key = redis_keys.cache_tenant_count
+
+
+# --- per-request controls ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Controls:
+    no_cache: bool = False  # do not read
+    no_store: bool = False  # do not write
+    ttl: int | None = None  # seconds, instead of the tenant's
+    namespace: str = ""
+
+
+def controls_from(body: dict, headers) -> Controls:
+    """From the body's `cache` object or the `x-sentinel-cache-control` / `-namespace` headers:
+    {"cache": {"no-cache": true, "no-store": true, "ttl": 60, "namespace": "v2"}}
+    x-sentinel-cache-control: no-cache, no-store, ttl=60"""
+    values: dict = {}
+    header = headers.get("x-sentinel-cache-control")
+    if header:
+        for item in header.split(","):
+            name, _, value = item.strip().partition("=")
+            values[name.strip().lower()] = value.strip() if value else True
+    if headers.get("x-sentinel-cache-namespace"):
+        values["namespace"] = headers["x-sentinel-cache-namespace"]
+    field = body.get("cache")
+    if field is not None:
+        if not isinstance(field, dict):
+            raise invalid_request("'cache' must be an object.", param="cache", code="invalid_type")
+        values.update({k.lower(): v for k, v in field.items()})
+        ttl = values.get("ttl")
+        if "ttl" in {k.lower() for k in field} and (not isinstance(ttl, int) or isinstance(ttl, bool)):
+            # JSON has integers: "60" or true in the body is a client's mistake (headers carry text).
+            message = "cache ttl must be a whole number of seconds."
+            raise invalid_request(message, param="cache.ttl", code="invalid_type")
+    unknown = set(values) - {"no-cache", "no-store", "ttl", "namespace"}
+    if unknown:
+        raise invalid_request(f"Unknown cache control: {sorted(unknown)[0]}.", param="cache", code="invalid_value")
+    ttl = values.get("ttl")
+    if ttl is not None:
+        try:
+            ttl = int(ttl)
+        except (TypeError, ValueError):
+            raise invalid_request("cache ttl must be a whole number of seconds.", param="cache.ttl") from None
+        if not 1 <= ttl <= 30 * 86400:
+            raise invalid_request("cache ttl must be between 1 s and 30 days.", param="cache.ttl", code="invalid_value")
+    namespace = values.get("namespace", "")
+    if not isinstance(namespace, str) or len(namespace) > 100 or control_character(namespace):
+        raise invalid_request(
+            "cache namespace must be a string of at most 100 characters, without control characters.",
+            param="cache.namespace",
+        )
+    for flag in ("no-cache", "no-store"):
+        if not isinstance(values.get(flag, False), bool):
+            raise invalid_request(f"cache {flag} must be true or false.", param=f"cache.{flag}", code="invalid_type")
+    return Controls(
+        no_cache=values.get("no-cache", False), no_store=values.get("no-store", False), ttl=ttl, namespace=namespace
+    )
+
+
+# --- embedding and the vector store ------------------------------------------------------------
+
+
+def warm_up() -> None:
+    """Load the embedding model (exporting it on the very first run) and embed once, so the first
+    request does not pay for it. Called in a thread when a web process starts."""
+    try:
+        shared_embedder().embed_one("warm up")
+    except Exception:
+        log.exception("embedder warm-up failed")
+
+
+def shared_embedder():
+    """The process's one embedder (built once, under a lock: the warm-up thread and the first
+    requests may ask at the same time)."""
+    global _embedder
+    with _embedder_lock:
+        if _embedder is None:
+            from gateway.cache.embedder import Embedder
+
+            _embedder = Embedder(cache_dir=settings.DATA_DIR / "models", threads=settings.EMBEDDER_THREADS)
+    return _embedder
+
+
+def embedder_ready() -> bool:
+    return _embedder is not None
+
+
+class _Batcher:
+    """One thread embedding prompts in batches: each run takes everything waiting (up to
+    EMBED_BATCH), so under load many prompts share one model call (bench: `embed_batches`)."""
+
+    def __init__(self) -> None:
+        self.waiting: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="embed-batcher", daemon=True).start()
+
+    def submit(self, texts: list[str]) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.waiting.put((texts, future, loop))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            jobs = [self.waiting.get()]
+            size = len(jobs[0][0])
+            while size < EMBED_BATCH:
+                try:
+                    job = self.waiting.get_nowait()
+                except queue.Empty:
+                    break
+                jobs.append(job)
+                size += len(job[0])
+            # A request that stopped waiting (its lookup timed out) needs nothing embedded any more.
+            jobs = [job for job in jobs if not job[1].done()]
+            if not jobs:
+                continue
+            try:
+                vectors = shared_embedder().embed([text for texts, _, _ in jobs for text in texts])
+                outcome, start = [], 0
+                for texts, _, _ in jobs:
+                    outcome.append((vectors[start : start + len(texts)], None))
+                    start += len(texts)
+            except Exception as exc:  # noqa: BLE001 - handed to every waiting request, which fails open
+                outcome = [(None, exc)] * len(jobs)
+            for (_, future, loop), (result, error) in zip(jobs, outcome, strict=True):
+                with contextlib.suppress(RuntimeError):  # that request's event loop has closed meanwhile
+                    loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.done():  # the request gave up waiting (its lookup timed out)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def batcher() -> _Batcher:
+    global _batcher
+    with _embedder_lock:
+        if _batcher is None:
+            _batcher = _Batcher()
+    return _batcher
+
+
+async def embed_many(texts: list[str]) -> np.ndarray:
+    return await batcher().submit(texts)
+
+
+async def embed(text: str):
+    return (await embed_many([text]))[0]
+
+
+async def _configure(connection) -> None:
+    from pgvector.psycopg import register_vector_async
+
+    await register_vector_async(connection)
+    await connection.execute("set hnsw.iterative_scan = relaxed_order")
+    # Plan each lookup with its partition's value, so the planner can pick that partition's own index.
+    await connection.execute("set plan_cache_mode = force_custom_plan")
+    await connection.execute(f"set hnsw.ef_search = {int(settings.CACHE_EF_SEARCH)}")
+    await connection.execute(f"set statement_timeout = {int(settings.CACHE_LOOKUP_TIMEOUT_MS)}")
+
+
+async def pool():
+    """A small async psycopg pool per event loop, for the vector store (off Django's ORM, which would
+    serialize queries through one thread)."""
+    from psycopg.conninfo import make_conninfo
+    from psycopg_pool import AsyncConnectionPool
+
+    loop = asyncio.get_running_loop()
+    existing = _pools.get(loop)
+    if existing is None:
+        if settings.CACHE_DATABASE_URL:
+            conninfo = settings.CACHE_DATABASE_URL
+        else:
+            from django.db import connections
+
+            params = connections["default"].get_connection_params()
+            wanted = ("dbname", "user", "password", "host", "port")
+            conninfo = make_conninfo(**{k: v for k, v in params.items() if k in wanted and v})
+        existing = AsyncConnectionPool(
+            conninfo, min_size=1, max_size=8, kwargs={"autocommit": True}, configure=_configure, open=False, timeout=5
+        )
+        await existing.open()
+        _pools[loop] = existing
+    return existing
+
+
+async def close_pool() -> None:
+    """Close this event loop's pool (for commands that run one loop and exit), after the deferred
+    embeddings still being written."""
+    loop = asyncio.get_running_loop()
+    await asyncio.gather(*(t for t in _backfills if t.get_loop() is loop), return_exceptions=True)
+    existing = _pools.pop(asyncio.get_running_loop(), None)
+    if existing is not None:
+        await existing.close()
+
+
+# --- lookup ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Hit:
+    tier: str  # hit-exact | hit-semantic
+    answer: dict
+    entry_id: int
+    cost_usd: Decimal
+    similarity: float | None = None
+
+
+@dataclass
+class Lookup:
+    hit: Hit | None
+    embedding: object = None  # computed for the semantic tier; reused when the answer is stored
+
+
+async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: float | None) -> Lookup:
+    """Exact tier, then (if allowed) the semantic tier. Fails open: any error or a lookup slower
+    than SENTINEL_CACHE_LOOKUP_TIMEOUT_MS is logged and reported as a miss."""
+    found = Lookup(None)
+    try:
+        wants_semantic = semantic and key.semantic
+        found.hit, entries = await _exact(key, count_partition=wants_semantic)
+        # Until the model has loaded (a few seconds after start) the semantic tier is skipped, not waited for.
+        if found.hit is None and wants_semantic and embedder_ready():
+            if not entries:
+                # Nothing stored in this partition: nothing to find, so nothing to embed or search.
+                # The answer is stored without an embedding; a later lookup here embeds it.
+                _metrics().cache_semantic("skipped_empty")
+                return found
+            _metrics().cache_semantic("searched")
+            async with asyncio.timeout(settings.CACHE_LOOKUP_TIMEOUT_MS / 1000):
+                found.embedding = await embed(key.prompt)
+                _metrics().cache_embedded("query")
+                found.hit = await _semantic(key, tenant_id, found.embedding, threshold or acceptance.DEFAULT_THRESHOLD)
+    except Exception as exc:  # noqa: BLE001 - the cache must never fail a request
+        log.warning("cache lookup failed open: %s: %s", type(exc).__name__, exc)
+        record_failure("lookup")
+    return found
+
+
+def _metrics():
+    # Imported on first use: sentinel.run imports this module before prometheus_client may be.
+    from gateway import metrics
+
+    return metrics
+
+
+def record_failure(stage: str) -> None:
+    _metrics().cache_failure(stage)
+
+
+async def _exact(key: CacheKey, *, count_partition: bool) -> tuple[Hit | None, int]:
+    """The exact tier, and (when asked) how many entries the partition has had, from one MGET."""
+    stored = _exact_local.get(key.exact)
+    entries = 0
+    if stored is None or count_partition:
+        if stored is None:
+            raw, count = await async_redis().mget(exact_redis_key(key.exact), partition_redis_key(key.partition))
+            if raw is not None:
+                stored = orjson.loads(raw)
+                _exact_local.set(key.exact, stored)
+        else:
+            count = await async_redis().get(partition_redis_key(key.partition)) if _expired(stored) else 1
+        entries = int(count or 0)
+    if stored is None:
+        return None, entries
+    if _expired(stored):
+        _exact_local.pop(key.exact)
+        return None, entries
+    return Hit("hit-exact", stored["answer"], stored["id"], Decimal(stored["cost_usd"])), entries
+
+
+def _expired(stored: dict) -> bool:
+    return stored["expires"] <= datetime.now(UTC).timestamp()
+
+
+async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float) -> Hit | None:
+    async with (await pool()).connection() as conn:
+        async with conn.pipeline():
+            searched = await conn.execute(
+                "select id, prompt, answer, cost_usd, 1 - (embedding <=> %s) as similarity "
+                "from gateway_cacheentry where partition = %s and expires_at > now() and embedding is not null "
+                "order by embedding <=> %s limit %s",
+                (embedding, key.partition, embedding, CANDIDATES),
+            )
+            deferred = await conn.execute(
+                "select id, prompt, answer, cost_usd from gateway_cacheentry "
+                "where partition = %s and expires_at > now() and embedding is null limit %s",
+                (key.partition, DEFERRED_INLINE + 1),
+            )
+        rows = await searched.fetchall()
+        pending = await deferred.fetchall()
+    # Embedding happens with the connection back in the pool: holding connections while waiting
+    # for the embedder starved the other lookups of them.
+    if len(pending) > DEFERRED_INLINE:
+        # Many first answers of a partition stored at once, or stores whose lookups failed open
+        # (an overloaded host): more work on the request path would feed that, so all of them are
+        # embedded in the background, once per process.
+        _start_backfill(key.partition)
+    elif pending:
+        rows += await _embed_deferred(pending, embedding)
+    for entry_id, prompt, answer, cost, similarity in sorted(rows, key=lambda r: -r[4]):
+        if similarity < threshold:
+            break
+        verdict = acceptance.verify(prompt, key.prompt, similarity)
+        if verdict.accepted:
+            return Hit("hit-semantic", answer, entry_id, cost, float(similarity))
+    return None
+
+
+async def _embed_deferred(pending: list, embedding) -> list:
+    """Entries stored without an embedding (their partition was empty then): embed them now that
+    their partition is asked again, write the vectors after this request, and return them as
+    candidates with their cosine to the prompt asked."""
+    vectors = await embed_many([prompt for _, prompt, _, _ in pending])
+    _metrics().cache_embedded("deferred", len(pending))
+    task = asyncio.get_running_loop().create_task(_write_vectors([row[0] for row in pending], vectors))
+    _backfills.add(task)
+    task.add_done_callback(_backfills.discard)
+    similarities = vectors @ np.asarray(embedding, dtype=np.float32)
+    return [(*row, float(similarity)) for row, similarity in zip(pending, similarities, strict=True)]
+
+
+async def _write_vectors(ids: list[int], vectors) -> None:
+    try:
+        async with (await pool()).connection() as conn, conn.cursor() as cursor:
+            await cursor.executemany(
+                "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
+                [(vector, entry_id) for vector, entry_id in zip(vectors, ids, strict=True)],
+            )
+    except Exception as exc:  # noqa: BLE001 - left deferred: the next lookup or backfill embeds them
+        log.warning("cache deferred embeddings not written: %s: %s", type(exc).__name__, exc)
+
+
+def _start_backfill(partition: str) -> None:
+    if partition in _backfilling:
+        return
+    _backfilling.add(partition)
+    task = asyncio.get_running_loop().create_task(_backfill(partition))
+    _backfills.add(task)
+    task.add_done_callback(_backfills.discard)
+
+
+async def _backfill(partition: str) -> None:
+    """Embed a partition's deferred entries, DEFERRED_BATCH at a time, off any request."""
+    try:
+        while True:
+            async with (await pool()).connection() as conn:
+                pending = await (
+                    await conn.execute(
+                        "select id, prompt from gateway_cacheentry "
+                        "where partition = %s and expires_at > now() and embedding is null limit %s",
+                        (partition, DEFERRED_BATCH),
+                    )
+                ).fetchall()
+            if not pending:
+                return
+            vectors = await embed_many([prompt for _, prompt in pending])
+            _metrics().cache_embedded("deferred", len(pending))
+            async with (await pool()).connection() as conn, conn.cursor() as cursor:
+                await cursor.executemany(
+                    "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
+                    [(vector, row[0]) for vector, row in zip(vectors, pending, strict=True)],
+                )
+    except Exception as exc:  # noqa: BLE001 - the next lookup in the partition starts it again
+        log.warning("cache backfill failed: %s: %s", type(exc).__name__, exc)
+    finally:
+        _backfilling.discard(partition)
+
+
+TOUCH_FLUSH_SECONDS = 0.2  # hits are written in one statement per process at most this often
+_touches: dict[int, int] = {}  # entry id → hits not yet written
+_flush_loop: asyncio.AbstractEventLoop | None = None  # the loop a flush is scheduled on
+_flushes: set[asyncio.Task] = set()
+
+
+def note_hit(entry_id: int) -> None:
+    """A hit: the entry is recently used (eviction is least-recently-used). Counted in memory and
+    written with every other hit of the next TOUCH_FLUSH_SECONDS in one UPDATE, off the request."""
+    global _flush_loop
+    _touches[entry_id] = _touches.get(entry_id, 0) + 1
+    loop = asyncio.get_running_loop()
+    if _flush_loop is not loop:
+        _flush_loop = loop
+        loop.call_later(TOUCH_FLUSH_SECONDS, _start_flush, loop)
+
+
+def _start_flush(loop: asyncio.AbstractEventLoop) -> None:
+    global _flush_loop
+    if _flush_loop is loop:
+        _flush_loop = None
+    task = loop.create_task(flush_hits())
+    _flushes.add(task)
+    task.add_done_callback(_flushes.discard)
+
+
+async def flush_hits() -> None:
+    """Write the hits counted so far: last_hit_at and hits of every entry hit, in one statement."""
+    if not _touches:
+        return
+    batch = dict(_touches)
+    _touches.clear()
+    try:
+        async with (await pool()).connection() as conn:
+            await conn.execute(
+                "update gateway_cacheentry as c set last_hit_at = now(), hits = c.hits + t.n "
+                "from unnest(%s::bigint[], %s::int[]) as t(id, n) where c.id = t.id",
+                (list(batch), list(batch.values())),
+            )
+    except Exception as exc:  # noqa: BLE001 - bookkeeping; never worth failing anything
+        log.warning("cache touch failed: %s", exc)
+
+
+# --- store -------------------------------------------------------------------------------------
+
+
+async def store(
+    key: CacheKey,
+    *,
+    tenant_id: int,
+    model: str,
+    answer: dict,
+    cost_usd: Decimal,
+    ttl: int,
+    max_entries: int,
+    embedding=None,
+    semantic: bool,
+) -> None:
+    """File an answer under its key (after the response was sent), with the embedding its lookup
+    computed or without one (a lookup in its partition embeds it later, if one ever comes); count
+    it in Redis; past the tenant's cap, evict its least recently used entries."""
+    try:
+        expires = datetime.now(UTC) + timedelta(seconds=ttl)
+        async with (await pool()).connection() as conn:
+            row = await (
+                await conn.execute(
+                    "insert into gateway_cacheentry (tenant_id, partition, exact_digest, model, prompt, embedding, "
+                    "answer, cost_usd, created_at, expires_at, hits) "
+                    "values (%s, %s, %s, %s, %s, %s, %s, %s, now(), %s, 0) returning id",
+                    (
+                        tenant_id,
+                        key.partition,
+                        key.exact,
+                        model,
+                        key.prompt,
+                        embedding,
+                        orjson.dumps(answer).decode(),
+                        cost_usd,
+                        expires,
+                    ),
+                )
+            ).fetchone()
+            stored = {"id": row[0], "answer": answer, "cost_usd": str(cost_usd), "expires": expires.timestamp()}
+            counted = tenant_redis_key(tenant_id)
+            async with async_redis().pipeline(transaction=False) as pipe:
+                pipe.set(exact_redis_key(key.exact), orjson.dumps(stored), ex=ttl)
+                if key.semantic:  # counted even with the tenant's semantic tier off, for when it is on
+                    part = partition_redis_key(key.partition)
+                    # The count lives as long as the partition's longest-lived entry.
+                    pipe.incr(part).expire(part, ttl, nx=True).expire(part, ttl, gt=True)
+                pipe.incr(counted)
+                tenant_entries = (await pipe.execute())[-1]
+            if tenant_entries == 1 or tenant_entries > max_entries:
+                # A new counter (Redis lost it, or the first entry) is set from the database; past the
+                # cap the database is counted and trimmed exactly.
+                await _evict(conn, tenant_id, max_entries, tenant_entries)
+    except Exception as exc:  # noqa: BLE001 - a lost cache store costs a future miss, nothing more
+        log.warning("cache store failed: %s: %s", type(exc).__name__, exc)
+        record_failure("store")
+
+
+async def _evict(conn, tenant_id: int, max_entries: int, counted: int) -> None:
+    count = (
+        await (
+            await conn.execute("select count(*) from gateway_cacheentry where tenant_id = %s", (tenant_id,))
+        ).fetchone()
+    )[0]
+    # Down by what the counter overstated (evictions, invalidations, expiry); stores counted since
+    # this one's INCR stay counted.
+    await async_redis().decrby(tenant_redis_key(tenant_id), counted - min(count, max_entries))
+    if count <= max_entries:
+        return
+    rows = await (
+        await conn.execute(
+            "delete from gateway_cacheentry where id in (select id from gateway_cacheentry where tenant_id = %s "
+            "order by coalesce(last_hit_at, created_at) asc, id asc limit %s) returning exact_digest",
+            (tenant_id, count - max_entries),
+        )
+    ).fetchall()
+    if rows:
+        await async_redis().delete(*(exact_redis_key(digest) for (digest,) in rows))
