@@ -18,7 +18,9 @@ pip_config = $(sort $(shell $(PY) -m pip config list 2>/dev/null | sed -n "s/^[^
 FIND_LINKS = --index-strategy unsafe-best-match $(addprefix --find-links ,$(call pip_config,find-links))
 UV_SOURCES = $(FIND_LINKS) $(addprefix --default-index ,$(call pip_config,index-url)) \
 	$(addprefix --index ,$(call pip_config,extra-index-url))
-INSTALL = $(UV) pip install --quiet --python $(PY) --require-hashes $(UV_SOURCES)
+# --compile-bytecode: pip's default, uv's not; without it every process compiles what it imports at
+# its first start, and the web workers (torch, transformers, litellm) missed run's readiness bound.
+INSTALL = $(UV) pip install --quiet --python $(PY) --require-hashes --compile-bytecode $(UV_SOURCES)
 
 .PHONY: run test bench lint lock clean-data
 
