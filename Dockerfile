@@ -6,9 +6,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     LITELLM_LOCAL_MODEL_COST_MAP=True LITELLM_TELEMETRY=False HF_HUB_OFFLINE=1
 WORKDIR /app
 COPY requirements.txt .
-# torch's CPU build (the default Linux wheel pulls CUDA).
-RUN pip install --no-cache-dir -r requirements.txt \
-    --extra-index-url https://download.pytorch.org/whl/cpu
+# The runtime lock only (tests and benchmarks have their own). It pins torch's CPU build by its hash,
+# a file PyPI does not carry: the builder names where it lies, e.g.
+# `docker build --build-arg PIP_EXTRA_INDEX_URL=<PyTorch's CPU index>` (docs/operations.md).
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+RUN pip install --no-cache-dir --require-hashes -r requirements.txt
 COPY . .
 # collectstatic reaches no storage, so it needs no URLs; the key keeps a generated secret out of the image.
 RUN SENTINEL_SECRET_KEY=build python manage.py collectstatic --noinput \

@@ -2,43 +2,79 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+UV := $(VENV)/bin/uv
+# Three locks, each complete and hash-checked (docs/contributing.md): requirements.txt (runtime:
+# `make run`, the image), requirements-bench.txt (runtime + benchmarks), requirements-test.txt
+# (bench + test and lint tools). A stamp per set: a set is reinstalled when its lock, or a lock under
+# it, is newer than its stamp.
+#
+# uv installs them (the runtime set in under a minute; pip takes many). uv reads neither pip.conf nor
+# PIP_* variables, so it is handed the wheel folders and indexes pip is configured with: on the
+# developers' machines, the folder holding torch's CPU build; elsewhere, what the operator exported
+# (docs/operations.md). Every file is hash-checked, so taking the best match across them is safe.
+# Locking looks at PyPI and the wheel folders only: a lock holds PyPI's hashes for every platform,
+# not the subset some mirror or extra index carries.
+pip_config = $(sort $(shell $(PY) -m pip config list 2>/dev/null | sed -n "s/^[^.]*\.$(1)='\(.*\)'$$/\1/p"))
+FIND_LINKS = --index-strategy unsafe-best-match $(addprefix --find-links ,$(call pip_config,find-links))
+UV_SOURCES = $(FIND_LINKS) $(addprefix --default-index ,$(call pip_config,index-url)) \
+	$(addprefix --index ,$(call pip_config,extra-index-url))
+# --compile-bytecode: pip's default, uv's not; without it every process compiles what it imports at
+# its first start, and the web workers (torch, transformers, litellm) missed run's readiness bound.
+INSTALL = $(UV) pip install --quiet --python $(PY) --require-hashes --compile-bytecode $(UV_SOURCES)
 
-.PHONY: run test test-fast check bench lint clean-data
+.PHONY: run test test-fast check bench lint lock clean-data
 
-$(STAMP): requirements.txt
+$(UV):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
-	touch $(STAMP)
+	$(PY) -m pip install --quiet --require-hashes -r requirements-uv.txt
+
+$(VENV)/.runtime: requirements.txt | $(UV)
+	$(INSTALL) -r requirements.txt
+	touch $@
+
+$(VENV)/.bench: requirements-bench.txt requirements.txt | $(UV)
+	$(INSTALL) -r requirements-bench.txt
+	touch $@
+
+$(VENV)/.test: requirements-test.txt requirements-bench.txt requirements.txt | $(UV)
+	$(INSTALL) -r requirements-test.txt
+	touch $@
 
 ## Start everything (embedded Postgres + Valkey unless DATABASE_URL / REDIS_URL are set).
-run: $(STAMP)
+run: $(VENV)/.runtime
 	$(PY) -m sentinel.run
 
 ## The whole test suite against real embedded servers.
-test: $(STAMP)
+test: $(VENV)/.test
 	$(PY) -m pytest
 
-## The tests that need no server (no PostgreSQL, Valkey, gateway or subprocess) and are not slow:
-## under a minute. The URLs point nowhere, so the settings start no embedded server either.
-test-fast: $(STAMP)
+## The tests that need no server (no Postgres, Valkey or subprocess), in about a minute: the URLs
+## point nowhere, so nothing embedded starts (docs/contributing.md).
+test-fast: $(VENV)/.test
 	DATABASE_URL=postgres://fast@127.0.0.1:9/fast REDIS_URL=redis://127.0.0.1:9/0 \
 		$(PY) -m pytest -m "not servers and not slow" -q
 
 ## Every benchmark scenario (bench/README.md); one alone: make bench SCENARIO=overhead [ARGS="--quick"]
-bench: $(STAMP)
+bench: $(VENV)/.bench
 	$(PY) -m bench $(SCENARIO) $(ARGS)
 
 ## Lint, format check and type check (what CI runs before the tests). Dummy URLs: the type
 ## checker's Django plugin loads the settings, which would otherwise start the embedded servers.
-check: $(STAMP)
+check: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	DATABASE_URL=postgres://check@localhost/check REDIS_URL=redis://localhost SENTINEL_SECRET_KEY=check \
 		$(VENV)/bin/mypy
 
 lint: check
+
+## Re-lock after editing a requirements*.in (docs/contributing.md), keeping every pin it can; move one
+## package: make lock LOCK_ARGS="--upgrade-package django". Needs torch's CPU build where pip looks.
+lock: | $(UV)
+	for set in requirements-uv requirements requirements-bench requirements-test; do \
+	  $(UV) pip compile --quiet --generate-hashes --python-version 3.11 --custom-compile-command "make lock" \
+	    $(FIND_LINKS) $(LOCK_ARGS) --output-file $$set.txt $$set.in || exit 1; \
+	done
 
 ## Remove the embedded servers' data (stop `make run` first).
 clean-data:

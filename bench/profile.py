@@ -117,7 +117,7 @@ def cost_centres(stacks: list[tuple[list[tuple[str, str]], int]], possible: int)
 def py_spy() -> str:
     found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(found).exists():
-        raise RuntimeError("py-spy is not installed (it is in requirements.txt: pip install -r requirements.txt)")
+        raise RuntimeError("py-spy is not installed (it is in requirements-bench.txt: make bench installs it)")
     return found
 
 
