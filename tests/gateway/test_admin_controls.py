@@ -27,4 +27,4 @@ def test_force_open_from_the_admin_is_audited(tenancy, make_model, live_db):
     assert BreakerTransition.objects.filter(deployment=deployment, to_state="forced_open").count() == 1
 
     page = browser.get(f"{url}{deployment.pk}/change/")
-    assert b"forced_open" in page.content and b"vendor outage" in page.content
+    assert b"forced open" in page.content and b"vendor outage" in page.content
