@@ -13,6 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html
+from unfold.admin import ModelAdmin
 
 from billing.exports import (
     cell_text,
@@ -224,7 +225,7 @@ class SpendReportForm(forms.Form):
 
 
 @admin.register(SpendReport)
-class SpendReportAdmin(admin.ModelAdmin):
+class SpendReportAdmin(ModelAdmin):
     """Not a list of rows: the changelist is the report page. Visible to anyone who may see the
     spend of at least one tenant; exports need the export role in every tenant exported."""
 

@@ -6,6 +6,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, Q
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
+from unfold.admin import TabularInline
 
 from gateway.admission import deployment_in_flight, provider_spend_today
 from gateway.batches.models import Batch, BatchItem
@@ -269,7 +270,7 @@ class ControlActionAdmin(OperatorOnlyAdmin):
         return False
 
 
-class ChainEntryInline(PlainTextInline, admin.TabularInline):
+class ChainEntryInline(PlainTextInline, TabularInline):
     model = ChainEntry
     extra = 1
     autocomplete_fields = ["deployment"]

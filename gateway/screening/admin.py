@@ -9,6 +9,7 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from unfold.admin import ModelAdmin
 
 from gateway.localstate import announce_change
 from gateway.screening.models import ScreeningPolicy, ScreeningReport
@@ -113,7 +114,7 @@ class ScreeningPolicyAdmin(TenantScopedAdmin):
 
 
 @admin.register(ScreeningReport)
-class ScreeningReportAdmin(admin.ModelAdmin):
+class ScreeningReportAdmin(ModelAdmin):
     """Not a list of rows: the changelist is the report, over the tenants the user manages."""
 
     def has_module_permission(self, request):

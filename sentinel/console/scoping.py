@@ -12,6 +12,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import Http404
 from django.urls import reverse
+from unfold.admin import ModelAdmin
 
 from sentinel.text import PlainTextAdmin, PlainTextInline
 from tenants.models import Membership, Tenant, VirtualKey
@@ -68,7 +69,7 @@ class TenantFilter(admin.SimpleListFilter):
         return queryset.filter(**{self.lookup: int(value)})
 
 
-class TenantScopedAdmin(PlainTextAdmin, admin.ModelAdmin):
+class TenantScopedAdmin(PlainTextAdmin, ModelAdmin):
     """A ModelAdmin whose rows each belong to one tenant, reached from the model by `tenant_lookup`.
     Members holding one of `view_roles` see a tenant's rows; `manage_roles` add, change and delete."""
 
@@ -182,7 +183,7 @@ class TenantScopedInline(PlainTextInline):
         self.parent_admin = admin_site.get_model_admin(parent_model)
 
 
-class OperatorOnlyAdmin(PlainTextAdmin, admin.ModelAdmin):
+class OperatorOnlyAdmin(PlainTextAdmin, ModelAdmin):
     """Configuration of the whole installation (providers, routing, prices, tiers, breakers, kill
     switches and their audit): superusers only, whatever permissions a user was given."""
 
