@@ -196,6 +196,8 @@ CHANNEL_LAYERS = {
 
 # Every sign-in with a password (console login, HTTP Basic on the API) passes the brute-force guard.
 AUTHENTICATION_BACKENDS = ["sentinel.authentication.GuardedModelBackend"]
+# Unfold's sign-in form posts no `next` field (Django's did): a sign-in lands on the console, not /accounts/profile/.
+LOGIN_REDIRECT_URL = "admin:index"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

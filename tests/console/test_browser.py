@@ -38,8 +38,8 @@ def sign_in(page, gateway, user, password: str) -> None:
     page.goto(f"{gateway.url}/admin/login/")
     page.fill("#id_username", user.get_username())
     page.fill("#id_password", password)
-    page.click("input[type=submit]")
-    page.wait_for_selector("#user-tools")
+    page.click("[type=submit]")  # Unfold: a <button>
+    page.wait_for_selector("#nav-sidebar-inner")  # signed in: the sidebar
 
 
 def chat(gateway, secret: str, model: str) -> httpx.Response:
@@ -60,7 +60,7 @@ def test_a_tenant_admin_creates_a_key_sees_its_secret_once_and_revokes_it(browse
         page.goto(f"{gateway.url}/admin/tenants/virtualkey/add/")
         assert page.input_value("#id_tenant") == str(t.tenant.pk)  # the one tenant they manage
         page.fill("#id_name", name)
-        page.click("input[name=_save]")
+        page.click("[name=_save]")
 
         secret = page.inner_text("#key-secret").strip()
         assert secret.startswith("sk-sen-")
