@@ -74,6 +74,9 @@ class TenantScopedAdmin(PlainTextAdmin, ModelAdmin):
     Members holding one of `view_roles` see a tenant's rows; `manage_roles` add, change and delete."""
 
     tenant_lookup = "tenant_id"
+    # Unfold: lists take the page's width (no horizontal scroll at 1280 px), filters apply with one submit.
+    list_fullwidth = True
+    list_filter_submit = True
     view_roles: frozenset[str] = ALL_ROLES
     manage_roles: frozenset[str] = MANAGE
 
@@ -186,6 +189,9 @@ class TenantScopedInline(PlainTextInline):
 class OperatorOnlyAdmin(PlainTextAdmin, ModelAdmin):
     """Configuration of the whole installation (providers, routing, prices, tiers, breakers, kill
     switches and their audit): superusers only, whatever permissions a user was given."""
+
+    list_fullwidth = True
+    list_filter_submit = True
 
     def has_module_permission(self, request):
         return request.user.is_superuser and super().has_module_permission(request)

@@ -162,6 +162,14 @@ def test_the_dashboard_draws_its_charts_and_follows_live_figures(browser, gatewa
         assert f"spend today ${spend}" in page.inner_text("#live-detail")
         assert chart("chart-live", "c.data.datasets[0].data") == [seeded["live"]]
         screenshot(page, "console-dashboard")
+
+        # Dark theme (Unfold's switch keeps the choice in localStorage): the page and the charts' text follow.
+        page.evaluate("localStorage.setItem('adminTheme', JSON.stringify('dark'))")
+        page.reload()
+        page.wait_for_selector("body[data-charts-ready='1']")
+        page.wait_for_function("document.documentElement.classList.contains('dark')")
+        assert page.evaluate("Chart.defaults.color") == "#cbd5e1"
+        screenshot(page, "console-dashboard-dark")
     assert format_usd(Decimal(mine["spend_today_usd"])) == mine["spend_today_usd"]
 
 

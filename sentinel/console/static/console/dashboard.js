@@ -11,7 +11,7 @@
   // and grid lines readable on a dark page too. Read here, as Alpine may not have set <html class> yet.
   const dark = (function () {
     let choice = "auto";
-    try { choice = JSON.parse(localStorage.getItem("_x_adminTheme")) || "auto"; } catch (e) { /* unset */ }
+    try { choice = JSON.parse(localStorage.getItem("adminTheme")) || "auto"; } catch (e) { /* unset */ }
     return choice === "dark" || (choice === "auto" && window.matchMedia("(prefers-color-scheme: dark)").matches);
   })();
   Chart.defaults.color = dark ? "#cbd5e1" : "#475569";
