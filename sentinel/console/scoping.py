@@ -74,7 +74,8 @@ class TenantScopedAdmin(PlainTextAdmin, ModelAdmin):
     Members holding one of `view_roles` see a tenant's rows; `manage_roles` add, change and delete."""
 
     tenant_lookup = "tenant_id"
-    # Unfold: lists take the page's width (no horizontal scroll at 1280 px), filters apply with one submit.
+    # Unfold: lists take the whole width beside the sidebar (a wider one scrolls inside its card, never the
+    # page), and filters apply together with one submit (one query on a big list, not one per click).
     list_fullwidth = True
     list_filter_submit = True
     view_roles: frozenset[str] = ALL_ROLES
