@@ -6,6 +6,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, Q
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
+from unfold.admin import TabularInline
 
 from gateway.batches.models import Batch, BatchItem
 from gateway.batches.services import batch_cancel
@@ -244,7 +245,7 @@ class ControlActionAdmin(ViewOnly, OperatorOnlyAdmin):
     list_select_related = ["actor"]
 
 
-class ChainEntryInline(PlainTextInline, admin.TabularInline):
+class ChainEntryInline(PlainTextInline, TabularInline):
     model = ChainEntry
     extra = 1
     autocomplete_fields = ["deployment"]

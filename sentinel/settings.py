@@ -12,6 +12,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from django.templatetags.static import static
 
 from sentinel import egress, logs, redis_keys
 from sentinel.env import (  # noqa: F401
@@ -112,6 +113,8 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
 # --- Django ------------------------------------------------------------------------------------
 
 INSTALLED_APPS = [
+    # Unfold (the console's theme) before the admin: its templates and widgets take precedence.
+    "unfold.apps.BasicAppConfig",  # templates and widgets only: the site stays ConsoleSite
     "sentinel.console.apps.ConsoleAdminConfig",  # Django's admin, on the console's own site (dashboard, circuits)
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -199,6 +202,8 @@ CHANNEL_LAYERS = {
 
 # Every sign-in with a password (console login, HTTP Basic on the API) passes the brute-force guard.
 AUTHENTICATION_BACKENDS = ["sentinel.authentication.GuardedModelBackend"]
+# Unfold's sign-in form posts no `next` field (Django's did): a sign-in lands on the console, not /accounts/profile/.
+LOGIN_REDIRECT_URL = "admin:index"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -212,6 +217,23 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# The console's look (django-unfold): a sidebar built per request from what the user may open
+# (sentinel.console.navigation), light and dark themes, the console's own styles on every page.
+UNFOLD = {
+    "SITE_TITLE": "Sentinel console",
+    "SITE_HEADER": "Sentinel",
+    "SITE_SUBHEADER": "LLM gateway console",
+    "SITE_SYMBOL": "shield",
+    "SITE_URL": "/admin/",
+    "SHOW_VIEW_ON_SITE": False,
+    "STYLES": [lambda request: static("console/console.css")],
+    "SIDEBAR": {
+        "show_search": False,
+        "show_all_applications": False,
+        "navigation": "sentinel.console.navigation.sidebar",
+    },
+}
 
 REST_FRAMEWORK = {
     # Basic first: a request without credentials gets 401 with a WWW-Authenticate challenge (with

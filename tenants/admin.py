@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
+from unfold.admin import TabularInline
 
 from billing.money import ZERO
 from billing.selectors import key_usage
@@ -128,7 +129,7 @@ class MembershipFormSet(forms.BaseInlineFormSet):
             seen.add(user.pk)
 
 
-class MembershipInline(TenantScopedInline, admin.TabularInline):
+class MembershipInline(TenantScopedInline, TabularInline):
     model = Membership
     form = MembershipForm
     formset = MembershipFormSet

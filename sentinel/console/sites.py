@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from django.contrib import admin
 from django.contrib.auth.decorators import login_not_required
 from django.urls import path
 from django.utils.decorators import method_decorator
 from django.views.decorators.cache import never_cache
+from unfold.sites import UnfoldAdminSite
 
 
-class ConsoleSite(admin.AdminSite):
+class ConsoleSite(UnfoldAdminSite):
+    """Unfold's site (sidebar by role, dark mode: see UNFOLD in settings) with the console's pages."""
+
     site_header = "Sentinel console"
     site_title = "Sentinel console"
     index_title = "Tenants, keys, models and spend"

@@ -38,8 +38,8 @@ def sign_in(page, gateway, user, password: str) -> None:
     page.goto(f"{gateway.url}/admin/login/")
     page.fill("#id_username", user.get_username())
     page.fill("#id_password", password)
-    page.click("input[type=submit]")
-    page.wait_for_selector("#user-tools")
+    page.click("[type=submit]")  # Unfold: a <button>
+    page.wait_for_selector("#nav-sidebar-inner")  # signed in: the sidebar
 
 
 def chat(gateway, secret: str, model: str) -> httpx.Response:
@@ -60,7 +60,7 @@ def test_a_tenant_admin_creates_a_key_sees_its_secret_once_and_revokes_it(browse
         page.goto(f"{gateway.url}/admin/tenants/virtualkey/add/")
         assert page.input_value("#id_tenant") == str(t.tenant.pk)  # the one tenant they manage
         page.fill("#id_name", name)
-        page.click("input[name=_save]")
+        page.click("[name=_save]")
 
         secret = page.inner_text("#key-secret").strip()
         assert secret.startswith("sk-sen-")
@@ -162,6 +162,14 @@ def test_the_dashboard_draws_its_charts_and_follows_live_figures(browser, gatewa
         assert f"spend today ${spend}" in page.inner_text("#live-detail")
         assert chart("chart-live", "c.data.datasets[0].data") == [seeded["live"]]
         screenshot(page, "console-dashboard")
+
+        # Dark theme (Unfold's switch keeps the choice in localStorage): the page and the charts' text follow.
+        page.evaluate("localStorage.setItem('adminTheme', JSON.stringify('dark'))")
+        page.reload()
+        page.wait_for_selector("body[data-charts-ready='1']")
+        page.wait_for_function("document.documentElement.classList.contains('dark')")
+        assert page.evaluate("Chart.defaults.color") == "#cbd5e1"
+        screenshot(page, "console-dashboard-dark")
     assert format_usd(Decimal(mine["spend_today_usd"])) == mine["spend_today_usd"]
 
 

@@ -7,6 +7,15 @@
   const palette = ["#417690", "#79aec8", "#f5dd5d", "#ba2121", "#70bf2b", "#9b59b6", "#e67e22", "#34495e"];
   Chart.defaults.animation = false;
   Chart.defaults.maintainAspectRatio = true;
+  // Unfold's theme (Alpine keeps the choice in localStorage; "auto" follows the system): axis text
+  // and grid lines readable on a dark page too. Read here, as Alpine may not have set <html class> yet.
+  const dark = (function () {
+    let choice = "auto";
+    try { choice = JSON.parse(localStorage.getItem("adminTheme")) || "auto"; } catch (e) { /* unset */ }
+    return choice === "dark" || (choice === "auto" && window.matchMedia("(prefers-color-scheme: dark)").matches);
+  })();
+  Chart.defaults.color = dark ? "#cbd5e1" : "#475569";
+  Chart.defaults.borderColor = dark ? "rgba(255, 255, 255, 0.1)" : "rgba(0, 0, 0, 0.1)";
 
   function time(iso) {
     const d = new Date(iso);
