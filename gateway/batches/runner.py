@@ -30,6 +30,7 @@ from django.conf import settings
 from gateway import pipeline
 from gateway.batches import selectors, services
 from gateway.batches.models import Batch, BatchItem
+from gateway.cache import engine as cache
 from gateway.lua import scripts
 from sentinel import redis_keys
 from sentinel.redis_clients import UNREACHABLE
@@ -206,4 +207,14 @@ class Runner:
 
 def run_slice(batch_id: int) -> bool:
     """One slice of a batch's work in this worker (the Celery task's body)."""
-    return asyncio.run(Runner(batch_id).run())
+
+    async def run() -> bool:
+        try:
+            return await Runner(batch_id).run()
+        finally:
+            # The slice's event loop ends here: its vector-store pool is closed with it. Left open,
+            # a pool still connecting took the loop's final cancellation for a failed connection and
+            # retried it, so the loop never closed and the worker hung on its next batch.
+            await cache.close_pool()
+
+    return asyncio.run(run())
