@@ -53,7 +53,7 @@ from gateway.pipeline import (
     response_headers,
     spawn,
 )
-from gateway.schemas import _Strict, integer, validation_error
+from gateway.schemas import _Strict, integer, json_object, validation_error
 from gateway.upstream.failures import UpstreamError, classify
 from gateway.upstream.routing import ModelRoute, Target, order_for_request, route_for
 
@@ -104,14 +104,7 @@ FORWARDED_EMBEDDING_PARAMETERS = frozenset({"dimensions", "user"})
 
 def parse_embedding_request(raw: bytes) -> tuple[EmbeddingRequest, dict]:
     """The validated request and the body as sent. Raises GatewayError(400) on anything wrong."""
-    if not raw:
-        raise invalid_request("Request body is empty; expected a JSON object.", code="invalid_json")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_request(f"Request body is not valid JSON: {exc}.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise invalid_request("Request body must be a JSON object.", code="invalid_json")
+    body = json_object(raw)
     check_body(body, identifiers=EMBEDDING_IDENTIFIERS, raw=raw)
     unknown = [name for name in body if name not in EMBEDDING_PARAMETERS]
     if unknown:  # before anything else, as OpenAI (and the chat path) refuses them
