@@ -6,7 +6,6 @@ prices; failover, breakers and the cache work the same on every format."""
 
 from __future__ import annotations
 
-import time
 from decimal import Decimal
 
 import pytest
@@ -17,7 +16,7 @@ from billing.models import LedgerEntry
 from gateway.mock_provider import answer_text, prompt_usage
 from gateway.models import BreakerPolicy, ChainEntry, Deployment, ModelAlias, Provider
 from gateway.upstream.breakers import breaker_snapshot
-from tests.conftest import unique
+from tests.conftest import unique, wait_for
 from tests.gateway.test_cache import wait_stored
 
 MODELS = {
@@ -99,13 +98,13 @@ def dialect_chain(live_db, mock_provider):
 
 def ledger_rows(request_ids: list[str]) -> dict[str, LedgerEntry]:
     """The rows of these requests, once all are written (a stream's is handed off as it ends)."""
-    deadline = time.monotonic() + 15
-    while True:
+
+    def written() -> dict[str, LedgerEntry] | None:
         drain()
         rows = {row.request_id: row for row in LedgerEntry.objects.filter(request_id__in=request_ids)}
-        if len(rows) == len(request_ids) or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.1)
+        return rows if len(rows) == len(request_ids) else None
+
+    return wait_for(written, timeout=15, what=f"the ledger rows of {request_ids}")
 
 
 def read_stream(raw) -> tuple[str, list[tuple], str | None, object]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import struct
-import time
 from decimal import Decimal
 
 import httpx
@@ -14,8 +13,6 @@ import openai
 import pytest
 from openai import OpenAI
 
-from billing.ledger import drain
-from billing.models import LedgerEntry
 from gateway.embeddings import EMBEDDING_PARAMETERS
 from gateway.mock_dialects import embedding_of, embedding_usage
 from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
@@ -23,6 +20,7 @@ from tenants.models import Budget, VirtualKey
 from tests.conftest import unique
 from tests.gateway.limits.test_admission import holds
 from tests.gateway.test_cache import wait_stored
+from tests.gateway.test_dialect_chains import ledger_rows
 
 OPENAI_MODEL = "openai/text-embedding-3-small"
 GEMINI_MODEL = "gemini/text-embedding-004"
@@ -55,16 +53,6 @@ def embedding_chain(live_db, mock_provider):
 def float32(vector: list[float]) -> list[float]:
     """A vector as base64 carries it (float32), which the SDK decodes."""
     return list(struct.unpack(f"<{len(vector)}f", struct.pack(f"<{len(vector)}f", *vector)))
-
-
-def ledger_rows(request_ids: list[str]) -> dict[str, LedgerEntry]:
-    deadline = time.monotonic() + 15
-    while True:
-        drain()
-        rows = {row.request_id: row for row in LedgerEntry.objects.filter(request_id__in=request_ids)}
-        if len(rows) == len(request_ids) or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.1)
 
 
 def test_the_allowlist_is_openais_request_schema_and_sentinels_cache():
