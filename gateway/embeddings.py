@@ -41,7 +41,6 @@ from gateway.pipeline import (
     INTERNAL_ERROR,
     Call,
     Reply,
-    authorize_model,
     call_chain,
     capacity_wait,
     charge,
@@ -51,11 +50,12 @@ from gateway.pipeline import (
     ledger_record,
     request_id_from,
     response_headers,
+    route_and_admit,
     spawn,
 )
 from gateway.schemas import _Strict, integer, json_object, validation_error
 from gateway.upstream.failures import UpstreamError, classify
-from gateway.upstream.routing import ModelRoute, Target, order_for_request, route_for
+from gateway.upstream.routing import ModelRoute, Target
 
 log = logging.getLogger(__name__)
 # Retries are the chain's (gateway.pipeline.call_chain), never litellm's: its OpenAI and Azure
@@ -189,20 +189,7 @@ async def create(headers, raw_body: bytes) -> Reply:
         call.key = await identify(headers, None)
         call.request, call.body = parse_embedding_request(raw_body)
         call.cache_controls = cache.controls_from(call.body, headers)
-        for _ in range(3):
-            call.model = call.request.model
-            authorize_model(call.key, call.model)
-            route = await route_for(call.model, call.key.tenant_id)
-            chain = order_for_request(route.targets)
-            try:
-                call.ticket = await admit(call, route, chain)
-                break
-            except admission.StaleConfiguration:
-                call.key = await identify(headers, None)
-        else:
-            raise GatewayError(
-                503, "configuration_changing", "Configuration is changing; retry.", headers={"retry-after": "1"}
-            )
+        route, chain = await route_and_admit(call, headers, None, model_of=lambda c: c.request.model, admit_with=admit)
         hit = await consult_cache(call, route)
         if hit is not None:
             return await serve_from_cache(call, hit)

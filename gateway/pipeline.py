@@ -164,21 +164,7 @@ async def chat_completions(headers, raw_body: bytes, *, queued: Queued | None = 
         call.key = await identify(headers, queued)
         call.request, call.body = parse_chat_request(raw_body)
         call.cache_controls = cache.controls_from(call.body, headers)
-        for _ in range(3):
-            call.model = pick_model(call)
-            authorize_model(call.key, call.model)
-            route = await route_for(call.model, call.key.tenant_id)
-            chain = order_for_request(route.targets)
-            try:
-                call.ticket = await admit(call, route, chain)
-                break
-            except admission.StaleConfiguration:
-                # Caches dropped: read the key and the route again, under the new configuration.
-                call.key = await identify(headers, queued)
-        else:
-            raise GatewayError(
-                503, "configuration_changing", "Configuration is changing; retry.", headers={"retry-after": "1"}
-            )
+        route, chain = await route_and_admit(call, headers, queued, model_of=pick_model, admit_with=admit)
         await screening.screen_input(call)  # may block, or redact call.body before the cache sees it
         hit = await consult_cache(call, route)
         if hit is not None:
@@ -221,6 +207,30 @@ async def identify(headers, queued: Queued | None) -> KeyInfo:
     if queued is not None:
         return await authenticate_digest(queued.key_digest)
     return await authenticate(headers.get("authorization"), headers.get("x-api-key"))
+
+
+async def route_and_admit(
+    call: Call,
+    headers,
+    queued: Queued | None,
+    *,
+    model_of: Callable[[Call], str],
+    admit_with: Callable[[Call, ModelRoute, list[Target]], Awaitable[Ticket]],
+) -> tuple[ModelRoute, list[Target]]:
+    """Authorize the model, route it and admit the request (call.ticket), for every endpoint. A
+    configuration that changed meanwhile drops the caches: the key and the route are read again
+    under the new one, three times at most."""
+    for _ in range(3):
+        call.model = model_of(call)
+        authorize_model(call.key, call.model)
+        route = await route_for(call.model, call.key.tenant_id)
+        chain = order_for_request(route.targets)
+        try:
+            call.ticket = await admit_with(call, route, chain)
+            return route, chain
+        except admission.StaleConfiguration:
+            call.key = await identify(headers, queued)
+    raise GatewayError(503, "configuration_changing", "Configuration is changing; retry.", headers={"retry-after": "1"})
 
 
 def pick_model(call: Call) -> str:
