@@ -50,10 +50,13 @@ class Child:
             start_new_session=True,  # its own process group: we stop it and everything it forks
         )
 
-    def signal_group(self, sig: int) -> None:
+    def terminate(self) -> None:
+        """SIGTERM to the leader only: it stops its own children in order. Signalling the whole group
+        would also stop a Celery pool child in the middle of a task (WorkerLostError) instead of
+        letting the worker finish it (a warm shutdown)."""
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, sig)
+                self.process.send_signal(signal.SIGTERM)
 
     def group_alive(self) -> bool:
         if self.process is None:
@@ -103,13 +106,14 @@ def stop_all(children: list[Child]) -> None:
 
 def _stop(children: list[Child]) -> None:
     for child in children:
-        child.signal_group(signal.SIGTERM)
+        child.terminate()
     deadline = time.monotonic() + STOP_GRACE_SECONDS
     while time.monotonic() < deadline and any(c.group_alive() for c in children):
         time.sleep(0.1)
-    for child in children:
+    for child in children:  # past the grace period, or a grandchild its leader left behind
         if child.group_alive():
-            os.killpg(child.process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.process.pid, signal.SIGKILL)
     for child in children:
         if child.process is not None:
             child.process.wait()
