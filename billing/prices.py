@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
-from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from billing.models import Price
@@ -110,15 +109,11 @@ def _in_force(versions: list[tuple[datetime, PriceVersion]], when: datetime) -> 
 
 def price_at(litellm_model: str, when: datetime | None = None) -> PriceVersion:
     """The price version in force at `when` (now by default)."""
-    versions = _cache.get(litellm_model)
-    if versions is None:
-        versions = _versions(price_key(litellm_model))
-        _cache.set(litellm_model, versions)
+    versions = _cache.read_through_sync(litellm_model, _versions, price_key(litellm_model))
     return _in_force(versions, when or timezone.now())
 
 
 async def aprice_at(litellm_model: str, when: datetime | None = None) -> PriceVersion:
-    versions = _cache.get(litellm_model)
-    if versions is not None:
-        return _in_force(versions, when or timezone.now())
-    return await sync_to_async(price_at)(litellm_model, when)
+    """price_at for the request path; while the database is away, the prices last read."""
+    versions = await _cache.read_through(litellm_model, _versions, price_key(litellm_model))
+    return _in_force(versions, when or timezone.now())

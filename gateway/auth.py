@@ -3,6 +3,10 @@
 Revocation and suspension take effect on the next request in every process: whatever the caches
 hold, each request checks the key's and tenant's block markers in Redis (the same round trip that
 reads the configuration generation, see sentinel.localstate).
+
+While Postgres is away, a key is served by the settings last read for it: this process's expired
+copy, else the last-known copy in Redis (kept as long as a block marker lives, so no copy can
+outlive the marker of a revocation made after it was read). A key read by no process gets a 503.
 """
 
 from __future__ import annotations
@@ -12,17 +16,23 @@ import time
 from dataclasses import asdict, dataclass
 
 import orjson
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db.models import Q
 
-from gateway.errors import GatewayError
+from gateway.errors import DATABASE_UNAVAILABLE, GatewayError
 from gateway.screening.policy import Policy, policy_from_model
 from sentinel import redis_keys
-from sentinel.localstate import TTLCache, blocked_key_marker, blocked_tenant_marker, current_generation
+from sentinel.localstate import (
+    DatabaseUnavailable,
+    TTLCache,
+    blocked_key_marker,
+    blocked_tenant_marker,
+    current_generation,
+    from_database,
+)
 from sentinel.redis_clients import UNREACHABLE, async_redis
 from tenants.models import Budget, Tenant, VirtualKey
-from tenants.services import key_digest
+from tenants.services import BLOCK_MARKER_SECONDS, key_digest
 
 REDIS_TTL_SECONDS = 60
 _local = TTLCache(ttl=settings.KEY_CACHE_SECONDS, maxsize=50_000)
@@ -146,16 +156,33 @@ async def _lookup(digest: str) -> KeyInfo | None:
             return None  # remembered miss: a wrong key does not reach the database twice
         info = KeyInfo.from_json(data)
     else:
-        info = await sync_to_async(_load_from_db)(digest)
+        try:
+            info = await from_database(_load_from_db, digest)
+        except DatabaseUnavailable:
+            return await _last_known(digest, redis)
         if redis is not None:
+            copy = orjson.dumps(asdict(info) if info else None)
             with contextlib.suppress(*UNREACHABLE):
-                await redis.set(
-                    cache_key,
-                    orjson.dumps(asdict(info) if info else None),
-                    ex=REDIS_TTL_SECONDS if info else 5,
-                )
+                async with redis.pipeline(transaction=False) as pipe:
+                    pipe.set(cache_key, copy, ex=REDIS_TTL_SECONDS if info else 5)
+                    if info is not None:
+                        pipe.set(redis_keys.key_info_last_known(digest), copy, ex=BLOCK_MARKER_SECONDS)
+                    await pipe.execute()
     if info is not None:
         _local.set(digest, info)
+    return info
+
+
+async def _last_known(digest: str, redis) -> KeyInfo:
+    """The key's settings as last read, with the database away; 503 when no process ever read them."""
+    info = _local.stale(digest)
+    if info is None and redis is not None:
+        with contextlib.suppress(*UNREACHABLE):
+            raw = await redis.get(redis_keys.key_info_last_known(digest))
+            if raw is not None:
+                info = KeyInfo.from_json(orjson.loads(raw))
+    if info is None:
+        raise DATABASE_UNAVAILABLE
     return info
 
 

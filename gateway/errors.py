@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import orjson
+
+from sentinel.localstate import DatabaseUnavailable
 
 # OpenAI's error `type` for each HTTP status a client can receive from us.
 _TYPE_BY_STATUS = {
@@ -62,3 +67,22 @@ class GatewayError(Exception):
 
 def invalid_request(message: str, *, param: str | None = None, code: str = "invalid_request") -> GatewayError:
     return GatewayError(400, code, message, param=param)
+
+
+# What only PostgreSQL knows is needed and it is away (a key no process has seen, a price never
+# read): a clear 503 the client may retry. Everything the processes have read stays served.
+DATABASE_UNAVAILABLE = GatewayError(
+    503,
+    "database_unavailable",
+    "Sentinel's database is unreachable and this request needs it; retry shortly.",
+    headers={"retry-after": "5"},
+)
+
+
+@contextmanager
+def database_required() -> Iterator[None]:
+    """DatabaseUnavailable inside becomes the API's 503."""
+    try:
+        yield
+    except DatabaseUnavailable:
+        raise DATABASE_UNAVAILABLE from None

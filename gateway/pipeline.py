@@ -34,7 +34,7 @@ from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_
 from gateway.cache import engine as cache
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.replay import REFUSAL, answer_from_response, completion_body, storable, stream_chunks
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, database_required
 from gateway.limits import admission
 from gateway.limits import tokens as prompt_tokens
 from gateway.limits.admission import Ticket
@@ -693,7 +693,8 @@ async def cost_of(target: Target, usage: dict) -> tuple[Decimal, int | None]:
     completion = int(usage.get("completion_tokens") or 0)
     if target.input_price_override is not None and target.output_price_override is not None:
         return request_cost(prompt, completion, target.input_price_override, target.output_price_override), None
-    price = await aprice_at(target.litellm_model)
+    with database_required():
+        price = await aprice_at(target.litellm_model)
     return request_cost(prompt, completion, price.input_per_token, price.output_per_token), price.id
 
 

@@ -4,6 +4,7 @@ endpoints (chat completions, models) are served without Django: gateway.http."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from asgiref.sync import sync_to_async
 from django.db import connection
@@ -14,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from gateway import metrics
 from gateway.errors import GatewayError
 from gateway.upstream import breakers
+from sentinel.localstate import DATABASE_AWAY, has_loaded
 from sentinel.redis_clients import async_redis
 
 
@@ -40,13 +42,19 @@ async def live(request: HttpRequest) -> HttpResponse:
 
 
 def _database_ok() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("select 1")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("select 1")
+    except DATABASE_AWAY:
+        with contextlib.suppress(*DATABASE_AWAY):
+            connection.close()  # broken: the next use of this thread's connection reconnects
+        raise
 
 
 @require_GET
 async def ready(request: HttpRequest) -> HttpResponse:
-    """Ready when the database and Redis both answer within a second."""
+    """Ready when the database and Redis both answer within a second; "degraded" (still 200) when
+    only the database does not and this process has configuration to serve from."""
     failing = []
     try:
         await asyncio.wait_for(sync_to_async(_database_ok)(), 1.0)
@@ -56,6 +64,10 @@ async def ready(request: HttpRequest) -> HttpResponse:
         await asyncio.wait_for(async_redis().ping(), 1.0)
     except Exception:  # noqa: BLE001 - whatever the failure, the answer is "not ready"
         failing.append("redis")
+    if failing == ["database"] and has_loaded():
+        # Known keys and models are served from what this process read (gateway.auth): keep it in
+        # the load balancer's rotation.
+        return JsonResponse({"status": "degraded", "failing": failing})
     if failing:
         return JsonResponse({"status": "unavailable", "failing": failing}, status=503)
     return JsonResponse({"status": "ok"})

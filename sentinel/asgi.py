@@ -96,7 +96,31 @@ async def _send_too_large(send, limit: int) -> None:
     await send({"type": "http.response.body", "body": error.body()})
 
 
+def _preload_routes() -> None:
+    """The routes and prices this process serves by, read before its first request: with the
+    database away later, the last copies read are served (sentinel.localstate)."""
+    import logging
+
+    from django.db import DatabaseError, connection
+
+    from gateway.upstream import routing
+    from sentinel.localstate import DatabaseUnavailable
+
+    try:
+        routing.preload()
+    except (DatabaseUnavailable, DatabaseError) as exc:
+        # No database now (readiness says so), or one not migrated yet: routes are read on first use.
+        logging.getLogger(__name__).warning("routes not preloaded: %s: %s", type(exc).__name__, exc)
+    finally:
+        connection.close()  # read on the main thread; requests read on their own
+
+
 api_application = APIHandler()
+# On a thread of its own: uvicorn imports this module inside its event loop, where Django refuses
+# database access. The server starts after it.
+_preloading = threading.Thread(target=_preload_routes, name="route-preload")
+_preloading.start()
+_preloading.join()
 # Load the cache's embedding model now, in the background, rather than on the first request.
 threading.Thread(target=warm_up, name="embedder-warm-up", daemon=True).start()
 # And the tokenizers admission counts prompts with (about a second for o200k_base).

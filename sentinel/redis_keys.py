@@ -68,6 +68,12 @@ def key_info(generation: str, digest: str) -> str:
     return f"sentinel:keyinfo:{generation}:{digest}"
 
 
+def key_info_last_known(digest: str) -> str:
+    """A key's settings as last read from the database, whatever the generation: what the gateway
+    serves a key by while the database is away."""
+    return f"sentinel:keyinfo:last:{digest}"
+
+
 def exact_cache(digest: str) -> str:
     """An answer in the exact cache tier."""
     return f"sentinel:cache:{digest}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -129,7 +130,11 @@ def start_gateway(
         stderr=subprocess.STDOUT,
     )
     server = GatewayServer(f"http://127.0.0.1:{port}", process, process_env, log_path, metrics_dir)
-    wait_until_ok(server.url + wait_path, process, timeout=90)
+    try:
+        wait_until_ok(server.url + wait_path, process, timeout=90)
+    except BaseException:
+        server.stop()  # never left running (its workers restarting) by a test that failed here
+        raise
     return server
 
 
@@ -309,3 +314,79 @@ def scrape_metrics(url: str) -> Scrape:
         for sample in family.samples:
             samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
     return Scrape(samples)
+
+
+class TcpLink:
+    """A TCP link from a local port to `target` ((host, port), or a Unix socket's path) that a test
+    can cut and restore: the network between a gateway and its PostgreSQL. While cut, its port
+    refuses connections and every connection it carried is closed, as when the server restarts; the
+    server itself stays up for the rest of the session."""
+
+    def __init__(self, target: tuple[str, int] | str) -> None:
+        self.target = target
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self.restore()
+
+    def restore(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(128)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            carried, self._sockets = self._sockets, set()
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread, which frees the port
+            listener.close()
+        for sock in carried:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.cut()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                if isinstance(self.target, str):
+                    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    server.connect(self.target)
+                else:
+                    server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    server.close()
+                    return
+                self._sockets.update((client, server))
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._sockets.difference_update((source, sink))
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)

@@ -35,12 +35,12 @@ from billing import ledger
 from billing.money import quantize_cost
 from gateway import metrics
 from gateway.auth import KeyInfo, block_markers
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, database_required
 from gateway.lua import scripts
 from gateway.upstream import breakers
 from gateway.upstream.breakers import Attempt
 from sentinel import redis_keys
-from sentinel.localstate import GENERATION_KEY, current_generation, observe_generation
+from sentinel.localstate import GENERATION_KEY, current_generation, from_database, observe_generation
 from sentinel.redis_clients import UNREACHABLE, NotWaiting, checking_allowed
 from tenants.periods import period_bounds
 
@@ -461,7 +461,10 @@ def _settled_spend_sync(hold: BudgetHold) -> Decimal:
 
 
 async def settled_spend(hold: BudgetHold) -> Decimal:
-    return await sync_to_async(_settled_spend_sync)(hold)
+    """What the ledger holds for a budget's period: needed once per period and process (at its first
+    request); while the database is away, a clear 503."""
+    with database_required():
+        return await from_database(_settled_spend_sync, hold)
 
 
 # --- settle ------------------------------------------------------------------------------------

@@ -4,8 +4,7 @@ every other configuration cache (dropped when the configuration generation moves
 
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
-
+from gateway.errors import database_required
 from gateway.screening.moderation import ModerationProvider
 from gateway.screening.policy import Policy
 from sentinel.localstate import TTLCache
@@ -33,11 +32,8 @@ async def moderation_provider(policy: Policy) -> ModerationProvider | None:
     if policy.moderation_provider_id is None:
         return None
     key = (policy.moderation_provider_id, policy.moderation_model, policy.moderation_timeout)
-    found = _moderation.get(key)
-    if found is None:
-        found = await sync_to_async(_load_moderation_provider)(*key) or False
-        _moderation.set(key, found)
-    return found or None
+    with database_required():
+        return await _moderation.read_through(key, _load_moderation_provider, *key)
 
 
 def _load_guardrail_secret(tenant_id: int) -> str:
@@ -48,8 +44,5 @@ def _load_guardrail_secret(tenant_id: int) -> str:
 
 
 async def guardrail_secret(tenant_id: int) -> str:
-    secret = _guardrail_secrets.get(tenant_id)
-    if secret is None:
-        secret = await sync_to_async(_load_guardrail_secret)(tenant_id)
-        _guardrail_secrets.set(tenant_id, secret)
-    return secret
+    with database_required():
+        return await _guardrail_secrets.read_through(tenant_id, _load_guardrail_secret, tenant_id)

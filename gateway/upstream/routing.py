@@ -7,13 +7,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from itertools import groupby
 
-from asgiref.sync import sync_to_async
-
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, database_required
 from gateway.models import ChainEntry, ModelAlias, Provider
 from gateway.upstream import transport
 from gateway.upstream.breakers import Policy
-from sentinel.localstate import TTLCache
+from sentinel.localstate import TTLCache, from_database_sync
 
 _routes = TTLCache(ttl=30.0, maxsize=10_000)
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
@@ -158,10 +156,8 @@ async def route_for(alias: str, tenant_id: int | None = None) -> ModelRoute:
     everyone). 404 when no such model exists or none of its deployments is enabled."""
     fallback = await kill_switch_fallback(tenant_id)
     name = fallback or alias
-    route = _routes.get(name)
-    if route is None:
-        route = await sync_to_async(_load_route)(name) or False
-        _routes.set(name, route)
+    with database_required():
+        route = await _routes.read_through(name, _load_route, name)
     if not route or not route.targets:
         raise GatewayError(
             404,
@@ -183,10 +179,8 @@ def _load_switches() -> dict[int | None, str]:
 
 async def kill_switch_fallback(tenant_id: int | None) -> str | None:
     """The fallback model name when a kill switch covers this tenant: its own first, else global."""
-    switches = _switches.get("active")
-    if switches is None:
-        switches = await sync_to_async(_load_switches)()
-        _switches.set("active", switches)
+    with database_required():
+        switches = await _switches.read_through("active", _load_switches)
     if not switches:
         return None
     return switches.get(tenant_id) or switches.get(None)
@@ -211,10 +205,27 @@ def _model_names() -> list[str]:
     return list(ModelAlias.objects.filter(chain__deployment__enabled=True).distinct().values_list("name", flat=True))
 
 
+# A web process reads this many models' routes when it starts (sentinel.asgi); others on first use.
+PRELOAD_MAX_MODELS = 2_000
+
+
+def preload() -> int:
+    """Read the model list, the kill switches and every model's route (with its prices) into this
+    process: the copies it serves by if the database goes away before any request asked for them.
+    Returns how many routes were read."""
+
+    def read() -> int:
+        names = _model_names()
+        _names.set("all", names)
+        _switches.set("active", _load_switches())
+        for name in names[:PRELOAD_MAX_MODELS]:
+            _routes.set(name, _load_route(name))
+        return len(names[:PRELOAD_MAX_MODELS])
+
+    return from_database_sync(read)
+
+
 async def available_models() -> list[str]:
     """Every model name with an enabled deployment (cached like the routes)."""
-    names = _names.get("all")
-    if names is None:
-        names = await sync_to_async(_model_names)()
-        _names.set("all", names)
-    return names
+    with database_required():
+        return await _names.read_through("all", _model_names)
