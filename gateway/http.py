@@ -1,4 +1,4 @@
-"""The hot endpoints, POST /v1/chat/completions, POST /v1/embeddings and GET /v1/models, served as
+"""The hot endpoints, POST /v1/chat/completions, /v1/embeddings, /v1/responses and GET /v1/models, served as
 a plain ASGI app.
 
 The request path (gateway.pipeline) takes headers and a body and returns a Reply; serving it
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from gateway import embeddings, pipeline
+from gateway.responses import api as responses
 from gateway.errors import GatewayError
 from gateway.pipeline import Reply
 
@@ -38,6 +39,7 @@ async def _models(headers: dict, body: bytes) -> Reply:
 ROUTES = {
     "/v1/chat/completions": Route("POST", pipeline.chat_completions),
     "/v1/embeddings": Route("POST", embeddings.create),
+    "/v1/responses": Route("POST", responses.create),
     "/v1/models": Route("GET", _models),
 }
 
