@@ -1,5 +1,5 @@
-"""The hot endpoints, POST /v1/chat/completions, /v1/embeddings, /v1/responses and GET /v1/models, served as
-a plain ASGI app.
+"""The hot endpoints, POST /v1/chat/completions, /v1/embeddings and /v1/responses, and GET
+/v1/models, served as a plain ASGI app.
 
 The request path (gateway.pipeline) takes headers and a body and returns a Reply; serving it
 through Django's ASGI handler cost more CPU than the whole pipeline (two signals whose receivers run
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from gateway import embeddings, pipeline
-from gateway.responses import api as responses
 from gateway.errors import GatewayError
 from gateway.pipeline import Reply
+from gateway.responses import api as responses
 
 Handler = Callable[[dict, bytes], Awaitable[Reply]]
 

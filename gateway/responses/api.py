@@ -147,6 +147,7 @@ async def serve_from_cache(call: Call, hit: cache.Hit, turn: Turn) -> Reply:
 
 async def replay(events: ResponsesEvents, answer: dict) -> AsyncIterator[bytes]:
     delta = {"content": answer.get("content") or ""}
-    chunk = {"model": answer.get("model", ""), "choices": [{"delta": delta, "finish_reason": answer.get("finish_reason")}]}
+    choice = {"delta": delta, "finish_reason": answer.get("finish_reason")}
+    chunk = {"model": answer.get("model", ""), "choices": [choice]}
     yield events.chunk(Event(chunk))
     yield await events.end(ZERO, answer)

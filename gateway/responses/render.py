@@ -116,7 +116,8 @@ def output_of(message: dict) -> list[dict]:
         output.append(message_item(new_id("msg"), text, message.get("refusal")))
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
-        output.append(call_item(new_id("fc"), call.get("id") or "", function.get("name") or "", function.get("arguments") or ""))
+        name, arguments = function.get("name") or "", function.get("arguments") or ""
+        output.append(call_item(new_id("fc"), call.get("id") or "", name, arguments))
     return output
 
 
@@ -267,7 +268,8 @@ class ResponsesEvents:
         items: list[tuple[int, dict]] = []
         if self.message_index is not None or self.refusal:
             text, refusal = "".join(self.text), "".join(self.refusal) or None
-            items.append((self.message_index if self.message_index is not None else -1, message_item(self.message_id, text, refusal)))
+            position = self.message_index if self.message_index is not None else -1
+            items.append((position, message_item(self.message_id, text, refusal)))
         for call in self.calls.values():
             items.append((call.output_index, call_item(call.item_id, call.call_id, call.name, call.arguments)))
         return [item for _, item in sorted(items, key=lambda pair: pair[0])]

@@ -78,13 +78,20 @@ class FunctionCallOutputItem(_Strict):
     status: str | None = None
 
 
+# Tags are capitalized: gateway.schemas._param leaves them out of the parameter it names.
+ITEM_TAGS = {
+    None: "Message",
+    "message": "Message",
+    "function_call": "FunctionCall",
+    "function_call_output": "FunctionCallOutput",
+}
+
+
 def _item_kind(value: Any) -> str | None:
-    if not isinstance(value, dict):
+    kind = value.get("type") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or not (kind is None or isinstance(kind, str)):
         return None
-    # Tags are capitalized: gateway.schemas._param leaves them out of the parameter it names.
-    return {None: "Message", "message": "Message", "function_call": "FunctionCall"}.get(
-        value.get("type"), "FunctionCallOutput" if value.get("type") == "function_call_output" else None
-    )
+    return ITEM_TAGS.get(kind)
 
 
 InputItem = Annotated[

@@ -18,8 +18,10 @@ from gateway.mock_answers import answer_text
 from gateway.responses.models import StoredResponse
 from gateway.responses.schemas import RESPONSES_PARAMETERS, UNSUPPORTED
 from sentinel.text import MAX_JSON_DEPTH
-from tests.gateway.test_dialect_chains import NO_CACHE, PRICES, cost, dialect_chain, ledger_rows  # noqa: F401
+from tests.gateway import test_dialect_chains
+from tests.gateway.test_dialect_chains import NO_CACHE, cost, ledger_rows
 
+dialect_chain = test_dialect_chains.dialect_chain  # the fixture: deployments of each format on the mock
 TOOLS = [
     {
         "type": "function",
@@ -54,11 +56,15 @@ def test_the_allowlist_is_openais_request_schema_and_sentinels_cache():
 
 
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
-def test_a_conversation_is_created_read_continued_and_deleted(gateway, tenant, make_key, dialect_chain, mock_provider, kind):
+def test_a_conversation_is_created_read_continued_and_deleted(
+    gateway, tenant, make_key, dialect_chain, mock_provider, kind
+):
     model, (provider,) = dialect_chain(kind)
     client = sdk(gateway, make_key(tenant))
 
-    raw = client.responses.with_raw_response.create(model=model, input="[[echo]] one two three", instructions="Be brief.")
+    raw = client.responses.with_raw_response.create(
+        model=model, input="[[echo]] one two three", instructions="Be brief."
+    )
     first = raw.parse()
     assert (first.object, first.status, first.output_text, first.instructions) == (
         "response",
@@ -88,8 +94,7 @@ def test_a_conversation_is_created_read_continued_and_deleted(gateway, tenant, m
     second = client.responses.create(model=model, input="[[echo]] four", previous_response_id=first.id)
     assert (second.output_text, second.previous_response_id) == ("four", first.id)
     sent = json.loads(mock_provider.stats(provider)["last_body"])
-    turns = sent["messages"] if kind == "openai" else sent["messages"]
-    texts = [m["content"] if isinstance(m["content"], str) else m["content"][0]["text"] for m in turns]
+    texts = [m["content"] if isinstance(m["content"], str) else m["content"][0]["text"] for m in sent["messages"]]
     # The conversation goes on without the first turn's instructions (as OpenAI does).
     assert texts == ["[[echo]] one two three", "one two three", "[[echo]] four"]
 
@@ -176,10 +181,7 @@ def test_a_chain_fails_over_from_openai_to_anthropic(gateway, api_key, dialect_c
     client = sdk(gateway, api_key)
     raw = client.responses.with_raw_response.create(model=model, input="[[echo]] fail over", stream=stream)
     assert (raw.headers["x-sentinel-provider"], raw.headers["x-sentinel-fallbacks"]) == (second, "1")
-    if stream:
-        done = [e for e in raw.parse() if e.type == "response.completed"][0].response
-    else:
-        done = raw.parse()
+    done = next(e for e in raw.parse() if e.type == "response.completed").response if stream else raw.parse()
     assert done.output_text == "fail over"
     assert [mock_provider.stats(p)["completed"] for p in (first, second)] == [0, 1]
 
@@ -196,7 +198,7 @@ BAD = [
     ({"input": "x", "api_key": "sk-x"}, "unknown_parameter", "api_key"),
     ({"input": "x", "base_url": "http://evil"}, "unknown_parameter", "base_url"),
     ({"input": "x", "background": True}, "unsupported_parameter", "background"),
-    ({"input": "x", "tools": [{"type": "mcp", "server_url": "http://evil"}]}, "unknown_parameter", "tools[0].server_url"),
+    ({"input": "x", "tools": [{"type": "mcp", "server_url": "http://e"}]}, "unknown_parameter", "tools[0].server_url"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "invalid_value", "tools[0].type"),
     ({"input": [{"type": "nope"}]}, "invalid_value", "input[0]"),
     ({"input": [{"role": "user", "content": "x", "api_base": "h"}]}, "unknown_parameter", "input[0].api_base"),
@@ -208,7 +210,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("body,code,param", BAD)
+@pytest.mark.parametrize(("body", "code", "param"), BAD)
 def test_bad_input_is_refused_in_openais_shape_and_nothing_is_sent(
     gateway, api_key, dialect_chain, mock_provider, body, code, param
 ):
