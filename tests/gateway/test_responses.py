@@ -20,6 +20,7 @@ from gateway.responses.schemas import RESPONSES_PARAMETERS, UNSUPPORTED
 from sentinel.text import MAX_JSON_DEPTH
 from tests.gateway import test_dialect_chains
 from tests.gateway.test_dialect_chains import NO_CACHE, cost, ledger_rows
+from tests.servers import scrape_metrics
 
 dialect_chain = test_dialect_chains.dialect_chain  # the fixture: deployments of each format on the mock
 TOOLS = [
@@ -167,7 +168,10 @@ def test_responses_are_the_tenants_own_and_store_false_keeps_nothing(gateway, ma
         assert refused.value.body["type"] == "invalid_request_error"
     assert mine.responses.retrieve(kept.id).output_text == kept.output_text
 
+    counted = {"endpoint": "responses", "status": "200"}
+    before = scrape_metrics(gateway.url).value("sentinel_endpoint_requests_total", **counted)
     unkept = mine.responses.create(model=model, input="forget me", store=False)
+    assert scrape_metrics(gateway.url).value("sentinel_endpoint_requests_total", **counted) == before + 1
     assert unkept.store is False and unkept.output_text == answer_text("forget me")
     assert not StoredResponse.objects.filter(public_id=unkept.id).exists()
     with pytest.raises(openai.NotFoundError):
