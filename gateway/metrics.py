@@ -200,7 +200,17 @@ class LedgerState(Collector):
 
 
 # Exported metric names (as a scrape shows them), for alert rules and tests to check against.
-EXPORTED = (REQUEST_SECONDS, TTFT_SECONDS, OVERHEAD_SECONDS, REQUESTS, UPSTREAM_ATTEMPTS, TOKENS, COST, SAVED)
+EXPORTED = (
+    REQUEST_SECONDS,
+    TTFT_SECONDS,
+    OVERHEAD_SECONDS,
+    REQUESTS,
+    ENDPOINT_REQUESTS,
+    UPSTREAM_ATTEMPTS,
+    TOKENS,
+    COST,
+    SAVED,
+)
 EXPORTED += (
     CACHE,
     CACHE_FAILURES,
