@@ -19,6 +19,7 @@ from gateway.responses.models import StoredResponse
 from gateway.responses.schemas import RESPONSES_PARAMETERS, UNSUPPORTED
 from sentinel.text import MAX_JSON_DEPTH
 from tests.gateway import test_dialect_chains
+from tests.gateway.test_cache import wait_stored
 from tests.gateway.test_dialect_chains import NO_CACHE, cost, ledger_rows
 from tests.servers import scrape_metrics
 
@@ -74,7 +75,7 @@ def test_a_conversation_is_created_read_continued_and_deleted(
         "Be brief.",
     )
     assert first.id.startswith("resp_") and raw.headers["x-sentinel-provider"] == provider
-    sent = json.loads(mock_provider.stats(provider)["last_body"])
+    assert "Be brief." in mock_provider.stats(provider)["last_body"]  # the instructions, as a system prompt
     # The ledger bills it at the deployment's prices, exactly; the usage is the provider's.
     request_id = raw.headers["x-sentinel-request-id"]
     row = ledger_rows([request_id])[request_id]
@@ -195,6 +196,34 @@ def nested(depth: int) -> list:
     for _ in range(depth):
         value = [value]
     return value
+
+
+def test_an_answer_is_cached_and_replayed_as_a_response_and_as_its_events(
+    gateway, tenant, make_key, dialect_chain, mock_provider
+):
+    model, (provider,) = dialect_chain("openai")
+    client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0, timeout=30)
+    first = client.responses.with_raw_response.create(model=model, input="cache this answer")
+    wait_stored(tenant, 1)
+    again = client.responses.with_raw_response.create(model=model, input="cache this answer")
+    assert (first.headers["x-sentinel-cache"], again.headers["x-sentinel-cache"]) == ("miss", "hit-exact")
+    assert again.parse().output_text == first.parse().output_text == answer_text("cache this answer")
+    assert again.parse().id != first.parse().id
+    with client.responses.stream(model=model, input="cache this answer") as stream:
+        kinds = [event.type for event in stream]
+        replayed = stream.get_final_response()
+    assert [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]] == TEXT_EVENTS
+    assert replayed.output_text == answer_text("cache this answer")
+    assert client.responses.retrieve(replayed.id).output_text == replayed.output_text
+    assert mock_provider.stats(provider)["calls"] == 1
+    ids = [first.headers["x-sentinel-request-id"], again.headers["x-sentinel-request-id"]]
+    paid, saved = (ledger_rows(ids)[i] for i in ids)
+    assert (saved.provider, saved.cache_tier, saved.cost_usd, saved.saved_cost_usd) == (
+        "cache",
+        "hit-exact",
+        Decimal(0),
+        paid.cost_usd,
+    )
 
 
 BAD = [
