@@ -1,5 +1,5 @@
-"""The hot endpoints, POST /v1/chat/completions, POST /v1/embeddings and GET /v1/models, served as
-a plain ASGI app.
+"""The hot endpoints, POST /v1/chat/completions, /v1/embeddings and /v1/responses, and GET
+/v1/models, served as a plain ASGI app.
 
 The request path (gateway.pipeline) takes headers and a body and returns a Reply; serving it
 through Django's ASGI handler cost more CPU than the whole pipeline (two signals whose receivers run
@@ -21,6 +21,7 @@ from django.conf import settings
 from gateway import embeddings, pipeline
 from gateway.errors import GatewayError
 from gateway.pipeline import Reply
+from gateway.responses import api as responses
 
 Handler = Callable[[dict, bytes], Awaitable[Reply]]
 
@@ -38,6 +39,7 @@ async def _models(headers: dict, body: bytes) -> Reply:
 ROUTES = {
     "/v1/chat/completions": Route("POST", pipeline.chat_completions),
     "/v1/embeddings": Route("POST", embeddings.create),
+    "/v1/responses": Route("POST", responses.create),
     "/v1/models": Route("GET", _models),
 }
 

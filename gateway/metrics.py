@@ -73,6 +73,11 @@ REQUESTS = Counter(
     "Chat completion requests by outcome (code is empty on success).",
     ("model", "provider", "status", "code"),
 )
+ENDPOINT_REQUESTS = Counter(
+    "sentinel_endpoint_requests",
+    "Authenticated requests by API endpoint (chat_completions, embeddings, responses) and status.",
+    ("endpoint", "status"),
+)
 UPSTREAM_ATTEMPTS = Counter(
     "sentinel_upstream_attempts",
     "Calls to providers, fallbacks included, by outcome (code is empty on success).",
@@ -195,7 +200,17 @@ class LedgerState(Collector):
 
 
 # Exported metric names (as a scrape shows them), for alert rules and tests to check against.
-EXPORTED = (REQUEST_SECONDS, TTFT_SECONDS, OVERHEAD_SECONDS, REQUESTS, UPSTREAM_ATTEMPTS, TOKENS, COST, SAVED)
+EXPORTED = (
+    REQUEST_SECONDS,
+    TTFT_SECONDS,
+    OVERHEAD_SECONDS,
+    REQUESTS,
+    ENDPOINT_REQUESTS,
+    UPSTREAM_ATTEMPTS,
+    TOKENS,
+    COST,
+    SAVED,
+)
 EXPORTED += (
     CACHE,
     CACHE_FAILURES,
@@ -252,7 +267,14 @@ def _child(metric, *labels):
     return child
 
 
-def request_finished(record: LedgerRecord, *, tenant: str, elapsed_seconds: float, upstream_seconds: float) -> None:
+def request_finished(
+    record: LedgerRecord,
+    *,
+    tenant: str,
+    elapsed_seconds: float,
+    upstream_seconds: float,
+    endpoint: str = "chat_completions",
+) -> None:
     """Everything the end of one authenticated request tells: called once per request."""
     served = record.status_code < 400 or bool(record.provider)
     model = record.model_requested if served else ""
@@ -260,6 +282,7 @@ def request_finished(record: LedgerRecord, *, tenant: str, elapsed_seconds: floa
     tier = record.cache_tier
     status = record.status_code
     _child(REQUESTS, model, provider, status, record.error_code).inc()
+    _child(ENDPOINT_REQUESTS, endpoint, status).inc()
     _child(REQUEST_SECONDS, model, provider, tier).observe(elapsed_seconds)
     if record.ttft_ms is not None:
         until_answer = record.ttft_ms / 1000

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from gateway.batches.schemas import BatchCreate
 from gateway.bodies import BATCH_CREATE_IDENTIFIERS, CHAT_IDENTIFIERS, NO_CONTROL, document_limits
 from gateway.embeddings import EMBEDDING_IDENTIFIERS, EmbeddingRequest
+from gateway.responses.schemas import RESPONSES_IDENTIFIERS, ResponsesRequest
 from gateway.schemas import ChatRequest
 
 # What gateway.cache.engine.controls_from accepts in the body's `cache` object (it refuses any other member).
@@ -351,6 +352,152 @@ def embedding_paths(components: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def responses_paths(components: dict[str, Any]) -> dict[str, Any]:
+    """/v1/responses: OpenAI's Responses API (the SDK's own models of its objects and events)."""
+    request = _component(ResponsesRequest, "Responses", components)
+    components["ResponsesResponse"] = RESPONSE
+    response = _ref("ResponsesResponse")
+    items = _page(_ref("ResponsesItem"))
+    components["ResponsesItem"] = {
+        "type": "object",
+        "description": "An input item as sent, typed and with its id (message, function_call, function_call_output).",
+        "properties": {"id": {"type": "string"}, "type": {"type": "string"}},
+        "required": ["id", "type"],
+    }
+    deleted = {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}},
+        "required": ["id", "object", "deleted"],
+    }
+    response_id = _path_id("response_id", "A response's id (resp_...).")
+    not_found = {**_KEY_ERRORS, 404: "`response_not_found`: no such response in your tenant."}
+    return {
+        "/v1/responses": {
+            "post": _operation(
+                "responses_create",
+                "Create a model response (OpenAI's Responses API)",
+                {
+                    "200": {
+                        "description": "The Response, or its stream of typed events.",
+                        "headers": {k: v for k, v in _COMPLETION_HEADERS.items() if k != "x-sentinel-route"},
+                        "content": {
+                            "application/json": {"schema": response},
+                            "text/event-stream": {"schema": RESPONSES_EVENT},
+                        },
+                    },
+                    **_error_responses(
+                        {
+                            400: "Malformed body: `invalid_json`, `missing_required_parameter`, `unknown_parameter`, "
+                            "`unsupported_parameter`, `invalid_type`, `invalid_value`; or a request the provider "
+                            "refused as invalid.",
+                            401: "`invalid_api_key`: missing, unknown, revoked or expired key.",
+                            402: "`budget_exceeded`: a budget that applies is spent.",
+                            403: "`model_not_allowed` or `tenant_suspended`.",
+                            404: "`model_not_found`, or `response_not_found`: no such `previous_response_id` in "
+                            "your tenant.",
+                            405: "`method_not_allowed`.",
+                            413: "`request_too_large`: the body is over the configured limit.",
+                            429: "`rate_limit_exceeded`, or the provider's rate limit.",
+                            502: "The provider failed in a way no fallback could fix.",
+                            503: "`all_providers_unavailable`, or `overloaded` (with Retry-After).",
+                            504: "The provider did not answer in time.",
+                        }
+                    ),
+                },
+                description=(
+                    "OpenAI's Responses API over any deployment of the chain, whatever its format: the "
+                    "request runs as a chat completion (same admission, limits, budgets, screening, cache, "
+                    "failover and ledger) and is answered as a Response. Function tools only; "
+                    "`previous_response_id` continues a stored response of your tenant; `store: false` "
+                    "keeps nothing. OpenAI's `background`, `conversation`, `prompt` and "
+                    "`context_management` are refused (400 `unsupported_parameter`), any other unknown "
+                    "field too (400 `unknown_parameter`). With `stream: true`: server-sent events "
+                    "`response.created` … `response.completed`, whose usage carries `cost_usd`."
+                ),
+                requestBody={"required": True, "content": {"application/json": {"schema": request}}},
+            )
+        },
+        "/v1/responses/{response_id}": {
+            "get": _operation(
+                "responses_retrieve",
+                "A stored response",
+                {"200": _json(response, "The response."), **_error_responses(not_found)},
+                parameters=[response_id],
+            ),
+            "delete": _operation(
+                "responses_delete",
+                "Delete a stored response (it can no longer be continued)",
+                {"200": _json(deleted, "Deleted."), **_error_responses(not_found)},
+                parameters=[response_id],
+            ),
+        },
+        "/v1/responses/{response_id}/input_items": {
+            "get": _operation(
+                "responses_input_items",
+                "The input items of a stored response",
+                {
+                    "200": _json(items, "A page of input items."),
+                    **_error_responses({**not_found, 400: "A bad parameter."}),
+                },
+                parameters=[
+                    response_id,
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size (20)."),
+                    _query("order", {"type": "string", "enum": ["asc", "desc"]}, "Input order (desc)."),
+                    _query("after", {"type": "string"}, "The last id of the previous page."),
+                ],
+            ),
+        },
+    }
+
+
+# The Response object as Sentinel answers it (the SDK's own model, openai.types.responses.Response,
+# is a 150 KB schema of every hosted tool's items: too slow to serve and fuzz for fields never sent).
+RESPONSE = {
+    "type": "object",
+    "description": "OpenAI's Response object (tests/gateway/test_responses.py parses it with the official SDK).",
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "response"},
+        "created_at": {"type": "integer"},
+        "status": {"type": "string", "enum": ["completed", "incomplete", "in_progress", "failed"]},
+        "model": {"type": "string"},
+        "output": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"id": {"type": "string"}, "type": {"enum": ["message", "function_call"]}},
+                "required": ["id", "type"],
+            },
+        },
+        "usage": {
+            "anyOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "properties": {
+                        "input_tokens": {"type": "integer"},
+                        "output_tokens": {"type": "integer"},
+                        "total_tokens": {"type": "integer"},
+                    },
+                    "required": ["input_tokens", "output_tokens", "total_tokens"],
+                },
+            ]
+        },
+        "previous_response_id": {"type": ["string", "null"]},
+        "store": {"type": "boolean"},
+    },
+    "required": ["id", "object", "created_at", "status", "model", "output"],
+}
+
+# One server-sent event of a streamed Response: `event:` names its type, `data:` is the event as
+# JSON (the SDK's ResponseStreamEvent, a union of some fifty types, is not repeated here).
+RESPONSES_EVENT = {
+    "type": "object",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string", "contentMediaType": "application/json"}},
+    "required": ["data"],
+}
+
+
 _CHAT_ONLY_HEADERS = frozenset({"x-sentinel-route", "x-sentinel-escalated"})
 
 
@@ -555,6 +702,7 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     result["paths"] = {
         **gateway_paths(schemas),
         **embedding_paths(schemas),
+        **responses_paths(schemas),
         **batch_paths(schemas),
         **result.get("paths", {}),
     }
@@ -564,6 +712,10 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
         schemas, prefix="Embeddings", component="EmbeddingsEmbeddingRequest", identifiers=EMBEDDING_IDENTIFIERS
     )
     schemas["EmbeddingsEmbeddingRequest"]["properties"]["cache"] = CACHE_CONTROLS
+    document_limits(
+        schemas, prefix="Responses", component="ResponsesResponsesRequest", identifiers=RESPONSES_IDENTIFIERS
+    )
+    schemas["ResponsesResponsesRequest"]["properties"]["cache"] = CACHE_CONTROLS
     document_limits(
         schemas, prefix="SentinelBatchCreate", component="SentinelBatchCreate", identifiers=BATCH_CREATE_IDENTIFIERS
     )

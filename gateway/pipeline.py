@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Protocol
 
 import orjson
 from django.conf import settings
@@ -88,6 +89,7 @@ class Call:
     """What the pipeline learns about one request as it goes."""
 
     request_id: str
+    endpoint: str = "chat_completions"  # the API endpoint, a metrics label
     started: float = field(default_factory=time.perf_counter)
     queued: Queued | None = None
     key: KeyInfo | None = None
@@ -336,8 +338,19 @@ async def consult_cache(call: Call, route: ModelRoute) -> cache.Hit | None:
 
 
 async def serve_from_cache(call: Call, hit: cache.Hit) -> Reply:
-    """A hit: the stored answer at zero upstream cost (replayed as a stream if one was asked for);
-    the ledger records the tier and what it saved."""
+    """A hit: the stored answer at zero upstream cost (replayed as a stream if one was asked for)."""
+    headers = await record_hit(call, hit)
+    if call.request.stream:
+        headers["content-type"] = "text/event-stream"
+        headers["cache-control"] = "no-cache"
+        include_usage = bool(call.request.stream_options and call.request.stream_options.include_usage)
+        return Reply(200, headers, stream=stream_chunks(hit.answer, include_usage=include_usage))
+    return Reply(200, headers, completion_body(hit.answer))
+
+
+async def record_hit(call: Call, hit: cache.Hit) -> dict[str, str]:
+    """What a hit is, whichever dialect it is answered in: recorded with its tier and what it saved,
+    at zero upstream cost. Returns the response headers."""
     call.cache_tier = hit.tier
     cache.note_hit(hit.entry_id)
     headers = response_headers(call, ZERO)
@@ -347,12 +360,7 @@ async def serve_from_cache(call: Call, hit: cache.Hit) -> Reply:
     usage = hit.answer.get("usage") or {}
     call.answer_text = hit.answer.get("content")
     await finish(call, ledger_record(call, 200, usage=usage, saved=hit.cost_usd))
-    if call.request.stream:
-        headers["content-type"] = "text/event-stream"
-        headers["cache-control"] = "no-cache"
-        include_usage = bool(call.request.stream_options and call.request.stream_options.include_usage)
-        return Reply(200, headers, stream=stream_chunks(hit.answer, include_usage=include_usage))
-    return Reply(200, headers, completion_body(hit.answer))
+    return headers
 
 
 def remember(call: Call, answer: dict | None, cost: Decimal) -> None:
@@ -470,6 +478,13 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool, complete:
 
 
 async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
+    response, headers = await answer_from_chain(call, chain)
+    return Reply(200, headers, orjson.dumps(response))
+
+
+async def answer_from_chain(call: Call, chain: list[Target]) -> tuple[dict, dict[str, str]]:
+    """A non-streamed answer from the chain, screened, escalated if it was a refusal, billed and
+    cached: OpenAI's chat completion and the response headers, for the dialect to render."""
     response = await call_chain(call, chain, stream=False)
     await screening.screen_response(call, response)
     usage = response.get("usage") or {}
@@ -490,7 +505,7 @@ async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
     await finish(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
     if call.escalated_from is None:  # an escalated answer is not the asked-for model's to cache
         remember(call, answer, cost)
-    return Reply(200, headers, orjson.dumps(response))
+    return response, headers
 
 
 TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -525,56 +540,87 @@ async def escalate(call: Call) -> dict | None:
     return response
 
 
-async def stream_from_chain(call: Call, chain: list[Target]) -> Reply:
+class StreamDialect(Protocol):
+    """How a relayed stream is written in the client's dialect (chat chunks, Responses events)."""
+
+    def chunk(self, event: Event) -> bytes: ...
+
+    def usage(self, chunk: dict) -> None: ...
+
+    async def end(self, cost: Decimal, answer: dict) -> bytes: ...
+
+    def broken(self, error: GatewayError) -> bytes: ...
+
+
+class ChatChunks:
+    """Chat completions' dialect: the provider's chunks as they came (the fast path's bytes
+    untouched). A client that asked for usage gets the request's cost in the final usage chunk too
+    (`usage.cost_usd`, the ledger's exact figure as a string: a stream has no header to carry it)."""
+
+    def __init__(self, call: Call) -> None:
+        self.wants_usage = bool(call.request.stream_options and call.request.stream_options.include_usage)
+        self.usage_chunk: dict | None = None
+
+    def chunk(self, event: Event) -> bytes:
+        return event.raw or sse.event(event.data)
+
+    def usage(self, chunk: dict) -> None:
+        if self.wants_usage:
+            self.usage_chunk = chunk  # sent last, with the cost
+
+    async def end(self, cost: Decimal, answer: dict) -> bytes:
+        if self.usage_chunk is None:
+            return sse.DONE
+        usage = {**self.usage_chunk["usage"], "cost_usd": format_usd(cost)}
+        return sse.event({**self.usage_chunk, "usage": usage}) + sse.DONE
+
+    def broken(self, error: GatewayError) -> bytes:
+        return sse.event(error.payload())
+
+
+async def stream_from_chain(call: Call, chain: list[Target], dialect: StreamDialect | None = None) -> Reply:
     first, rest = await call_chain(call, chain, stream=True)
     first, rest = screen_stream(call, first, rest)
     call.ttft_ms = call.elapsed_ms()
     headers = response_headers(call, None)
     headers["content-type"] = "text/event-stream"
     headers["cache-control"] = "no-cache"
-    return Reply(200, headers, stream=relay(call, first, rest))
+    return Reply(200, headers, stream=relay(call, first, rest, dialect or ChatChunks(call)))
 
 
-async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[bytes]:
-    """Forward the provider's chunks as SSE; on a failure after the first token, end with an
-    error event (never a silently truncated stream). The ledger record is written however it ends.
-    A client that asked for usage gets the request's cost in the final usage chunk too
-    (`usage.cost_usd`, the ledger's exact figure as a string: a stream has no header to carry it)."""
-    wants_usage = bool(call.request.stream_options and call.request.stream_options.include_usage)
+async def relay(call: Call, first: Event, rest: AsyncIterator[Event], dialect: StreamDialect) -> AsyncIterator[bytes]:
+    """Forward the provider's chunks as SSE in the client's dialect; on a failure after the first
+    token, end with an error event (never a silently truncated stream). The ledger record is
+    written however it ends, before the dialect's last events."""
     usage: dict = {}
-    usage_chunk: dict | None = None
     answer = Answer()
     recorded = False
     try:
         answer.add(first.data)
-        yield first.raw or sse.event(first.data)
+        yield dialect.chunk(first)
         async for event in rest:
             chunk = event.data
             if chunk.get("usage"):
                 usage = chunk["usage"]
                 if not chunk.get("choices"):
-                    if wants_usage:
-                        usage_chunk = chunk  # sent last, with the cost
+                    dialect.usage(chunk)
                     continue
             call.chunks += 1
             answer.add(chunk)
-            yield event.raw or sse.event(chunk)
+            yield dialect.chunk(event)
         recorded = True
         record = await stream_record(call, 200, "", usage)
         stored = answer.stored(usage, first.data.get("model", ""))
         call.answer_text = stored["content"]
         await finish(call, record)
-        if usage_chunk is not None:
-            cost = format_usd(Decimal(record.cost_usd))
-            yield sse.event({**usage_chunk, "usage": {**usage_chunk["usage"], "cost_usd": cost}})
-        yield sse.DONE
+        yield await dialect.end(Decimal(record.cost_usd), stored)
         remember(call, stored, Decimal(record.cost_usd))
     except UpstreamError as error:
         # After the first token there is no failing over: end with an error event, and let the
         # breaker count the broken stream against the deployment.
         call.attempts[-1].outcome = "fail"
         message = f"The provider's stream broke off after it started: {error.message}"
-        yield sse.event(GatewayError(502, "stream_interrupted", message).payload())
+        yield dialect.broken(GatewayError(502, "stream_interrupted", message))
         recorded = True
         await finish(call, await stream_record(call, 502, "stream_interrupted", usage))
     finally:
@@ -668,6 +714,7 @@ async def finish(call: Call, record: LedgerRecord) -> None:
         tenant=call.key.tenant_slug,
         elapsed_seconds=time.perf_counter() - call.started,
         upstream_seconds=call.upstream_seconds,
+        endpoint=call.endpoint,
     )
     logged = call.key.log_prompts and record.status_code == 200
     # An embeddings request has no messages: its input is not logged.

@@ -91,11 +91,12 @@ def served_schema() -> dict:
 
 
 def fuzzable(raw: dict) -> dict:
-    # Generated chat and embeddings requests name the models the fixture serves (invalid ones still
+    # Generated chat, embeddings and responses requests name the models the fixture serves (invalid ones still
     # name anything).
     raw = copy.deepcopy(raw)
     raw["components"]["schemas"]["ChatChatRequest"]["properties"]["model"]["enum"] = [FUZZ_MODEL]
     raw["components"]["schemas"]["EmbeddingsEmbeddingRequest"]["properties"]["model"]["enum"] = [FUZZ_EMBEDDING_MODEL]
+    raw["components"]["schemas"]["ResponsesResponsesRequest"]["properties"]["model"]["enum"] = [FUZZ_MODEL]
     return raw
 
 
@@ -174,6 +175,34 @@ def fuzzed_chat_body(draw) -> dict:
 def test_chat_fields_never_answer_500(gateway, fuzz_target, body):
     response = httpx.post(
         f"{gateway.url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {FUZZ_KEY}", "content-type": "application/json"},
+        content=json.dumps(body).encode(),
+        timeout=30,
+    )
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+RESPONSES_FIELDS = ["input", "instructions", "previous_response_id", "tools", "text", "metadata", "user", "api_base"]
+INPUT_ITEM_FIELDS = ["type", "role", "content", "call_id", "output", "name", "arguments", "server_url"]
+
+
+@st.composite
+def fuzzed_responses_body(draw) -> dict:
+    body: dict = {"model": FUZZ_MODEL, "input": [{"role": "user", "content": "hi"}]}
+    if draw(st.booleans()):
+        body[draw(st.sampled_from(RESPONSES_FIELDS))] = draw(VALUES | DEEP)
+    else:  # an input item's field
+        body["input"][0][draw(st.sampled_from(INPUT_ITEM_FIELDS))] = draw(VALUES | DEEP)
+    return body
+
+
+@HYPOTHESIS_SETTINGS
+@given(body=fuzzed_responses_body())
+def test_responses_fields_never_answer_500(gateway, fuzz_target, body):
+    response = httpx.post(
+        f"{gateway.url}/v1/responses",
         headers={"authorization": f"Bearer {FUZZ_KEY}", "content-type": "application/json"},
         content=json.dumps(body).encode(),
         timeout=30,

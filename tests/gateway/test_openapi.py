@@ -78,3 +78,16 @@ def test_the_embeddings_request_schema_is_the_one_the_gateway_validates_with(sch
     assert documented["additionalProperties"] is False
     vector = schema["components"]["schemas"]["OpenAIEmbeddingsEmbedding"]["properties"]["embedding"]
     assert [member["type"] for member in vector["anyOf"]] == ["array", "string"]  # floats or base64
+
+
+def test_the_responses_endpoints_are_documented_from_the_request_model(schema):
+    from gateway.responses.schemas import RESPONSES_PARAMETERS
+
+    paths = schema["paths"]
+    assert set(paths["/v1/responses"]) == {"post"}
+    assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
+    assert set(paths["/v1/responses/{response_id}/input_items"]) == {"get"}
+    documented = schema["components"]["schemas"]["ResponsesResponsesRequest"]
+    assert set(documented["properties"]) == RESPONSES_PARAMETERS
+    assert documented["required"] == ["model", "input"]
+    assert documented["additionalProperties"] is False

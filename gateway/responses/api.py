@@ -1,0 +1,153 @@
+"""POST /v1/responses, top to bottom, on the chat path's stages (gateway.pipeline):
+
+    authenticate → validate → the previous response's conversation (this tenant's) → translate to
+    a chat request (litellm's bridge) → pick the model, allowlist, route, admit → screen input
+    → cache → call the chain (stream or not; screened, escalated, billed, cached as chat is)
+    → store the response (unless `store: false`) → respond in the Responses dialect
+
+The same admission, limits, budgets, screening, cache, breakers, failover and ledger as chat
+completions, because it is the chat request that runs: only the edges speak Responses. The
+conversation a `previous_response_id` continues is stored as chat messages, so any deployment of
+any format can take the next turn.
+
+GET /v1/responses/{id}, DELETE it, and its input_items are Django views (gateway.responses.views).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import orjson
+
+from billing.money import ZERO
+from gateway.cache import engine as cache
+from gateway.errors import GatewayError
+from gateway.pipeline import (
+    INTERNAL_ERROR,
+    Call,
+    Reply,
+    admit,
+    answer_from_chain,
+    consult_cache,
+    error_reply,
+    finish,
+    identify,
+    ledger_record,
+    pick_model,
+    record_hit,
+    request_id_from,
+    route_and_admit,
+    spawn,
+    stream_from_chain,
+)
+from gateway.responses import store
+from gateway.responses.render import (
+    ResponsesEvents,
+    Shape,
+    assistant_message,
+    message_item,
+    new_id,
+    response_from_completion,
+    status_of,
+    usage_of,
+)
+from gateway.responses.schemas import ResponsesRequest, parse_responses_request
+from gateway.responses.translate import chat_request, input_items, turn_messages
+from gateway.screening import engine as screening
+from gateway.upstream.transport import Event
+
+log = logging.getLogger(__name__)
+
+
+class Turn:
+    """One request's response: its shape, and how it is kept for a next turn."""
+
+    def __init__(self, call: Call, request: ResponsesRequest, body: dict) -> None:
+        self.call = call
+        self.shape = Shape(new_id("resp"), request, body, store=request.store is not False)
+        self.items = input_items(body["input"])
+        self.system = 1 if request.instructions else 0
+
+    async def keep(self, response: dict) -> None:
+        """Stored before the client has it, unless it asked not to be. A database that refuses the
+        write does not take the paid-for answer from the client: the failure is logged, and the
+        response cannot be continued or read back."""
+        if not self.shape.store:
+            return
+        call = self.call
+        conversation = [*call.body["messages"][self.system :], assistant_message(response["output"])]
+        try:
+            await store.response_save(
+                tenant_id=call.key.tenant_id,
+                key_id=call.key.key_id,
+                response_id=self.shape.response_id,
+                request_id=call.request_id,
+                response=response,
+                input_items=self.items,
+                conversation=conversation,
+            )
+        except Exception:
+            log.exception("response %s of request %s was not stored", self.shape.response_id, call.request_id)
+
+
+async def create(headers, raw_body: bytes) -> Reply:
+    call = Call(request_id=request_id_from(headers.get("x-sentinel-request-id")), endpoint="responses")
+    try:
+        call.key = await identify(headers, None)
+        request, body = parse_responses_request(raw_body)
+        history: list[dict] = []
+        if request.previous_response_id:
+            previous = await store.response_get(
+                tenant_id=call.key.tenant_id, response_id=request.previous_response_id, param="previous_response_id"
+            )
+            history = previous.conversation
+        messages, params = turn_messages(request, body)
+        call.request, call.body = chat_request(request, body, history, messages, params)
+        call.cache_controls = cache.controls_from(call.body, headers)
+        route, chain = await route_and_admit(call, headers, None, model_of=pick_model, admit_with=admit)
+        await screening.screen_input(call)  # may block, or redact call.body before the cache sees it
+        turn = Turn(call, request, body)
+        hit = await consult_cache(call, route)
+        if hit is not None:
+            return await serve_from_cache(call, hit, turn)
+        if request.stream:
+            return await stream_from_chain(call, chain, ResponsesEvents(turn.shape, turn.keep))
+        completion, headers = await answer_from_chain(call, chain)
+        response = response_from_completion(turn.shape, completion)
+        await turn.keep(response)
+        return Reply(200, headers, orjson.dumps(response))
+    except GatewayError as error:
+        return await error_reply(call, error)
+    except Exception:
+        log.exception("request %s failed unexpectedly", call.request_id)
+        return await error_reply(call, INTERNAL_ERROR)
+    except asyncio.CancelledError:
+        if call.key is not None:
+            spawn(finish(call, ledger_record(call, 499, error_code="client_disconnected")))
+        raise
+
+
+async def serve_from_cache(call: Call, hit: cache.Hit, turn: Turn) -> Reply:
+    """A cached answer (the chat path's: its text), as a Response or replayed as its events."""
+    headers = await record_hit(call, hit)
+    answer = hit.answer
+    if not call.request.stream:
+        output = [message_item(new_id("msg"), answer.get("content") or "", None)]
+        status = status_of(answer.get("finish_reason"))
+        usage = usage_of(answer.get("usage") or {})
+        response = turn.shape.response(status=status, model=answer.get("model", ""), output=output, usage=usage)
+        await turn.keep(response)
+        return Reply(200, headers, orjson.dumps(response))
+    headers["content-type"] = "text/event-stream"
+    headers["cache-control"] = "no-cache"
+    return Reply(200, headers, stream=replay(ResponsesEvents(turn.shape, turn.keep), answer))
+
+
+async def replay(events: ResponsesEvents, answer: dict) -> AsyncIterator[bytes]:
+    delta = {"content": answer.get("content") or ""}
+    choice = {"delta": delta, "finish_reason": answer.get("finish_reason")}
+    chunk = {"model": answer.get("model", ""), "choices": [choice]}
+    yield events.chunk(Event(chunk))
+    yield await events.end(ZERO, answer)
