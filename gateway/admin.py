@@ -26,7 +26,7 @@ from gateway.models import (
 )
 from gateway.services import kill_switch_set
 from gateway.upstream.breakers import breaker_force, breaker_snapshot
-from gateway.upstream.load import load_snapshot
+from gateway.upstream.load import describe_load
 from sentinel.console.scoping import (
     AnnouncesChanges,
     OperatorOnlyAdmin,
@@ -117,16 +117,7 @@ class DeploymentAdmin(AnnouncesChanges, OperatorOnlyAdmin):
 
     @admin.display(description="load (self-hosted)")
     def load(self, obj):
-        if not obj.self_hosted:
-            return "-"
-        sample = load_snapshot(obj.pk)
-        if not sample.get("sampled_at"):
-            return sample.get("error") or "not sampled"
-        state = "saturated" if sample.get("saturated") == "1" else "ok"
-        return (
-            f"{state}: {float(sample['running']):g} running, {float(sample['waiting']):g} waiting, "
-            f"KV cache {float(sample['kv_cache_percent']):.0f}%"
-        )
+        return describe_load(obj)
 
     @admin.display(description="in flight / max")
     def in_flight(self, obj):

@@ -451,8 +451,8 @@ EGRESS_ALLOW = egress.Allowlist.parse(
     envlist(
         "SENTINEL_EGRESS_ALLOW",
         "",
-        "Comma-separated CIDRs and host names that tenant-set URLs (webhooks, guardrails) may reach although "
-        "internal (see docs/egress.md).",
+        "Comma-separated CIDRs and host names that tenant-set URLs (webhooks, guardrails) and self-hosted "
+        "deployments' metrics URLs may reach although internal (see docs/egress.md).",
     )
 )
 

@@ -251,6 +251,20 @@ def load_snapshot(deployment_id: int) -> dict:
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
+def describe_load(deployment) -> str:
+    """A deployment's load as the admin and the console show it."""
+    if not deployment.self_hosted:
+        return "-"
+    sample = load_snapshot(deployment.pk)
+    if not sample.get("sampled_at"):
+        return sample.get("error") or "not sampled"
+    state = "saturated" if sample.get("saturated") == "1" else "ok"
+    return (
+        f"{state}: {float(sample['running']):g} running, {float(sample['waiting']):g} waiting, "
+        f"KV cache {float(sample['kv_cache_percent']):.0f}%"
+    )
+
+
 class DeploymentLoad(Collector):
     """sentinel_deployment_load and sentinel_deployment_saturated, read from Redis at scrape time
     for every self-hosted deployment."""
