@@ -140,6 +140,7 @@ def sample_deployments() -> int:
 
     loads = asyncio.run(scrape_all())
     redis = sync_redis()
+    events = []
     ttl_ms = int(max(3 * settings.LOAD_SAMPLE_SECONDS, 5.0) * 1000)
     read = 0
     for deployment, load in zip(deployments, loads, strict=True):
@@ -171,7 +172,24 @@ def sample_deployments() -> int:
         pipe.execute()
         if now_saturated != was:
             load_transition(deployment, load, saturated=now_saturated)
+        events.append({"deployment": deployment.name, "load": _describe(load, now_saturated)})
+    _publish(events)
     return read
+
+
+def _publish(events: list[dict]) -> None:
+    """The samples to the console's live circuits view (best effort)."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from gateway.upstream.breakers import CIRCUITS_GROUP
+
+    if not events:
+        return
+    try:
+        async_to_sync(get_channel_layer().group_send)(CIRCUITS_GROUP, {"type": "circuit.load", "samples": events})
+    except Exception:  # the live view is best effort; the samples are in Redis
+        log.exception("could not publish deployment load to the live view")
 
 
 def load_transition(deployment, load: Load, *, saturated: bool) -> None:
@@ -258,10 +276,14 @@ def describe_load(deployment) -> str:
     sample = load_snapshot(deployment.pk)
     if not sample.get("sampled_at"):
         return sample.get("error") or "not sampled"
-    state = "saturated" if sample.get("saturated") == "1" else "ok"
+    load = Load(float(sample["running"]), float(sample["waiting"]), float(sample["kv_cache_percent"]))
+    return _describe(load, sample.get("saturated") == "1")
+
+
+def _describe(load: Load, saturated: bool) -> str:
     return (
-        f"{state}: {float(sample['running']):g} running, {float(sample['waiting']):g} waiting, "
-        f"KV cache {float(sample['kv_cache_percent']):.0f}%"
+        f"{'saturated' if saturated else 'ok'}: {load.running:g} running, {load.waiting:g} waiting, "
+        f"KV cache {load.kv_cache_percent:.0f}%"
     )
 
 
