@@ -813,6 +813,7 @@ def ledger_record(
         latency_ms=call.elapsed_ms(),
         ttft_ms=call.ttft_ms,
         fallbacks=call.fallbacks,
+        fallback_reasons=", ".join(call.fallback_reasons)[:500],
         route=call.route.route if call.route else "",
         route_reason=call.route.reason if call.route else "",
         escalated_from=call.escalated_from.deployment if call.escalated_from else "",

@@ -73,12 +73,12 @@ class Balancer:
         now = time.monotonic() if now is None else now
         return (estimate.decayed(now) + LATENCY_FLOOR_SECONDS) * (estimate.in_flight + 1)
 
-    def order(self, peers: Sequence[Target], rng: random.Random) -> list[Target]:
+    def order(self, peers: Sequence[Target], rng: random.Random, now: float | None = None) -> list[Target]:
         """Peers in the order to try them: two drawn by weight, the first unless the second is
         clearly cheaper; then the rest, cheapest first (the fallbacks within the position)."""
         if len(peers) < 2:
             return list(peers)
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         first, second = _two_by_weight(peers, rng)
         costs = {t.deployment_id: self.cost(t, now) for t in peers}
         clearly_cheaper = costs[second.deployment_id] * PREFERENCE_MARGIN < costs[first.deployment_id]

@@ -10,6 +10,7 @@ from gateway.models import BreakerPolicy, Deployment, ModelAlias
 from gateway.upstream.breakers import breaker_snapshot
 from sentinel.localstate import announce_change
 from tests.conftest import unique
+from tests.gateway.test_dialect_chains import ledger_rows
 
 CONTEXT = "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens."
 # kind: (the alias's switch, the primary's faults, the code the client gets when the kind is returned)
@@ -93,3 +94,6 @@ def test_a_prompt_over_the_context_window_goes_to_a_larger_one(gateway, api_key,
     assert (response.headers["x-sentinel-provider"], response.headers["x-sentinel-fallbacks"]) == (larger, "2")
     assert response.headers["x-sentinel-fallback-reasons"] == f"{small}=context_window, {smaller}=context_window"
     assert [mock_provider.stats(name)["calls"] for name in (small, smaller, larger)] == [1, 0, 1]
+    row = ledger_rows([response.headers["x-sentinel-request-id"]])[response.headers["x-sentinel-request-id"]]
+    assert (row.deployment, row.fallbacks) == (larger, 2)
+    assert row.fallback_reasons == f"{small}=context_window, {smaller}=context_window"
