@@ -60,6 +60,7 @@ class LedgerEntry(models.Model):
     fallback_reasons = models.CharField(
         max_length=500,
         blank=True,
+        db_default="",  # rows inserted by a version without the column (a rolling deploy's old workers)
         help_text="Each deployment passed over and why: `<deployment>=<timeout|server_error|rate_limited|"
         "context_window|content_policy|saturated|circuit_open|...>`, comma-separated.",
     )

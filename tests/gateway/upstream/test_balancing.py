@@ -31,14 +31,14 @@ def test_traffic_follows_the_faster_deployment(gateway, api_key, make_model, moc
     model, (a, b) = make_model(chain_length=2)
     ChainEntry.objects.filter(alias__name=model).update(position=0)
     announce_change()
-    mock_provider.control(a, slow_ms=300)
+    mock_provider.control(a, slow_ms=500)
     first = served_by(gateway, api_key, model, 12, "a slow")
     # At most the one call that measured it: from then on the fast one is clearly cheaper.
     assert first.count(a) <= 1
     assert first.count(b) >= 11
 
     mock_provider.control(a, slow_ms=0)
-    mock_provider.control(b, slow_ms=300)
+    mock_provider.control(b, slow_ms=500)
     then = served_by(gateway, api_key, model, 40, "b slow")
     assert then.count(a) >= 25  # B is tried until its slowness is seen, A until its speed is
     assert then[-10:] == [a] * 10
