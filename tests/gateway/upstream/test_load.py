@@ -11,6 +11,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from gateway.models import Deployment
+from gateway.tasks import sample_deployment_load
 from gateway.upstream.load import Load, Thresholds, judge, load_snapshot, parse_vllm, sample_deployments
 from sentinel import redis_keys
 from sentinel.localstate import announce_change
@@ -50,8 +51,9 @@ def post(gateway, key: str, model: str, prompt: str = "hi") -> httpx.Response:
 
 
 def set_load(mock_provider, provider: str, **load) -> None:
+    """Set the server's load, then run one tick of the sampler (beat's task, called in this process)."""
     mock_provider.control(provider, **load)
-    sample_deployments()
+    assert sample_deployment_load() >= 1
 
 
 def test_vllm_metrics_are_read_and_judged_with_hysteresis():
