@@ -253,6 +253,9 @@ class RequestLogApi(APIView):
         latency_ms = serializers.IntegerField()
         ttft_ms = serializers.IntegerField(allow_null=True)
         fallbacks = serializers.IntegerField()
+        fallback_reasons = serializers.CharField(
+            help_text="Each deployment passed over and why (`<deployment>=<reason>`, comma-separated), else empty."
+        )
         route = serializers.CharField(help_text='What `model: "auto"` chose (fast or smart), else empty.')
         route_reason = serializers.CharField()
         escalated_from = serializers.CharField(help_text="The deployment whose refusal was escalated, else empty.")

@@ -77,6 +77,7 @@ class LedgerRecord:
     latency_ms: int = 0
     ttft_ms: int | None = None
     fallbacks: int = 0
+    fallback_reasons: str = ""  # "<deployment>=<why it was passed over>, ..." (gateway.pipeline)
     route: str = ""
     route_reason: str = ""
     escalated_from: str = ""

@@ -57,6 +57,13 @@ class LedgerEntry(models.Model):
     latency_ms = models.PositiveIntegerField(default=0)
     ttft_ms = models.PositiveIntegerField(null=True)
     fallbacks = models.PositiveSmallIntegerField(default=0)
+    fallback_reasons = models.CharField(
+        max_length=500,
+        blank=True,
+        db_default="",  # rows inserted by a version without the column (a rolling deploy's old workers)
+        help_text="Each deployment passed over and why: `<deployment>=<timeout|server_error|rate_limited|"
+        "context_window|content_policy|saturated|circuit_open|...>`, comma-separated.",
+    )
     route = models.CharField(max_length=8, blank=True, help_text='What `model: "auto"` chose: fast or smart.')
     route_reason = models.CharField(max_length=60, blank=True, help_text="Why the auto route chose it.")
     escalated_from = models.CharField(

@@ -26,6 +26,7 @@ from gateway.models import (
 )
 from gateway.services import kill_switch_set
 from gateway.upstream.breakers import breaker_force, breaker_snapshot
+from gateway.upstream.load import describe_load
 from sentinel.console.scoping import (
     AnnouncesChanges,
     OperatorOnlyAdmin,
@@ -107,11 +108,16 @@ class DeploymentAdmin(AnnouncesChanges, OperatorOnlyAdmin):
         "breaker",
         "forced_state",
         "in_flight",
+        "load",
     ]
-    list_filter = ["enabled", "provider", "forced_state"]
+    list_filter = ["enabled", "provider", "forced_state", "self_hosted"]
     list_select_related = ["provider"]
     search_fields = ["name", "litellm_model"]
-    readonly_fields = ["breaker", "forced_state", "in_flight", "recent_transitions"]
+    readonly_fields = ["breaker", "forced_state", "in_flight", "load", "recent_transitions"]
+
+    @admin.display(description="load (self-hosted)")
+    def load(self, obj):
+        return describe_load(obj)
 
     @admin.display(description="in flight / max")
     def in_flight(self, obj):

@@ -64,6 +64,8 @@ class KeyInfo:
     auto_fast_model: str = "fast"  # where model "auto" sends simple prompts
     auto_smart_model: str = "smart"  # ... and demanding ones; refusals escalate to it
     escalate_refusals: bool = False
+    on_saturation: str = "reject"  # a saturated self-hosted deployment: "reject" (go on) or "queue" (wait)
+    saturation_wait_ms: int = 2000
     log_prompts: bool = False  # the request log carries messages and answers
     screening: Policy | None = None  # None: the tenant is not screened
 
@@ -134,6 +136,8 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         auto_fast_model=key.tenant.auto_fast_model,
         auto_smart_model=key.tenant.auto_smart_model,
         escalate_refusals=key.tenant.escalate_refusals,
+        on_saturation=key.tenant.on_saturation,
+        saturation_wait_ms=key.tenant.saturation_wait_ms,
         log_prompts=key.tenant.log_prompts,
         screening=policy_from_model(ScreeningPolicy.objects.filter(tenant_id=key.tenant_id).first()),
     )

@@ -118,6 +118,11 @@ BREAKER_TRANSITIONS = Counter(
     "Circuit breaker state changes per deployment, by the state entered.",
     ("deployment", "state"),
 )
+SATURATION_TRANSITIONS = Counter(
+    "sentinel_saturation_transitions",
+    "Self-hosted deployments becoming saturated or recovering, by the state entered.",
+    ("deployment", "state"),
+)
 ADMISSION_REJECTIONS = Counter(
     "sentinel_admission_rejections",
     "Requests refused by admission control, by the limit that refused them.",
@@ -217,6 +222,7 @@ EXPORTED += (
     CACHE_SEMANTIC,
     CACHE_EMBEDDED,
     BREAKER_TRANSITIONS,
+    SATURATION_TRANSITIONS,
     ADMISSION_REJECTIONS,
     SCREENING_DECISIONS,
     SCREENING_OUTAGES,
@@ -242,7 +248,7 @@ def exposition(*read_at_scrape: CollectorRegistry) -> bytes:
 
 
 def exported_names() -> set[str]:
-    names = {"sentinel_breaker_state", *LedgerState.NAMES}
+    names = {"sentinel_breaker_state", "sentinel_deployment_load", "sentinel_deployment_saturated", *LedgerState.NAMES}
     for metric in EXPORTED:
         name = metric._name
         if metric._type == "histogram":
@@ -317,6 +323,10 @@ def upstream_attempt(provider: str, code: str) -> None:
 def breaker_transition(deployment: str, state: str) -> None:
     """A breaker entered `state` (closed, open, half_open, forced_open, forced_closed)."""
     _child(BREAKER_TRANSITIONS, deployment, state).inc()
+
+
+def saturation_transition(deployment: str, saturated: bool) -> None:
+    _child(SATURATION_TRANSITIONS, deployment, "saturated" if saturated else "recovered").inc()
 
 
 def cache_failure(stage: str) -> None:

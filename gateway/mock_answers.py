@@ -110,6 +110,10 @@ class Faults:
     refuses: bool = True  # answer a prompt containing [[refuse]] with a refusal (False: a model that does not)
     cache_read_tokens: int = 0  # Anthropic/Gemini: prompt tokens reported as read from the provider's cache
     cache_creation_tokens: int = 0  # Anthropic: prompt tokens reported as written to its cache
+    # What its vLLM-style /metrics reports on top of the requests really in flight (a busy GPU server).
+    load_running: int = 0  # vllm:num_requests_running
+    load_waiting: int = 0  # vllm:num_requests_waiting
+    load_kv_cache: float = 0.0  # vllm:kv_cache_usage_perc, a fraction (1 is 100 percent)
 
     def update(self, values: dict) -> None:
         known = {f.name: f.type for f in fields(self)}

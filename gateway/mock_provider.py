@@ -64,6 +64,8 @@ class MockProvider:
         from gateway import mock_dialects  # Anthropic, Gemini and embeddings: their own module
 
         mock_dialects.routes(self, app)
+        app.router.add_get("/metrics", self.load_metrics)
+        app.router.add_get("/p/{provider}/metrics", self.load_metrics)
         app.router.add_get("/_control", self.control_get)
         app.router.add_get("/_control/{provider}", self.control_get)
         app.router.add_post("/_control", self.control_set)
@@ -74,6 +76,22 @@ class MockProvider:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def load_metrics(self, request: web.Request) -> web.Response:
+        """vLLM's load gauges in Prometheus' text format, as a vLLM server exports them: the requests
+        in flight plus the load set through /_control (load_running, load_waiting, load_kv_cache)."""
+        state = self.state(request.match_info.get("provider", DEFAULT_PROVIDER))
+        faults = state.faults
+        labels = '{engine="0",model_name="mock"}'
+        lines = []
+        running = state.in_flight + faults.load_running
+        for name, kind, value in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", faults.load_waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", faults.load_kv_cache),
+        ):
+            lines += [f"# HELP {name} {kind}", f"# TYPE {name} gauge", f"{name}{labels} {float(value)}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model", "owned_by": "mock"}]})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from pgvector.django import VectorField
 
@@ -144,6 +144,39 @@ class Deployment(models.Model):
         "deployment of the chain; when the whole chain is full, interactive requests wait briefly, then get 503 "
         "`overloaded`, and batch items wait their turn. Empty: no limit.",
     )
+    self_hosted = models.BooleanField(
+        default=False,
+        help_text="A server you run (vLLM, ...): its own load is sampled from its metrics URL, and above the "
+        "thresholds below it counts as saturated (docs/routing.md).",
+    )
+    load_metrics_url = models.URLField(
+        max_length=500,
+        blank=True,
+        help_text="Self-hosted: its Prometheus metrics (vLLM: http://host:8000/metrics). Requests to it go "
+        "through the egress guard (docs/egress.md).",
+    )
+    saturated_running = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Saturated at this many requests running (vllm:num_requests_running)."
+    )
+    saturated_waiting = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Saturated at this many requests waiting (vllm:num_requests_waiting)."
+    )
+    saturated_kv_cache_percent = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(100.0)],
+        help_text="Saturated at this KV-cache usage, in percent (vllm:kv_cache_usage_perc).",
+    )
+    recover_percent = models.PositiveSmallIntegerField(
+        default=80,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="Hysteresis: a saturated deployment takes traffic again once every signal is below this "
+        "share of its threshold.",
+    )
+    saturation_queue_limit = models.PositiveIntegerField(
+        default=100,
+        help_text="Requests of tenants that queue for it may wait at once while it is saturated; more fail over.",
+    )
     input_price_override = models.DecimalField(
         max_digits=20,
         decimal_places=15,
@@ -166,6 +199,17 @@ class Deployment(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from sentinel.egress import url_problem
+
+        if self.self_hosted and not self.load_metrics_url:
+            raise ValidationError({"load_metrics_url": "A self-hosted deployment needs the URL of its metrics."})
+        problem = url_problem(self.load_metrics_url) if self.load_metrics_url else None
+        if problem:
+            raise ValidationError({"load_metrics_url": problem})
+
 
 class ModelAlias(models.Model):
     """A model name clients ask for (`fast`, `smart`, `gpt-4o-mini`) and the chain that serves it."""
@@ -176,6 +220,23 @@ class ModelAlias(models.Model):
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
     max_concurrent = models.PositiveIntegerField(null=True, blank=True)
+    # Which failures of a deployment send the request on to the next one of the chain; the others are
+    # returned to the client (docs/routing.md, "Fallbacks by kind of failure").
+    fallback_on_timeout = models.BooleanField(default=True, help_text="A timeout fails over.")
+    fallback_on_server_error = models.BooleanField(
+        default=True, help_text="A 5xx or connection error fails over (after the provider's retries)."
+    )
+    fallback_on_rate_limit = models.BooleanField(
+        default=True, help_text="A provider's 429 fails over (after its retries), without opening the breaker."
+    )
+    fallback_on_context_window = models.BooleanField(
+        default=False,
+        help_text="A prompt over the deployment's context window goes to the next deployment with a larger one "
+        "(litellm's model map).",
+    )
+    fallback_on_content_policy = models.BooleanField(
+        default=False, help_text="A provider's content-policy refusal goes to the next deployment."
+    )
     deployments = models.ManyToManyField(Deployment, through="ChainEntry", related_name="aliases")
 
     class Meta:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 import uuid
@@ -42,9 +43,10 @@ from gateway.limits.admission import Ticket
 from gateway.schemas import ChatRequest, parse_chat_request
 from gateway.screening import engine as screening
 from gateway.screening.streaming import screen_stream
-from gateway.upstream import autoroute, breakers, providers
+from gateway.upstream import autoroute, breakers, load, providers
+from gateway.upstream.balancing import balancer
 from gateway.upstream.breakers import Attempt
-from gateway.upstream.failures import UpstreamError
+from gateway.upstream.failures import UpstreamError, failure_kind
 from gateway.upstream.routing import ModelRoute, Target, available_models, order_for_request, route_for
 from gateway.upstream.transport import Event
 
@@ -113,6 +115,11 @@ class Call:
     escalated_from: Target | None = None  # the deployment whose refusal went to the smart model
     screening: screening.Screening | None = None  # what the tenant's safety screening did
     answer_text: str | None = None  # what the client was answered (for a tenant that logs prompts)
+    fallback_reasons: list[str] = field(default_factory=list)  # "<deployment>=<why it was passed over>"
+    queued_ms: int = 0  # waiting for saturated deployments to recover
+
+    def passed_over(self, target: Target, why: str) -> None:
+        self.fallback_reasons.append(f"{target.deployment}={why}")
 
     def elapsed_ms(self) -> int:
         return int((time.perf_counter() - self.started) * 1000)
@@ -406,15 +413,20 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool, complete:
     dict, or a stream's first event and the rest). `complete` calls a deployment instead of
     providers.complete (embeddings: gateway.embeddings.embed).
 
-    A deployment whose breaker is open is skipped without a call. What retrying can fix (429,
-    5xx, connection errors) is retried on the same deployment with backoff, honoring Retry-After,
-    then the next deployment is tried; a timeout goes straight to the next one, so a dead provider's
-    timeout is waited out once. What retrying cannot fix goes back to the client and counts against
-    no breaker. The chain deadline bounds everything; streams fail over only before the first token.
+    A deployment whose breaker is open is skipped without a call, and so is a saturated self-hosted
+    one, unless the tenant queues for it (gateway.upstream.load). What retrying can fix (429, 5xx,
+    connection errors) is retried on the same deployment with backoff, honoring Retry-After; a
+    timeout is not retried, so a dead provider's timeout is waited out once. Then the chain's
+    fallback settings say, by kind of failure, whether the next deployment is tried or the error
+    goes back to the client; a prompt over a deployment's context window goes on only to a larger
+    one. A 429 or a client's error counts against no breaker. The chain deadline bounds everything;
+    streams fail over only before the first token.
     """
     deadline = call.started + settings.CHAIN_DEADLINE_SECONDS
     last_error: UpstreamError | None = None
     states = call.ticket.breaker_states
+    saturated = await load.saturated(t.deployment_id for t in chain if t.self_hosted)
+    window_exceeded = 0  # the context window a prompt was too long for: only larger ones are tried
     for index, target in enumerate(chain):
         state = states.get(target.deployment_id, "closed")
         if target.max_concurrent is not None and state in CALLABLE and target.deployment_id not in call.ticket.slots:
@@ -425,12 +437,23 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool, complete:
             # Like an open breaker: its provider's spend cap is reached, or it is saturated.
             code, why = SKIPPED[state]
             last_error = last_error or UpstreamError(503, code, f"{target.deployment}: {why}", True, False)
+            call.passed_over(target, code)
+            continue
+        if window_exceeded and target.context_window is not None and target.context_window <= window_exceeded:
+            call.passed_over(target, "context_window")
+            continue
+        if target.deployment_id in saturated and not await wait_while_saturated(call, target, deadline):
+            last_error = last_error or UpstreamError(
+                503, "deployment_saturated", f"{target.deployment}: saturated", True, False
+            )
+            call.passed_over(target, "saturated")
             continue
         allowed, probe = await breakers.permit(target, state, local=call.ticket.local)
         if not allowed:
             last_error = last_error or UpstreamError(
                 503, "circuit_open", f"{target.deployment}: circuit open", True, False
             )
+            call.passed_over(target, "circuit_open")
             continue
         for retry in range(target.max_retries + 1):
             remaining = deadline - time.perf_counter()
@@ -439,7 +462,7 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool, complete:
             call.target, call.fallbacks = target, index
             started = time.perf_counter()
             try:
-                with call.waiting_on(target):
+                with call.waiting_on(target), balancer.measuring(target):
                     if stream:
                         result = await providers.open_stream(
                             target,
@@ -453,9 +476,18 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool, complete:
                             target, call.body, timeout=min(target.timeout, remaining), request_id=call.request_id
                         )
             except UpstreamError as error:
-                if not error.retryable:
-                    raise as_client_error(error) from None
-                call.attempts.append(Attempt(target, "fail", probe))
+                kind = failure_kind(error)
+                if error.client_fault or not error.retryable:
+                    if kind not in target.fallback_on:
+                        raise as_client_error(error) from None
+                    # Another deployment may take it (a larger window, another provider's policy);
+                    # the request's fault, not this deployment's: nothing for its breaker.
+                    if kind == "context_window":
+                        window_exceeded = max(window_exceeded, target.context_window or 0)
+                    last_error = error
+                    break
+                if kind != "rate_limited" or probe:  # a provider's 429 is its pacing, not its failure
+                    call.attempts.append(Attempt(target, "fail", probe))
                 last_error = error
                 if error.code == "upstream_timeout" and remaining <= (
                     target.first_token_timeout if stream else target.timeout
@@ -474,7 +506,30 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool, complete:
             elapsed = time.perf_counter() - started
             call.attempts.append(Attempt(target, "slow" if elapsed >= target.policy.slow_call_seconds else "ok", probe))
             return result
+        assert last_error is not None  # the retries end only on a failure
+        kind = failure_kind(last_error)
+        if kind not in target.fallback_on:
+            raise returned_to_client(last_error)
+        call.passed_over(target, kind)
     raise all_failed(last_error, deadline_hit=time.perf_counter() >= deadline)
+
+
+async def wait_while_saturated(call: Call, target: Target, deadline: float) -> bool:
+    """A saturated self-hosted deployment: True when the request may call it after all. A tenant
+    that rejects fast goes on at once; one that queues waits for it to recover, in its bounded
+    queue, up to its wait and the chain deadline."""
+    if call.key.on_saturation != "queue":
+        return False
+    wait = min(call.key.saturation_wait_ms / 1000, deadline - time.perf_counter())
+    if wait <= 0:
+        return False
+    started = time.perf_counter()
+    try:
+        return await load.queue_for(
+            target.deployment_id, request_id=call.request_id, limit=target.saturation_queue_limit, wait_seconds=wait
+        )
+    finally:
+        call.queued_ms += int((time.perf_counter() - started) * 1000)
 
 
 async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
@@ -678,6 +733,12 @@ def as_client_error(error: UpstreamError) -> GatewayError:
     return GatewayError(error.status, error.code, error.message, param=error.param)
 
 
+def returned_to_client(error: UpstreamError) -> GatewayError:
+    """A failure the chain does not fail over on (its fallback settings), as the provider gave it."""
+    headers = {"retry-after": str(math.ceil(error.retry_after))} if error.retry_after is not None else None
+    return GatewayError(error.status, error.code, error.message, param=error.param, headers=headers)
+
+
 def all_failed(last_error: UpstreamError | None, *, deadline_hit: bool = False) -> GatewayError:
     detail = f" Last error: {last_error}." if last_error else ""
     if deadline_hit:
@@ -752,6 +813,10 @@ def response_headers(call: Call, cost: Decimal | None) -> dict[str, str]:
         "x-sentinel-fallbacks": str(call.fallbacks),
         **(call.ticket.headers() if call.ticket else {}),
     }
+    if call.fallback_reasons:
+        headers["x-sentinel-fallback-reasons"] = ", ".join(call.fallback_reasons)
+    if call.queued_ms:
+        headers["x-sentinel-queued-ms"] = str(call.queued_ms)
     if call.target is not None:
         headers["x-sentinel-provider"] = call.target.provider
         headers["x-sentinel-deployment"] = call.target.deployment
@@ -796,6 +861,7 @@ def ledger_record(
         latency_ms=call.elapsed_ms(),
         ttft_ms=call.ttft_ms,
         fallbacks=call.fallbacks,
+        fallback_reasons=", ".join(call.fallback_reasons)[:500],
         route=call.route.route if call.route else "",
         route_reason=call.route.reason if call.route else "",
         escalated_from=call.escalated_from.deployment if call.escalated_from else "",

@@ -18,3 +18,11 @@ def index_cache_partitions() -> dict:
     """Give large semantic-cache partitions their own HNSW index; drop those of shrunk ones."""
     outcome = index_partitions()
     return {"created": len(outcome.created), "dropped": len(outcome.dropped), "indexed": outcome.indexed}
+
+
+@shared_task(ignore_result=True)
+def sample_deployment_load() -> int:
+    """Read every self-hosted deployment's load and share it through Redis (beat, every few seconds)."""
+    from gateway.upstream.load import sample_deployments
+
+    return sample_deployments()

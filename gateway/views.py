@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import metrics
 from gateway.errors import GatewayError
-from gateway.upstream import breakers
+from gateway.upstream import breakers, load
 from sentinel.localstate import DATABASE_AWAY, has_loaded
 from sentinel.redis_clients import async_redis
 
@@ -33,7 +33,8 @@ async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
 @require_GET
 def metrics_export(request: HttpRequest) -> HttpResponse:
     """GET /metrics (Prometheus): see gateway.metrics."""
-    return HttpResponse(metrics.exposition(breakers.STATE_REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    exported = metrics.exposition(breakers.STATE_REGISTRY, load.LOAD_REGISTRY)
+    return HttpResponse(exported, content_type=CONTENT_TYPE_LATEST)
 
 
 @require_GET

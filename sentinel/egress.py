@@ -356,10 +356,38 @@ async def post(
     """POST through the guard, all within `timeout` seconds. A redirect is not followed (the 3xx is
     the answer); an answer over `max_bytes` raises ResponseTooLarge. Refusals raise EgressRefused
     before any connection is made; otherwise aiohttp's errors and TimeoutError."""
+    return await _send("POST", url, data=data, headers=headers, timeout=timeout, max_bytes=max_bytes, session=session)
+
+
+async def get(
+    url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float,
+    max_bytes: int = MAX_RESPONSE_BYTES,
+    session: aiohttp.ClientSession | None = None,
+) -> Reply:
+    """GET through the guard (a self-hosted deployment's metrics), with `post`'s rules."""
+    return await _send(
+        "GET", url, data=None, headers=headers or {}, timeout=timeout, max_bytes=max_bytes, session=session
+    )
+
+
+async def _send(
+    method: str,
+    url: str,
+    *,
+    data: bytes | None,
+    headers: dict[str, str],
+    timeout: float,
+    max_bytes: int,
+    session: aiohttp.ClientSession | None,
+) -> Reply:
     found = target(url)
     session = session or egress_session()
     async with asyncio.timeout(timeout):
-        async with session.post(
+        async with session.request(
+            method,
             found.url,
             data=data,
             headers={**headers, "accept-encoding": "identity"},

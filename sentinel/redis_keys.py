@@ -95,3 +95,13 @@ LEDGER_STREAM = "sentinel:ledger"  # the ledger queue (consumer group ledger-wri
 LEDGER_OLD_DEAD_LETTERS = "sentinel:ledger:dead"  # where refused records went before they moved to Postgres
 DJANGO_CACHE_PREFIX = "sentinel:django"  # Django's cache
 CHANNELS_PREFIX = "sentinel:channels"  # Channels' groups and messages
+
+
+def deployment_load(deployment_id: int) -> str:
+    """A self-hosted deployment's last sampled load and saturation (a hash, expiring with the sample)."""
+    return f"{{sentinel}}:load:{deployment_id}"
+
+
+def saturation_queue(deployment_id: int) -> str:
+    """The requests waiting for a saturated deployment (scored by when they give up)."""
+    return f"{{sentinel}}:loadq:{deployment_id}"

@@ -292,6 +292,11 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Batch slices run for many seconds: a worker takes one message at a time, so others go to idle workers.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+LOAD_SAMPLE_SECONDS = envfloat(
+    "SENTINEL_LOAD_SAMPLE_SECONDS",
+    2.0,
+    "How often beat has self-hosted deployments' load read from their metrics (docs/routing.md).",
+)
 CELERY_BEAT_SCHEDULE = {
     "prune-cache": {"task": "gateway.tasks.prune_cache", "schedule": 300.0, "options": {"expires": 240}},
     "drain-ledger": {
@@ -325,6 +330,11 @@ CELERY_BEAT_SCHEDULE = {
             "How often beat gives large semantic-cache partitions their own HNSW index (and drops shrunk ones').",
         ),
         "options": {"expires": 600},
+    },
+    "sample-deployment-load": {
+        "task": "gateway.tasks.sample_deployment_load",
+        "schedule": LOAD_SAMPLE_SECONDS,
+        "options": {"expires": LOAD_SAMPLE_SECONDS},
     },
     "publish-live-console": {
         "task": "sentinel.console.tasks.publish_live",
@@ -441,8 +451,8 @@ EGRESS_ALLOW = egress.Allowlist.parse(
     envlist(
         "SENTINEL_EGRESS_ALLOW",
         "",
-        "Comma-separated CIDRs and host names that tenant-set URLs (webhooks, guardrails) may reach although "
-        "internal (see docs/egress.md).",
+        "Comma-separated CIDRs and host names that tenant-set URLs (webhooks, guardrails) and self-hosted "
+        "deployments' metrics URLs may reach although internal (see docs/egress.md).",
     )
 )
 

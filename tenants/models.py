@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MaxValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -100,6 +101,22 @@ class Tenant(Limits):
         default=False,
         help_text="When a model refuses or apologizes instead of answering (non-streamed), ask the smart model "
         "once more.",
+    )
+
+    class OnSaturation(models.TextChoices):
+        REJECT = "reject", "Reject fast: go on to the next deployment at once"
+        QUEUE = "queue", "Queue: wait for the saturated deployment, up to the deadline"
+
+    on_saturation = models.CharField(
+        max_length=8,
+        choices=OnSaturation.choices,
+        default=OnSaturation.REJECT,
+        help_text="When a self-hosted deployment is saturated (docs/routing.md).",
+    )
+    saturation_wait_ms = models.PositiveIntegerField(
+        default=2000,
+        validators=[MaxValueValidator(60_000)],
+        help_text="Queue: the longest a request waits for a saturated deployment before going on.",
     )
     log_prompts = models.BooleanField(
         default=False,

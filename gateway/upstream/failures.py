@@ -136,3 +136,20 @@ def classify(exc: BaseException) -> UpstreamError:
     if isinstance(exc, openai.APIConnectionError):
         return connection_error(str(exc))
     return UpstreamError(502, "provider_error", client_text(str(exc)), True, False)
+
+
+def failure_kind(error: UpstreamError) -> str:
+    """The kind of failure a chain's fallback settings speak of (gateway.models.ModelAlias):
+    timeout, rate_limited, context_window, content_policy, server_error (5xx, connection and
+    malformed answers), or client (the request's own fault: never failed over)."""
+    if error.code == "upstream_timeout":
+        return "timeout"
+    if error.code == "provider_rate_limited":
+        return "rate_limited"
+    if error.code == "context_length_exceeded":
+        return "context_window"
+    if error.code == "content_policy_violation":
+        return "content_policy"
+    if error.client_fault or not error.retryable:
+        return "client"
+    return "server_error"

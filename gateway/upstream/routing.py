@@ -10,10 +10,13 @@ from itertools import groupby
 from gateway.errors import GatewayError, database_required
 from gateway.models import ChainEntry, ModelAlias, Provider
 from gateway.upstream import transport
+from gateway.upstream.balancing import balancer
 from gateway.upstream.breakers import Policy
 from sentinel.localstate import TTLCache, from_database_sync
 
 _routes = TTLCache(ttl=30.0, maxsize=10_000)
+# What a chain fails over on unless its alias says otherwise (gateway.upstream.failures.failure_kind).
+DEFAULT_FALLBACK_ON = frozenset({"timeout", "server_error", "rate_limited"})
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
 
 
@@ -42,6 +45,10 @@ class Target:
     provider_id: int = 0
     spend_cap: Decimal | None = None  # its provider's daily spend cap (USD)
     max_concurrent: int | None = None  # calls in flight at once, across all processes
+    self_hosted: bool = False  # its load is sampled and it may be saturated (gateway.upstream.load)
+    saturation_queue_limit: int = 0  # requests that may wait for it at once while it is saturated
+    fallback_on: frozenset[str] = DEFAULT_FALLBACK_ON  # failure kinds of its chain that fail over
+    context_window: int | None = None  # prompt tokens it takes, from litellm's model map
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,29 @@ def _load_route(alias: str) -> ModelRoute | None:
     )
 
 
+def _context_window(litellm_model: str) -> int | None:
+    import litellm
+
+    from billing.prices import price_key
+
+    for name in price_key(litellm_model):
+        info = litellm.model_cost.get(name)
+        if info and (info.get("max_input_tokens") or info.get("max_tokens")):
+            return int(info.get("max_input_tokens") or info["max_tokens"])
+    return None
+
+
+def fallback_kinds(model: ModelAlias) -> frozenset[str]:
+    flags = {
+        "timeout": model.fallback_on_timeout,
+        "server_error": model.fallback_on_server_error,
+        "rate_limited": model.fallback_on_rate_limit,
+        "context_window": model.fallback_on_context_window,
+        "content_policy": model.fallback_on_content_policy,
+    }
+    return frozenset(kind for kind, on in flags.items() if on)
+
+
 def _load_chain(model: ModelAlias) -> tuple[Target, ...]:
     entries = (
         ChainEntry.objects.filter(alias=model, deployment__enabled=True)
@@ -116,6 +146,7 @@ def _load_chain(model: ModelAlias) -> tuple[Target, ...]:
         .order_by("position", "id")
     )
     targets = []
+    fallback_on = fallback_kinds(model)
     for entry in entries:
         deployment = entry.deployment
         provider = deployment.provider
@@ -146,6 +177,10 @@ def _load_chain(model: ModelAlias) -> tuple[Target, ...]:
                 provider_id=provider.pk,
                 spend_cap=provider.daily_spend_cap_usd,
                 max_concurrent=deployment.max_concurrent,
+                self_hosted=deployment.self_hosted,
+                saturation_queue_limit=deployment.saturation_queue_limit,
+                fallback_on=fallback_on,
+                context_window=_context_window(deployment.litellm_model),
             )
         )
     return tuple(targets)
@@ -187,14 +222,11 @@ async def kill_switch_fallback(tenant_id: int | None) -> str | None:
 
 
 def order_for_request(chain: tuple[Target, ...], rng: random.Random = random) -> list[Target]:
-    """Chain order, with deployments that share a position shuffled by weight for this request."""
+    """Chain order; deployments that share a position are ordered for this request by the balancer
+    (power of two choices on latency and calls in flight, weights as priors)."""
     ordered: list[Target] = []
     for _, group in groupby(chain, key=lambda t: t.position):
-        peers = list(group)
-        while peers:
-            pick = rng.choices(peers, weights=[max(t.weight, 0) or 1e-9 for t in peers])[0]
-            ordered.append(pick)
-            peers.remove(pick)
+        ordered.extend(balancer.order(list(group), rng))
     return ordered
 
 

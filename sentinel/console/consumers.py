@@ -59,3 +59,7 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
 
     async def circuit_transition(self, message: dict) -> None:
         await self.send_json(message)
+
+    async def circuit_load(self, message: dict) -> None:
+        """Self-hosted deployments' sampled load (gateway.upstream.load), for operators only."""
+        await self.send_json(message)

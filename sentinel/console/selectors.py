@@ -18,6 +18,7 @@ from billing.money import ZERO
 from billing.selectors import spend_report
 from gateway.models import BreakerTransition, ChainEntry, Deployment, breaker_state_label
 from gateway.upstream.breakers import breaker_snapshot
+from gateway.upstream.load import describe_load
 from tenants.models import Budget, Tenant
 
 # Window name → (length, chart bucket).
@@ -267,6 +268,7 @@ class Circuit:
     label: str
     open_for_seconds: float | None
     last_change: datetime | None
+    load: str = "-"  # a self-hosted deployment's last sampled load and saturation
 
 
 def circuits(*, search: str = "") -> list[Circuit]:
@@ -299,6 +301,7 @@ def circuits(*, search: str = "") -> list[Circuit]:
                 label=breaker_state_label(snapshot["state"]),
                 open_for_seconds=snapshot["open_for_seconds"],
                 last_change=last_changes.get(deployment.pk),
+                load=describe_load(deployment),
             )
         )
     return rows

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from billing.money import format_usd
 from gateway.models import BreakerPolicy, Deployment
+from gateway.upstream.load import sample_deployments
 from sentinel.console.live import live_publish
 from tenants.models import Budget, VirtualKey
 from tests.billing.conftest import drain_all, hand_off_all, record
@@ -181,6 +182,9 @@ def test_the_live_circuit_view_follows_a_failing_provider_without_a_reload(
         name=unique("policy"), window_seconds=30, minimum_calls=4, open_seconds=60, half_open_probes=1
     )
     Deployment.objects.filter(name__in=[primary, secondary]).update(breaker_policy=policy)
+    Deployment.objects.filter(name=primary).update(
+        self_hosted=True, load_metrics_url=f"{mock_provider.url}/p/{primary}/metrics", saturated_waiting=4
+    )
     secret = make_key(tenancy.tenant)
     with browser() as page:
         sign_in(page, gateway, tenancy.superuser, tenancy.password)
@@ -188,6 +192,8 @@ def test_the_live_circuit_view_follows_a_failing_provider_without_a_reload(
         page.wait_for_selector("#live-status[data-state='live']")
         state = page.locator(f"tr[data-deployment='{primary}'] td.state")
         assert state.inner_text() == "closed"
+        assert page.locator(f"tr[data-deployment='{primary}'] td.load").inner_text() == "not sampled"
+        assert page.locator(f"tr[data-deployment='{secondary}'] td.load").inner_text() == "-"
         assert page.locator("#circuits-table tbody tr").count() == 2
         page.evaluate("window.notReloaded = true")
 
@@ -203,5 +209,15 @@ def test_the_live_circuit_view_follows_a_failing_provider_without_a_reload(
         assert page.evaluate("window.notReloaded") is True
         assert f"{primary}" in page.inner_text("#transitions-table tbody tr:first-child")
         assert "closed → open" in page.inner_text("#transitions-table tbody tr:first-child")
+
+        # The self-hosted deployment's load arrives with each sample, also without a reload.
+        mock_provider.control(primary, load_waiting=6, load_kv_cache=0.5)
+        assert off_the_browser_loop(sample_deployments) == 1
+        page.wait_for_function(
+            f"document.querySelector(\"tr[data-deployment='{primary}'] td.load\").textContent"
+            " === 'saturated: 0 running, 6 waiting, KV cache 50%'",
+            timeout=5000,
+        )
+        assert page.evaluate("window.notReloaded") is True
         screenshot(page, "console-circuits")
     mock_provider.control(primary, error_rate=0.0)

@@ -8,6 +8,14 @@
   const LABELS = { half_open: "half-open", forced_open: "forced open", forced_closed: "forced closed" };
   const label = (state) => LABELS[state] || state;
   window.SentinelLive.connect(function (event) {
+    if (event.type === "circuit.load") {
+      // Self-hosted deployments' load, as the sampler read it.
+      for (const sample of event.samples) {
+        const cell = document.querySelector('tr[data-deployment="' + CSS.escape(sample.deployment) + '"] td.load');
+        if (cell) cell.textContent = sample.load;
+      }
+      return;
+    }
     if (event.type !== "circuit.transition") return;
     const row = document.querySelector('tr[data-deployment="' + CSS.escape(event.deployment) + '"]');
     if (!row && filtered) return; // a deployment this view does not show

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('gateway', '0008_alter_breakerpolicy_options_alter_chainentry_options'),
+        ('gateway', '0009_self_hosted_load_and_fallback_kinds'),
         ('tenants', '0011_finance_reads_the_request_log'),
     ]
 
