@@ -370,8 +370,7 @@ async def verify_in_shadow(served: Call, hit: cache.Hit, route: ModelRoute) -> N
     its own order), is admitted like any request (limits, slots) with every budget as a hard one (a
     soft budget lets clients past its limit; verification never goes there): refused, it is counted
     as skipped and nothing is sent. It is billed, with the hit's request id and the tier `shadow`."""
-    # One call (a refusal is not escalated), and every budget hard.
-    key = replace(served.key, escalate_refusals=False, budgets=tuple((*b[:5], True) for b in served.key.budgets))
+    key = shadow_key(served.key)
     body = {name: value for name, value in served.body.items() if name not in ("stream", "stream_options")}
     request = served.request.model_copy(update={"stream": False, "stream_options": None})
     call = Call(request_id=served.request_id, key=key, request=request, body=body, model=served.model)
@@ -381,7 +380,14 @@ async def verify_in_shadow(served: Call, hit: cache.Hit, route: ModelRoute) -> N
     try:
         chain = order_for_request(route.targets)
         try:
-            call.ticket = await admit(call, route, chain)
+            for _ in range(3):
+                try:
+                    call.ticket = await admit(call, route, chain)
+                    break
+                except admission.StaleConfiguration:  # the key's settings changed: read them again
+                    call.key = shadow_key(await authenticate_digest(key.digest))
+            else:
+                raise GatewayError(503, "configuration_changing", "Configuration is changing.")
         except GatewayError as refused:
             await sync_to_async(shadow.check_record)(**check, outcome=shadow.Outcome.SKIPPED, reason=refused.code)
             return
@@ -401,6 +407,11 @@ async def verify_in_shadow(served: Call, hit: cache.Hit, route: ModelRoute) -> N
         )
     except Exception:
         log.exception("shadow verification of %s failed", served.request_id)
+
+
+def shadow_key(key: KeyInfo) -> KeyInfo:
+    """The key as a shadow call uses it: one call (a refusal is not escalated), every budget hard."""
+    return replace(key, escalate_refusals=False, budgets=tuple((*budget[:5], True) for budget in key.budgets))
 
 
 def remember(call: Call, answer: dict | None, cost: Decimal) -> None:

@@ -150,12 +150,12 @@ def tenant_tighten_semantic(*, tenant: Tenant, reason: str, figures: dict) -> bo
         )
         if switched != 1:  # another process got there first, or an admin switched it off
             return False
+        announce_change()  # first thing after the commit, before the webhooks are queued
         webhook_publish(
             event="cache.semantic_tightened",
             tenant_id=tenant.pk,
             payload={"tenant": tenant.slug, "action": "exact_only", "reason": reason, "at": now.isoformat(), **figures},
         )
-    announce_change()
     return True
 
 
