@@ -166,7 +166,8 @@ class TenantAdmin(ModelNamesAdmin, TenantScopedAdmin):
         return {"slug": ["name"]} if request.user.is_superuser else {}
 
     def get_readonly_fields(self, request, obj=None):
-        tightened = ["semantic_tightened_at", "semantic_tightened_reason"]  # the gateway's own record
+        # The false-hit measurement's start and the tier's own switch-off: the gateway's record.
+        tightened = ["shadow_since", "semantic_tightened_at", "semantic_tightened_reason"]
         if request.user.is_superuser:
             return ["created_at", *tightened]
         # Suspension, plan (tier) and identity are the operators' to set.
