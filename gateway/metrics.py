@@ -194,48 +194,6 @@ class LedgerState(Collector):
         return [*families, dead]
 
 
-class FalseHitState(Collector):
-    """Each tenant's measured false-hit rate (gateway/cache/shadow.py): the estimate and its 95%
-    Wilson bounds over the current measurement, and the shadow checks ever made by outcome. Read from
-    Postgres at scrape, where every process records them."""
-
-    NAMES = ("sentinel_cache_false_hit_rate", "sentinel_cache_shadow_checks_total")
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        from django.db import DatabaseError
-
-        from gateway.cache import shadow
-
-        try:
-            current, checks = shadow.false_hits_by_tenant(), shadow.checks_by_tenant()
-        except DatabaseError:
-            return []
-        rate = GaugeMetricFamily(
-            "sentinel_cache_false_hit_rate",
-            "Share of a tenant's semantic hits whose cached answer differed from the provider's fresh one "
-            "(shadow verification), since its measurement started: the estimate and the 95% Wilson bounds "
-            "(bound: estimate, lower, upper); target: the tenant's allowed rate.",
-            labels=("tenant", "bound"),
-        )
-        for slug, found in sorted(current.items()):
-            for bound in ("estimate", "lower", "upper", "target"):
-                value = getattr(found, bound)
-                if value is not None:
-                    rate.add_metric([slug, bound], value)
-        counted = CounterMetricFamily(
-            "sentinel_cache_shadow_checks",
-            "Semantic hits verified in the shadow, by tenant and outcome: agree, differ (a false hit), "
-            "skipped (budget or limits) or failed (the provider).",
-            labels=("tenant", "outcome"),
-        )
-        for slug, outcome, count in checks:
-            counted.add_metric([slug, outcome], count)
-        return [rate, counted]
-
-
 # Exported metric names (as a scrape shows them), for alert rules and tests to check against.
 EXPORTED = (REQUEST_SECONDS, TTFT_SECONDS, OVERHEAD_SECONDS, REQUESTS, UPSTREAM_ATTEMPTS, TOKENS, COST, SAVED)
 EXPORTED += (
@@ -251,27 +209,28 @@ EXPORTED += (
 )
 
 
-READ_AT_SCRAPE = CollectorRegistry(auto_describe=False)
-READ_AT_SCRAPE.register(LedgerState())
-READ_AT_SCRAPE.register(FalseHitState())
+LEDGER_REGISTRY = CollectorRegistry(auto_describe=False)
+LEDGER_REGISTRY.register(LedgerState())
 
 
 def exposition(*read_at_scrape: CollectorRegistry) -> bytes:
     """What /metrics serves: every worker's samples (django-prometheus's and the gateway's; one
     process's own when not in multiprocess mode), the registries given (the breaker states:
-    gateway.upstream.breakers.STATE_REGISTRY, read from Redis by their owner), the ledger's state and
-    the tenants' measured false-hit rates."""
+    gateway.upstream.breakers.STATE_REGISTRY, read from Redis by their owner; the tenants' false hits,
+    gateway.cache.shadow.STATE_REGISTRY) and the ledger's state."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         MultiProcessCollector(registry)
     else:
         registry = REGISTRY
     scraped = b"".join(generate_latest(extra) for extra in read_at_scrape)
-    return generate_latest(registry) + scraped + generate_latest(READ_AT_SCRAPE)
+    return generate_latest(registry) + scraped + generate_latest(LEDGER_REGISTRY)
 
 
 def exported_names() -> set[str]:
-    names = {"sentinel_breaker_state", *LedgerState.NAMES, *FalseHitState.NAMES}
+    # Read at scrape by their owners: the breakers' states, the tenants' measured false hits.
+    names = {"sentinel_breaker_state", *LedgerState.NAMES, "sentinel_cache_false_hit_rate"}
+    names |= {"sentinel_cache_shadow_checks_total"}
     for metric in EXPORTED:
         name = metric._name
         if metric._type == "histogram":

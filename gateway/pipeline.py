@@ -401,7 +401,7 @@ async def verify_in_shadow(served: Call, hit: cache.Hit, route: ModelRoute) -> N
         cost, price_id = await charge(call, usage)
         await settle_and_hand_off(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
         fresh = (answer_from_response(response) or {}).get("content")
-        compared = await shadow.compare(hit.answer.get("content") or "", fresh)
+        compared = await shadow.compare(hit.answer.get("content") or "", fresh, embed_many=cache.embed_many)
         await sync_to_async(shadow.check_record)(
             **check, outcome=compared.outcome, answer_similarity=compared.similarity, reason=compared.reason
         )

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from django.db.models import Count, F
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from gateway.cache import acceptance
 from gateway.models import ShadowCheck
@@ -47,12 +50,11 @@ class Comparison:
     reason: str
 
 
-async def compare(cached: str, fresh: str | None) -> Comparison:
-    """The cached answer against the provider's fresh one to the prompt that was served it."""
+async def compare(cached: str, fresh: str | None, *, embed_many) -> Comparison:
+    """The cached answer against the provider's fresh one to the prompt that was served it, embedded
+    with `embed_many` (the cache's: gateway.cache.engine.embed_many)."""
     if not fresh or not fresh.strip():
         return Comparison(Outcome.DIFFER, None, "the provider answered without text")
-    from gateway.cache.engine import embed_many  # the cache's batcher and embedder
-
     vectors = await embed_many([cached, fresh])
     similarity = float(np.dot(vectors[0], vectors[1]))
     contradiction = contradicts(cached, fresh)
@@ -204,6 +206,53 @@ def false_hits_by_tenant() -> dict[str, FalseHits]:
 def checks_by_tenant() -> list[tuple[str, str, int]]:
     """(tenant slug, outcome, checks ever made): the counters /metrics exports."""
     return list(ShadowCheck.objects.values_list("tenant__slug", "outcome").annotate(n=Count("id")))
+
+
+# --- /metrics ----------------------------------------------------------------------------------
+
+
+class FalseHitState(Collector):
+    """Each tenant's measured false-hit rate (gateway/cache/shadow.py): the estimate and its 95%
+    Wilson bounds over the current measurement, and the shadow checks ever made by outcome. Read from
+    Postgres at scrape, where every process records them."""
+
+    NAMES = ("sentinel_cache_false_hit_rate", "sentinel_cache_shadow_checks_total")
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from django.db import DatabaseError
+
+        try:
+            current, checks = false_hits_by_tenant(), checks_by_tenant()
+        except DatabaseError:
+            return []
+        rate = GaugeMetricFamily(
+            "sentinel_cache_false_hit_rate",
+            "Share of a tenant's semantic hits whose cached answer differed from the provider's fresh one "
+            "(shadow verification), since its measurement started: the estimate and the 95% Wilson bounds "
+            "(bound: estimate, lower, upper); target: the tenant's allowed rate.",
+            labels=("tenant", "bound"),
+        )
+        for slug, found in sorted(current.items()):
+            for bound in ("estimate", "lower", "upper", "target"):
+                value = getattr(found, bound)
+                if value is not None:
+                    rate.add_metric([slug, bound], value)
+        counted = CounterMetricFamily(
+            "sentinel_cache_shadow_checks",
+            "Semantic hits verified in the shadow, by tenant and outcome: agree, differ (a false hit), "
+            "skipped (budget or limits) or failed (the provider).",
+            labels=("tenant", "outcome"),
+        )
+        for slug, outcome, count in checks:
+            counted.add_metric([slug, outcome], count)
+        return [rate, counted]
+
+
+STATE_REGISTRY = CollectorRegistry(auto_describe=False)
+STATE_REGISTRY.register(FalseHitState())
 
 
 # --- recording and judging ---------------------------------------------------------------------
