@@ -216,26 +216,48 @@ def test_a_false_hit_measured_in_the_shadow_tightens_the_tier(
         receiver.close()
 
 
-def test_a_shadow_call_that_would_overspend_is_skipped(gateway, mock_provider, make_tenant, make_key, make_model):
-    """A soft budget lets the client past its limit; the shadow call never goes there."""
+@pytest.mark.parametrize("case", ["soft budget spent", "provider refuses"])
+def test_a_shadow_call_that_would_overspend_is_skipped_and_one_that_fails_is_counted(
+    case, gateway, mock_provider, make_tenant, make_key, make_model
+):
+    """A soft budget lets the client past its limit; the shadow call never goes there, and nothing is
+    sent. A provider that refuses the shadow call: billed at zero, counted as failed. Neither is a
+    comparison: the tier stays on."""
     tenant = make_tenant(shadow_share=100)
-    Budget.objects.create(tenant=tenant, period="daily", limit_usd=Decimal("0.000001"), hard=False)
+    if case == "soft budget spent":
+        Budget.objects.create(tenant=tenant, period="daily", limit_usd=Decimal("0.000001"), hard=False)
     model, (provider,) = make_model()
     client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0, timeout=30)
-    assert ask(client, model, CAPITAL)[1] == "miss"  # spends past the soft limit
+    assert ask(client, model, CAPITAL)[1] == "miss"  # spends past the soft limit, if there is one
     stored(tenant, 1)
-    _, tier, request_id = ask(client, model, CAPITAL_AGAIN)
-    assert tier == "hit-semantic"
+    if case == "provider refuses":
+        mock_provider.control(provider, error_rate=1.0, error_status=400)
+    answer, tier, request_id = ask(client, model, CAPITAL_AGAIN)
+    assert (tier, answer.split()[0]) == ("hit-semantic", mock_answer_head(CAPITAL))
     (check,) = checks(tenant, 1)
-    assert (check.request_id, check.outcome, check.reason, check.answer_similarity) == (
-        request_id,
-        "skipped",
-        "budget_exceeded",
-        None,
-    )
-    assert mock_provider.stats(provider)["calls"] == 1  # nothing sent
     drain()
-    assert not LedgerEntry.objects.filter(request_id=request_id, cache_tier="shadow").exists()
-    assert shadow.false_hits(tenant).skipped == 1
+    shadow_rows = LedgerEntry.objects.filter(request_id=request_id, cache_tier="shadow")
+    if case == "soft budget spent":
+        assert (check.outcome, check.reason) == ("skipped", "budget_exceeded")
+        assert mock_provider.stats(provider)["calls"] == 1  # nothing sent
+        assert not shadow_rows.exists()
+    else:
+        assert (check.outcome, check.reason) == ("failed", "invalid_request")
+        assert mock_provider.stats(provider)["calls"] == 2
+        row = wait_for(lambda: drain() or shadow_rows.first(), what="the failed shadow call's ledger row")
+        assert (row.status_code, row.error_code, row.cost_usd) == (400, "invalid_request", Decimal(0))
+    assert (check.request_id, check.answer_similarity) == (request_id, None)
+    found = shadow.false_hits(tenant)
+    assert (found.compared, found.skipped, found.failed) == (
+        0,
+        int(case == "soft budget spent"),
+        int(case != "soft budget spent"),
+    )
     tenant.refresh_from_db()
     assert tenant.semantic_cache_enabled is True
+
+
+def mock_answer_head(prompt: str) -> str:
+    from gateway.mock_provider import answer_text
+
+    return answer_text(prompt).split()[0]
