@@ -375,8 +375,12 @@ async def verify_in_shadow(served: Call, hit: cache.Hit, route: ModelRoute) -> N
     request = served.request.model_copy(update={"stream": False, "stream_options": None})
     call = Call(request_id=served.request_id, key=key, request=request, body=body, model=served.model)
     call.cache_tier = "shadow"
-    check = {"tenant_id": key.tenant_id, "request_id": served.request_id, "entry_id": hit.entry_id}
-    check["prompt_similarity"] = hit.similarity or 0.0
+    check = {
+        "tenant_id": key.tenant_id,
+        "request_id": served.request_id,
+        "entry_id": hit.entry_id,
+        "prompt_similarity": hit.similarity or 0.0,
+    }
     try:
         chain = order_for_request(route.targets)
         try:
@@ -400,6 +404,9 @@ async def verify_in_shadow(served: Call, hit: cache.Hit, route: ModelRoute) -> N
         usage = response.get("usage") or {}
         cost, price_id = await charge(call, usage)
         await settle_and_hand_off(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
+        if is_refusal(response):  # no answer to compare with: the provider's mood, not the cache's error
+            await sync_to_async(shadow.check_record)(**check, outcome=shadow.Outcome.FAILED, reason="refusal")
+            return
         fresh = (answer_from_response(response) or {}).get("content")
         compared = await shadow.compare(hit.answer.get("content") or "", fresh, embed_many=cache.embed_many)
         await sync_to_async(shadow.check_record)(
