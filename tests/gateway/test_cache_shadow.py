@@ -5,9 +5,12 @@ mock provider whose answers differ for prompts that only look alike."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.urls import reverse
+from django.utils import timezone
 from openai import OpenAI
 
 from billing.ledger import drain
@@ -21,6 +24,7 @@ from tenants.webhooks import sign
 from tests.conftest import wait_for
 from tests.console.conftest import as_user
 from tests.servers import Listener, scrape_metrics
+from tests.tenants.test_admin import filled
 
 # --- the estimate (no servers) -------------------------------------------------------------------
 
@@ -261,3 +265,26 @@ def mock_answer_head(prompt: str) -> str:
     from gateway.mock_provider import answer_text
 
     return answer_text(prompt).split()[0]
+
+
+@pytest.mark.parametrize(("change", "starts_anew"), [({"semantic_cache_enabled": "on"}, True), ({}, False)])
+def test_turning_the_tier_back_on_starts_a_new_measurement(tenancy, change, starts_anew):
+    """An admin who turns the tier on again (or changes its threshold or target) starts a new
+    measurement; saving other settings keeps the one under way."""
+    tenant = tenancy.tenant
+    since = timezone.now() - timedelta(days=1)
+    Tenant.objects.filter(pk=tenant.pk).update(
+        semantic_cache_enabled=False, shadow_since=since, semantic_tightened_reason="measured false-hit rate ..."
+    )
+    owner = as_user(tenancy.owner)
+    url = reverse("admin:tenants_tenant_change", args=[tenant.pk])
+    data = filled(
+        owner.get(url).context["adminform"].form, {"memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"}
+    )
+    data.pop("semantic_cache_enabled", None)
+    data.update(change, name="renamed")
+    assert owner.post(url, data).status_code == 302
+    tenant.refresh_from_db()
+    assert tenant.name == "renamed"
+    assert tenant.semantic_cache_enabled is starts_anew
+    assert (tenant.shadow_since > since, tenant.semantic_tightened_reason == "") == (starts_anew, starts_anew)
