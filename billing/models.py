@@ -35,6 +35,9 @@ class LedgerEntry(models.Model):
         EXACT = "hit-exact"
         SEMANTIC = "hit-semantic"
         BYPASS = "bypass"
+        # A semantic hit asked of the provider too, to measure false hits (gateway/cache/shadow.py):
+        # billed, never served; it carries the hit's request id.
+        SHADOW = "shadow"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     request_id = models.CharField(max_length=128, db_index=True)

@@ -59,6 +59,7 @@ class KeyInfo:
     cache_enabled: bool = True
     semantic_cache_enabled: bool = True
     semantic_threshold: float | None = None
+    shadow_share: float = 0.0  # fraction of semantic hits also asked of the provider (gateway/cache/shadow.py)
     cache_ttl_seconds: int = 86_400
     cache_max_entries: int = 50_000
     auto_fast_model: str = "fast"  # where model "auto" sends simple prompts
@@ -131,6 +132,7 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         cache_enabled=key.tenant.cache_enabled,
         semantic_cache_enabled=key.tenant.semantic_cache_enabled,
         semantic_threshold=key.tenant.semantic_threshold,
+        shadow_share=float(key.tenant.shadow_share) / 100,
         cache_ttl_seconds=key.tenant.cache_ttl_seconds,
         cache_max_entries=key.tenant.cache_max_entries,
         auto_fast_model=key.tenant.auto_fast_model,

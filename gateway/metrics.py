@@ -237,7 +237,8 @@ LEDGER_REGISTRY.register(LedgerState())
 def exposition(*read_at_scrape: CollectorRegistry) -> bytes:
     """What /metrics serves: every worker's samples (django-prometheus's and the gateway's; one
     process's own when not in multiprocess mode), the registries given (the breaker states:
-    gateway.upstream.breakers.STATE_REGISTRY, read from Redis by their owner) and the ledger's state."""
+    gateway.upstream.breakers.STATE_REGISTRY, read from Redis by their owner; the tenants' false hits,
+    gateway.cache.shadow.STATE_REGISTRY) and the ledger's state."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         MultiProcessCollector(registry)
@@ -248,7 +249,9 @@ def exposition(*read_at_scrape: CollectorRegistry) -> bytes:
 
 
 def exported_names() -> set[str]:
+    # Read at scrape by their owners: the breakers' states, deployments' load, the tenants' measured false hits.
     names = {"sentinel_breaker_state", "sentinel_deployment_load", "sentinel_deployment_saturated", *LedgerState.NAMES}
+    names |= {"sentinel_cache_false_hit_rate", "sentinel_cache_shadow_checks_total"}
     for metric in EXPORTED:
         name = metric._name
         if metric._type == "histogram":

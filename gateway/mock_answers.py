@@ -114,12 +114,20 @@ class Faults:
     load_running: int = 0  # vllm:num_requests_running
     load_waiting: int = 0  # vllm:num_requests_waiting
     load_kv_cache: float = 0.0  # vllm:kv_cache_usage_perc, a fraction (1 is 100 percent)
+    # Prompt text (the last user message, exactly) → the answer given to it instead of the digest's:
+    # two prompts that look alike can get different answers, or two phrasings one answer (the shadow
+    # verification of semantic hits is tested with it).
+    answers: dict[str, str] = field(default_factory=dict)
 
     def update(self, values: dict) -> None:
         known = {f.name: f.type for f in fields(self)}
         for name, value in values.items():
             if name not in known:
                 raise ValueError(f"unknown fault setting: {name}")
+            if name == "answers" and not (
+                isinstance(value, dict) and all(isinstance(v, str) for v in (*value, *value.values()))
+            ):
+                raise ValueError("answers must map prompt text to answer text")
             setattr(self, name, value)
 
 
@@ -179,9 +187,14 @@ def prompt_of(messages: list) -> str:
     return ""
 
 
-def answer_tokens(prompt: str, n_tokens: int, *, refuses: bool = True) -> list[str]:
-    """The answer to `prompt` as a list of tokens; the first names the prompt's digest."""
+def answer_tokens(
+    prompt: str, n_tokens: int, *, refuses: bool = True, answers: dict[str, str] | None = None
+) -> list[str]:
+    """The answer to `prompt` as a list of tokens: the one `answers` sets for it, a word per token,
+    else derived from the prompt's digest (its first token names the digest)."""
     digest = hashlib.sha256(prompt.encode()).digest()
+    if answers and prompt in answers:
+        return re.findall(r"\s*\S+", answers[prompt])[:n_tokens]
     if refuses and REFUSAL_TRIGGER in prompt:
         words = REFUSAL_TEXT.split()
         return [words[0]] + [" " + w for w in words[1:]]

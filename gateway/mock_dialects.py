@@ -195,7 +195,8 @@ def _answer(state: ProviderState, openai_body: dict, max_tokens) -> tuple[list[s
         n_tokens, cut = max_tokens, True
     prompt = prompt_of(openai_body["messages"])
     tool = TOOL_TRIGGER in prompt and bool(openai_body.get("tools"))
-    return answer_tokens(prompt, n_tokens, refuses=state.faults.refuses), cut, tool, prompt_usage(openai_body)
+    tokens = answer_tokens(prompt, n_tokens, refuses=state.faults.refuses, answers=state.faults.answers)
+    return tokens, cut, tool, prompt_usage(openai_body)
 
 
 async def _pace(state: ProviderState, index: int) -> None:

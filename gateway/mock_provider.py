@@ -155,7 +155,7 @@ class MockProvider:
             max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
             if isinstance(max_tokens, int) and 0 < max_tokens < n_tokens:
                 n_tokens, finish_reason = max_tokens, "length"
-            tokens = answer_tokens(prompt_of(messages), n_tokens, refuses=faults.refuses)
+            tokens = answer_tokens(prompt_of(messages), n_tokens, refuses=faults.refuses, answers=faults.answers)
             prompt_tokens = prompt_usage(body)
             usage = {
                 "prompt_tokens": prompt_tokens,

@@ -371,5 +371,32 @@ class CacheEntry(models.Model):
         return f"{self.model}: {self.prompt[:60]}"
 
 
+class ShadowCheck(models.Model):
+    """A semantic hit asked of the provider too (gateway/cache/shadow.py): the cached answer and the
+    fresh one compared, or why no fresh one was asked for. Written once, never edited; counted from
+    the tenant's `shadow_since` on."""
+
+    class Outcome(models.TextChoices):
+        AGREE = "agree", "Answers agree"
+        DIFFER = "differ", "Answers differ (a false hit)"
+        SKIPPED = "skipped", "Skipped (budget or limits)"
+        FAILED = "failed", "Provider failed"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    request_id = models.CharField(max_length=128, help_text="The hit's request id (its shadow ledger row's too).")
+    entry_id = models.BigIntegerField(help_text="The cache entry served (it may be evicted since).")
+    prompt_similarity = models.FloatField(help_text="Cosine of the asked and the cached prompt.")
+    outcome = models.CharField(max_length=8, choices=Outcome.choices)
+    answer_similarity = models.FloatField(null=True, blank=True, help_text="Cosine of the two answers.")
+    reason = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "created_at"], name="shadow_tenant_time")]
+
+    def __str__(self) -> str:
+        return f"{self.request_id}: {self.outcome}"
+
+
 from gateway.batches.models import Batch, BatchFile, BatchItem  # noqa: E402,F401  (models of the gateway app)
 from gateway.responses.models import StoredResponse  # noqa: E402,F401  (a model of the gateway app)

@@ -21,11 +21,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Protocol
 
 import orjson
+from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from billing.ledger import LedgerRecord, hand_off
@@ -34,6 +35,7 @@ from billing.prices import aprice_at
 from gateway import metrics, requestlog, sse
 from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_blocked
 from gateway.cache import engine as cache
+from gateway.cache import shadow
 from gateway.cache.keys import CacheKey, cache_key
 from gateway.cache.replay import REFUSAL, answer_from_response, completion_body, storable, stream_chunks
 from gateway.errors import GatewayError, database_required
@@ -177,7 +179,7 @@ async def chat_completions(headers, raw_body: bytes, *, queued: Queued | None = 
         await screening.screen_input(call)  # may block, or redact call.body before the cache sees it
         hit = await consult_cache(call, route)
         if hit is not None:
-            return await serve_from_cache(call, hit)
+            return await serve_from_cache(call, hit, route)
         if queued is not None and queued.start is not None and not await queued.start():
             raise BATCH_CANCELLED
         if call.request.stream:
@@ -344,9 +346,13 @@ async def consult_cache(call: Call, route: ModelRoute) -> cache.Hit | None:
     return found.hit
 
 
-async def serve_from_cache(call: Call, hit: cache.Hit) -> Reply:
-    """A hit: the stored answer at zero upstream cost (replayed as a stream if one was asked for)."""
+async def serve_from_cache(call: Call, hit: cache.Hit, route: ModelRoute) -> Reply:
+    """A hit: the stored answer at zero upstream cost (replayed as a stream if one was asked for).
+    A sampled share of semantic hits is asked of the provider too, once the client's request is
+    done (verify_in_shadow)."""
     headers = await record_hit(call, hit)
+    if hit.tier == "hit-semantic" and call.queued is None and shadow.sampled(call.key.shadow_share):
+        spawn(verify_in_shadow(call, hit, route))
     if call.request.stream:
         headers["content-type"] = "text/event-stream"
         headers["cache-control"] = "no-cache"
@@ -368,6 +374,67 @@ async def record_hit(call: Call, hit: cache.Hit) -> dict[str, str]:
     call.answer_text = hit.answer.get("content")
     await finish(call, ledger_record(call, 200, usage=usage, saved=hit.cost_usd))
     return headers
+
+
+async def verify_in_shadow(served: Call, hit: cache.Hit, route: ModelRoute) -> None:
+    """Ask the provider what the semantic hit `served` was answered from the cache, and compare
+    (gateway/cache/shadow.py). It runs in this process after the client's request has finished: the
+    prompt, the cached answer and the embedder are here, nothing waits on it, and a shadow call is as
+    durable as the request it checks (its ledger record is handed off before the comparison).
+
+    The call takes the hit's route (the alias the key was allowed, resolved by Sentinel; the chain in
+    its own order), is admitted like any request (limits, slots) with every budget as a hard one (a
+    soft budget lets clients past its limit; verification never goes there): refused, it is counted
+    as skipped and nothing is sent. It is billed, with the hit's request id and the tier `shadow`."""
+    key = shadow_key(served.key)
+    body = {name: value for name, value in served.body.items() if name not in ("stream", "stream_options")}
+    request = served.request.model_copy(update={"stream": False, "stream_options": None})
+    call = Call(request_id=served.request_id, key=key, request=request, body=body, model=served.model)
+    call.cache_tier = "shadow"
+    check = {
+        "tenant_id": key.tenant_id,
+        "request_id": served.request_id,
+        "entry_id": hit.entry_id,
+        "prompt_similarity": hit.similarity or 0.0,
+    }
+    try:
+        chain = order_for_request(route.targets)
+        try:
+            for _ in range(3):
+                try:
+                    call.ticket = await admit(call, route, chain)
+                    break
+                except admission.StaleConfiguration:  # the key's settings changed: read them again
+                    call.key = shadow_key(await authenticate_digest(key.digest))
+            else:
+                raise GatewayError(503, "configuration_changing", "Configuration is changing.")
+        except GatewayError as refused:
+            await sync_to_async(shadow.check_record)(**check, outcome=shadow.Outcome.SKIPPED, reason=refused.code)
+            return
+        try:
+            response = await call_chain(call, chain, stream=False)
+        except GatewayError as error:
+            await settle_and_hand_off(call, ledger_record(call, error.status, error_code=error.code))
+            await sync_to_async(shadow.check_record)(**check, outcome=shadow.Outcome.FAILED, reason=error.code)
+            return
+        usage = response.get("usage") or {}
+        cost, price_id = await charge(call, usage)
+        await settle_and_hand_off(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
+        if is_refusal(response):  # no answer to compare with: the provider's mood, not the cache's error
+            await sync_to_async(shadow.check_record)(**check, outcome=shadow.Outcome.FAILED, reason="refusal")
+            return
+        fresh = (answer_from_response(response) or {}).get("content")
+        compared = await shadow.compare(hit.answer.get("content") or "", fresh, embed_many=cache.embed_many)
+        await sync_to_async(shadow.check_record)(
+            **check, outcome=compared.outcome, answer_similarity=compared.similarity, reason=compared.reason
+        )
+    except Exception:
+        log.exception("shadow verification of %s failed", served.request_id)
+
+
+def shadow_key(key: KeyInfo) -> KeyInfo:
+    """The key as a shadow call uses it: one call (a refusal is not escalated), every budget hard."""
+    return replace(key, escalate_refusals=False, budgets=tuple((*budget[:5], True) for budget in key.budgets))
 
 
 def remember(call: Call, answer: dict | None, cost: Decimal) -> None:
@@ -758,6 +825,24 @@ async def finish(call: Call, record: LedgerRecord) -> None:
     """Every authenticated request ends here, once: its record goes to the durable ledger queue and
     its admission settles to what it really used (nothing, if it failed); then the metrics and the
     request log hear of it (one line; the prompt and the answer only if the tenant logs them)."""
+    await settle_and_hand_off(call, record)
+    metrics.request_finished(
+        record,
+        tenant=call.key.tenant_slug,
+        elapsed_seconds=time.perf_counter() - call.started,
+        upstream_seconds=call.upstream_seconds,
+        endpoint=call.endpoint,
+    )
+    logged = call.key.log_prompts and record.status_code == 200
+    # An embeddings request has no messages: its input is not logged.
+    messages = call.body.get("messages") if logged else None
+    requestlog.finished(record, messages=messages, answer=call.answer_text or "")
+
+
+async def settle_and_hand_off(call: Call, record: LedgerRecord) -> None:
+    """The record to the ledger queue, and the admission settled: what finish() does for a client's
+    request, and all a shadow verification does (it is no client request: no request metrics, no
+    request log line)."""
     if call.ticket is None:
         await hand_off(record)
     else:
@@ -770,17 +855,6 @@ async def finish(call: Call, record: LedgerRecord) -> None:
             ledger_record=record.encode(),
             paid=call.paid,
         )
-    metrics.request_finished(
-        record,
-        tenant=call.key.tenant_slug,
-        elapsed_seconds=time.perf_counter() - call.started,
-        upstream_seconds=call.upstream_seconds,
-        endpoint=call.endpoint,
-    )
-    logged = call.key.log_prompts and record.status_code == 200
-    # An embeddings request has no messages: its input is not logged.
-    messages = call.body.get("messages") if logged else None
-    requestlog.finished(record, messages=messages, answer=call.answer_text or "")
 
 
 # --- money and records -------------------------------------------------------------------------

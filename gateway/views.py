@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import metrics
+from gateway.cache import shadow
 from gateway.errors import GatewayError
 from gateway.upstream import breakers, load
 from sentinel.localstate import DATABASE_AWAY, has_loaded
@@ -33,8 +34,8 @@ async def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
 @require_GET
 def metrics_export(request: HttpRequest) -> HttpResponse:
     """GET /metrics (Prometheus): see gateway.metrics."""
-    exported = metrics.exposition(breakers.STATE_REGISTRY, load.LOAD_REGISTRY)
-    return HttpResponse(exported, content_type=CONTENT_TYPE_LATEST)
+    registries = (breakers.STATE_REGISTRY, load.LOAD_REGISTRY, shadow.STATE_REGISTRY)
+    return HttpResponse(metrics.exposition(*registries), content_type=CONTENT_TYPE_LATEST)
 
 
 @require_GET

@@ -142,6 +142,10 @@ class MembershipInline(TenantScopedInline, TabularInline):
         return formset
 
 
+# Tenant settings that change which semantic hits are served or how they are judged.
+MEASURED_SETTINGS = {"semantic_cache_enabled", "semantic_threshold", "false_hit_target"}
+
+
 @admin.register(Tenant)
 class TenantAdmin(ModelNamesAdmin, TenantScopedAdmin):
     tenant_lookup = "pk"
@@ -162,10 +166,12 @@ class TenantAdmin(ModelNamesAdmin, TenantScopedAdmin):
         return {"slug": ["name"]} if request.user.is_superuser else {}
 
     def get_readonly_fields(self, request, obj=None):
+        # The false-hit measurement's start and the tier's own switch-off: the gateway's record.
+        tightened = ["shadow_since", "semantic_tightened_at", "semantic_tightened_reason"]
         if request.user.is_superuser:
-            return ["created_at"]
+            return ["created_at", *tightened]
         # Suspension, plan (tier) and identity are the operators' to set.
-        return ["slug", "status", "tier", "created_at"]
+        return ["slug", "status", "tier", "created_at", *tightened]
 
     def get_actions(self, request):
         actions = super().get_actions(request)
@@ -185,6 +191,11 @@ class TenantAdmin(ModelNamesAdmin, TenantScopedAdmin):
             tenant_set_status(tenant=tenant, status=Tenant.Status.ACTIVE)
 
     def save_model(self, request, obj, form, change):
+        if change and MEASURED_SETTINGS & set(form.changed_data):
+            # False hits measured under other settings say nothing about the new ones: measure anew
+            # (and an admin turning the semantic tier back on has seen why it was off).
+            obj.shadow_since = timezone.now()
+            obj.semantic_tightened_reason = ""
         super().save_model(request, obj, form, change)
         if change and "status" in form.changed_data:
             tenant_set_status(tenant=obj, status=obj.status)

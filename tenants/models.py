@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
-from django.core.validators import MaxValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -79,6 +81,31 @@ class Tenant(Limits):
     semantic_threshold = models.FloatField(
         null=True, blank=True, help_text="Cosine similarity a candidate must reach. Empty: the built-in default."
     )
+    shadow_share = models.DecimalField(
+        max_digits=5,
+        decimal_places=2,
+        default=Decimal("1"),
+        validators=[MinValueValidator(0), MaxValueValidator(100)],
+        help_text="Percent of semantic hits also asked of the provider in the background (billed, marked "
+        "shadow in the ledger) to measure how often the cache serves a wrong answer. 0: never.",
+    )
+    false_hit_target = models.DecimalField(
+        max_digits=5,
+        decimal_places=2,
+        default=Decimal("2"),
+        validators=[MinValueValidator(Decimal("0.01")), MaxValueValidator(100)],
+        help_text="Percent of semantic hits allowed to be wrong. When the 95% upper bound of the measured "
+        "rate exceeds it, the semantic tier switches itself off (exact hits only).",
+    )
+    shadow_since = models.DateTimeField(
+        default=timezone.now,
+        help_text="Start of the false-hit measurement: shadow checks before it (an earlier threshold or "
+        "verifier) do not count. Moved when the semantic settings change or the tier tightens itself.",
+    )
+    semantic_tightened_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When the semantic tier last switched itself off."
+    )
+    semantic_tightened_reason = models.CharField(max_length=300, blank=True, editable=False)
     cache_ttl_seconds = models.PositiveIntegerField(default=86_400, help_text="How long an answer stays cached.")
     cache_max_entries = models.PositiveIntegerField(
         default=50_000, help_text="Above this, the least recently used entries are evicted."
@@ -304,7 +331,8 @@ class WebhookEndpoint(models.Model):
         models.CharField(max_length=60),
         default=list,
         blank=True,
-        help_text="Event names to send (budget.threshold, breaker.transition, ...). Empty: all.",
+        help_text="Event names to send (budget.threshold, breaker.transition, cache.semantic_tightened, ...). "
+        "Empty: all.",
     )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)

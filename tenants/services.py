@@ -132,6 +132,33 @@ def tenant_set_status(*, tenant: Tenant, status: str) -> None:
     announce_change()
 
 
+def tenant_tighten_semantic(*, tenant: Tenant, reason: str, figures: dict) -> bool:
+    """The tenant's semantic tier switches itself off (exact hits only) because its measured false-hit
+    rate is above the tenant's target (gateway/cache/shadow.py): recorded on the tenant, told to the
+    webhooks (`cache.semantic_tightened`) and to every gateway process. The conditional update makes
+    it happen once, whichever process judged first; False when it had already happened. The
+    measurement (`shadow_since`) stays, so the console keeps showing the figures that decided; an
+    admin who turns the tier on again starts a new one (tenants.admin)."""
+    from tenants.webhooks import webhook_publish
+
+    now = timezone.now()
+    with transaction.atomic():
+        switched = Tenant.objects.filter(pk=tenant.pk, semantic_cache_enabled=True).update(
+            semantic_cache_enabled=False,
+            semantic_tightened_at=now,
+            semantic_tightened_reason=reason[:300],
+        )
+        if switched != 1:  # another process got there first, or an admin switched it off
+            return False
+        announce_change()  # first thing after the commit, before the webhooks are queued
+        webhook_publish(
+            event="cache.semantic_tightened",
+            tenant_id=tenant.pk,
+            payload={"tenant": tenant.slug, "action": "exact_only", "reason": reason, "at": now.isoformat(), **figures},
+        )
+    return True
+
+
 # --- members -------------------------------------------------------------------------------------
 
 

@@ -845,6 +845,12 @@ def _numbers(tokens: Tokens) -> list[_Number]:
     return out
 
 
+def numbers_in(text: str) -> frozenset[str]:
+    """The numbers a text states (in digits or words, read as the number check reads them): two
+    answers to one question that state numbers and share none say different things (shadow.py)."""
+    return frozenset(number.value for number in _numbers(_tokens(text)))
+
+
 def _has_article(tokens: Tokens) -> bool:
     return any(t.text in ("a", "an", "single", "per", "each") for t in tokens)
 

@@ -8,6 +8,7 @@ from django.http import Http404
 from django.template.response import TemplateResponse
 
 from billing.money import format_usd
+from gateway.cache import shadow
 from sentinel.console.selectors import (
     DEFAULT_WINDOW,
     WINDOWS,
@@ -89,6 +90,7 @@ def dashboard_view(request):
             "tenant": tenant,
             "window": window,
             "charts": chart_data(data, tenant),
+            "false_hits": shadow.false_hits(tenant) if tenant else None,
             "live": {"tenant_ids": tenant_ids, "show_money": data.spend is not None},
         }
     )

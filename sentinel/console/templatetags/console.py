@@ -10,11 +10,11 @@ register = template.Library()
 
 
 @register.filter
-def percent(value: float | None) -> str:
-    """0.1234 → "12.3 %"; no value (nothing to divide) → "—"."""
+def percent(value: float | None, places: int = 1) -> str:
+    """0.1234 → "12.3 %" (or with more `places`); no value (nothing to divide) → "—"."""
     if value is None:
         return "—"
-    return f"{value * 100:.1f} %"
+    return f"{value * 100:.{places}f} %"
 
 
 @register.filter
