@@ -145,8 +145,14 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
         query.pop("format", None)
         request.GET = query  # the changelist reads its filters from here
         entries = self.get_changelist_instance(request).get_queryset(request)
+        visible = self.visible_tenant_ids(request)  # None: an operator's, every tenant
+        chosen = int(request.GET["tenant"]) if request.GET.get("tenant", "").isdigit() else None
+        if chosen is not None and (visible is None or chosen in visible):
+            scope = [chosen]
+        else:
+            scope = list(visible) if visible is not None else [None]
         audit_export(
-            tenant_ids=entries.order_by().values_list("tenant_id", flat=True).distinct(),
+            tenant_ids=scope,
             what=f"request log ({kind}){' ?' + query.urlencode() if query else ''}",
             request=request,
         )

@@ -56,8 +56,9 @@ def key_create(
         tenant=tenant,
         target=describe(key),
         changes={
-            "allowed_models": [None, key.allowed_models],
-            **{name: [None, value] for name, value in limits.items()},
+            name: [None, value]
+            for name, value in {"allowed_models": key.allowed_models, "expires_at": expires_at, **limits}.items()
+            if value not in (None, [])
         },
         actor=created_by,
     )

@@ -98,15 +98,14 @@ class AuditsChanges:
         form = getattr(request, "_audit_forms", {}).pop(id(obj), None)
         if form is None or self.audited_by_services:
             return
-        changed = [name for name in form.changed_data if name in form.cleaned_data]
-        hidden = sorted(name for name in changed if name in SECRET_FIELDS)
+        added = action == AuditEntry.Action.ADDED
+        # An added row: every value it was given; a changed one: the fields that changed.
+        names = [name for name in (form.cleaned_data if added else form.changed_data) if name in form.cleaned_data]
+        hidden = sorted(name for name in names if name in SECRET_FIELDS and form.cleaned_data[name])
         changes = {
-            name: [
-                None if action == AuditEntry.Action.ADDED else plain(form.initial.get(name)),
-                plain(form.cleaned_data[name]),
-            ]
-            for name in changed
-            if name not in SECRET_FIELDS
+            name: [None if added else plain(form.initial.get(name)), plain(form.cleaned_data[name])]
+            for name in names
+            if name not in SECRET_FIELDS and not (added and form.cleaned_data[name] in (None, "", []))
         }
         if action == AuditEntry.Action.CHANGED and not changes and not hidden:
             return
