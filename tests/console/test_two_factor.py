@@ -26,7 +26,8 @@ def no_backoff(settings):
 def code(device: TOTPDevice, steps_ahead: int = 0) -> str:
     """The code an authenticator app shows for the device, now or `steps_ahead` periods on (django-otp
     accepts one period of drift; a code used once is refused after)."""
-    return f"{totp(device.bin_key, device.step, device.t0 - steps_ahead * device.step, device.digits):0{device.digits}d}"
+    value = totp(device.bin_key, device.step, device.t0 - steps_ahead * device.step, device.digits)
+    return f"{value:0{device.digits}d}"
 
 
 def sign_in(user, password: str, token: str | None = None) -> tuple[Client, object]:
