@@ -35,12 +35,20 @@ def acting_request(request) -> Iterator[None]:
         _request.reset(token)
 
 
+def _plain_request(request):
+    """Django's request under a DRF one: DRF's `.user` would authenticate again, and a failed
+    sign-in is logged from inside authentication."""
+    return getattr(request, "_request", request)
+
+
 def _actor_of(request):
+    request = _plain_request(request)
     user = getattr(request, "user", None) if request is not None else None
     return user if user is not None and user.is_authenticated else None
 
 
 def _address_of(request) -> str | None:
+    request = _plain_request(request)
     address = request.META.get("REMOTE_ADDR") if request is not None else None
     return address or None
 

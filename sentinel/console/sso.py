@@ -119,9 +119,11 @@ class SignOnBackend(OIDCAuthenticationBackend):
 
     @staticmethod
     def _grant(user, granted: dict[Tenant, str]) -> None:
+        """Memberships the rules grant, raised where a rule grants more; never lowered (an admin may
+        have given more by hand)."""
         held = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
         for tenant, role in granted.items():
-            if held.get(tenant.pk) != role:
+            if tenant.pk not in held or ROLE_STRENGTH[role] > ROLE_STRENGTH[held[tenant.pk]]:
                 membership_save(tenant=tenant, user=user, role=role)
 
 
