@@ -1,7 +1,8 @@
 """The console in a real browser (Debian's chromium, driven by Playwright) against a real gateway
-process: a tenant admin's key from creation to revocation, a member's two-factor enrolment and sign-in, the dashboard's charts and live panel,
-and the live circuit view following a failing provider without a reload. Screenshots go to
-tests/artifacts/ (docs/ holds copies of the dashboard's and the circuit view's)."""
+process: a tenant admin's key from creation to revocation, the dashboard's charts and live panel,
+the live circuit view following a failing provider without a reload, and a member's two-factor
+enrolment and sign-in. Screenshots go to tests/artifacts/ (docs/ holds copies of the dashboard's
+and the circuit view's)."""
 
 from __future__ import annotations
 
