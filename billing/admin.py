@@ -31,6 +31,7 @@ from billing.selectors import DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
 from billing.statements import parse_month, statement, statement_csv, statement_pdf
 from sentinel.console.scoping import OperatorOnlyAdmin, ReportAdmin, TenantFilter, TenantScopedAdmin, ViewOnly
+from tenants.audit import audit_export
 from tenants.models import Tenant
 from tenants.selectors import EXPORT_SPEND, SEE_SPEND, tenants_for
 
@@ -144,6 +145,17 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
         query.pop("format", None)
         request.GET = query  # the changelist reads its filters from here
         entries = self.get_changelist_instance(request).get_queryset(request)
+        visible = self.visible_tenant_ids(request)  # None: an operator's, every tenant
+        chosen = int(request.GET["tenant"]) if request.GET.get("tenant", "").isdigit() else None
+        if chosen is not None and (visible is None or chosen in visible):
+            scope = [chosen]
+        else:
+            scope = list(visible) if visible is not None else [None]
+        audit_export(
+            tenant_ids=scope,
+            what=f"request log ({kind}){' ?' + query.urlencode() if query else ''}",
+            request=request,
+        )
         stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
         if kind == "csv":
             response = StreamingHttpResponse(request_log_csv(entries), content_type="text/csv")
@@ -230,6 +242,11 @@ class SpendReportAdmin(ReportAdmin):
                 report = spend_report(tenants=tenants, start=data["start"], end=data["end"], group_by=data["group_by"])
                 if export in EXPORTS:
                     build, content_type = EXPORTS[export]
+                    audit_export(
+                        tenant_ids=[tenant.pk for tenant in tenants],
+                        what=f"spend report {data['start']}..{data['end']} ({export})",
+                        request=request,
+                    )
                     response = HttpResponse(build(report), content_type=content_type)
                     response["Content-Disposition"] = f'attachment; filename="{report_filename(report, export)}"'
                     return response
@@ -265,6 +282,7 @@ class SpendReportAdmin(ReportAdmin):
         if month is None or kind not in ("pdf", "csv"):
             return HttpResponse("Give month=YYYY-MM and format=pdf or csv.", status=400, content_type="text/plain")
         st = statement(tenant=tenant, month=month)
+        audit_export(tenant_ids=[tenant.pk], what=f"statement {st.filename} ({kind})", request=request)
         if kind == "csv":
             response = HttpResponse(statement_csv(st), content_type="text/csv")
         else:

@@ -20,6 +20,7 @@ from billing.exports import report_csv, report_filename, report_xlsx
 from billing.models import LedgerEntry
 from billing.selectors import DIMENSIONS, ledger_entries, spend_report
 from sentinel.text import no_control_characters
+from tenants.audit import audit_export
 from tenants.models import Tenant
 from tenants.selectors import ALL_ROLES, EXPORT_SPEND, MANAGE, SEE_SPEND, tenants_for
 
@@ -192,6 +193,11 @@ class SpendReportApi(APIView):
         report = spend_report(tenants=tenants, start=data["start"], end=data["end"], group_by=data["group_by"])
         if isinstance(renderer, FileRenderer):
             content = report_csv(report) if renderer.format == "csv" else report_xlsx(report)
+            audit_export(
+                tenant_ids=[tenant.pk for tenant in tenants],
+                what=f"spend report {data['start']}..{data['end']} ({renderer.format}, API)",
+                request=request,
+            )
             disposition = f'attachment; filename="{report_filename(report, renderer.format)}"'
             return Response(content, headers={"Content-Disposition": disposition})
         return Response(self.OutputSerializer(report).data)

@@ -83,6 +83,8 @@ class GuardedModelBackend(ModelBackend):
     def authenticate(self, request, username=None, password=None, **kwargs):
         if request is None:  # not a web sign-in (a management command, a test helper): nothing to count
             return super().authenticate(request, username, password, **kwargs)
+        if password is None:  # no password sign-in (single sign-on's callback): not this backend's to count
+            return None
         name = account_name(username if username is not None else kwargs.get(get_user_model().USERNAME_FIELD))
         wait = sign_in_wait(request, name)
         if wait is not None:

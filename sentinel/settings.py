@@ -121,6 +121,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "mozilla_django_oidc",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -143,6 +146,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",  # request.user.is_verified(): signed in with a one-time code
+    "sentinel.console.audit.AuditContextMiddleware",  # who and from where, for the audit log
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
@@ -202,6 +207,40 @@ CHANNEL_LAYERS = {
 
 # Every sign-in with a password (console login, HTTP Basic on the API) passes the brute-force guard.
 AUTHENTICATION_BACKENDS = ["sentinel.authentication.GuardedModelBackend"]
+
+# --- Console governance: two-factor sign-in, single sign-on (docs/governance.md) --------------------
+
+REQUIRE_TWO_FACTOR = envbool(
+    "SENTINEL_REQUIRE_TWO_FACTOR",
+    False,
+    "Every console account that signs in with a password must also give a one-time code (TOTP); "
+    "tenants can require it of their own members alone.",
+)
+OTP_TOTP_ISSUER = "Sentinel"
+OIDC_ISSUER = envstr(
+    "SENTINEL_OIDC_ISSUER",
+    "",
+    "Single sign-on to the console: the OpenID Connect provider's issuer URL (its endpoints are read from "
+    "<issuer>/.well-known/openid-configuration). Unset: no single sign-on.",
+)
+OIDC_RP_CLIENT_ID = envstr("SENTINEL_OIDC_CLIENT_ID", "", "Single sign-on: Sentinel's client id at the provider.")
+OIDC_RP_CLIENT_SECRET = envstr(
+    "SENTINEL_OIDC_CLIENT_SECRET", "", "Single sign-on: Sentinel's client secret at the provider."
+)
+OIDC_PROVIDER_NAME = envstr(
+    "SENTINEL_OIDC_PROVIDER_NAME", "single sign-on", "Single sign-on: the provider's name on the sign-in page."
+)
+OIDC_RP_SIGN_ALGO = "RS256"
+OIDC_RP_SCOPES = "openid email profile groups"
+OIDC_USE_PKCE = True
+OIDC_TIMEOUT = 10
+OIDC_CALLBACK_CLASS = "sentinel.console.sso.SignOnCallbackView"
+OIDC_AUTHENTICATE_CLASS = "sentinel.console.sso.SignOnRequestView"
+LOGIN_REDIRECT_URL_FAILURE = "/admin/login/?sso=failed"
+# The provider's endpoints come from its discovery document (sentinel.console.sso); these are set
+# there, never by hand.
+OIDC_OP_AUTHORIZATION_ENDPOINT = OIDC_OP_TOKEN_ENDPOINT = OIDC_OP_USER_ENDPOINT = OIDC_OP_JWKS_ENDPOINT = ""
+AUTHENTICATION_BACKENDS.append("sentinel.console.sso.SignOnBackend")  # answers only the provider's callback
 # Unfold's sign-in form posts no `next` field (Django's did): a sign-in lands on the console, not /accounts/profile/.
 LOGIN_REDIRECT_URL = "admin:index"
 

@@ -30,6 +30,7 @@ urlpatterns = [
     path("favicon.ico", favicon),
     path("", include("gateway.urls")),
     path("admin/", admin.site.urls),
+    path("oidc/", include("mozilla_django_oidc.urls")),  # single sign-on (sentinel.console.sso)
     path("api/v1/", include("billing.urls")),
     # One scrape adds up every web worker's samples, django-prometheus's and the gateway's.
     path("metrics", gateway_views.metrics_export, name="metrics"),

@@ -3,7 +3,11 @@ where the user holds a role (console.scoping); tiers are the operators'."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import secrets
+from collections.abc import Iterator
 from datetime import timedelta
 
 from django import forms
@@ -13,7 +17,7 @@ from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.http import Http404, HttpResponseRedirect
+from django.http import Http404, HttpResponseRedirect, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -30,6 +34,7 @@ from sentinel.console.scoping import (
     TenantScopedAdmin,
     TenantScopedInline,
     ViewAndDelete,
+    ViewOnly,
     may,
     tenant_ids_with,
 )
@@ -37,10 +42,12 @@ from sentinel.console.templatetags.console import usd
 from sentinel.crypto import decrypt, encrypt
 from sentinel.localstate import announce_change
 from tenants.models import (
+    AuditEntry,
     Budget,
     BudgetAlert,
     Membership,
     RateLimitTier,
+    SingleSignOnRule,
     Tenant,
     VirtualKey,
     WebhookDelivery,
@@ -214,6 +221,7 @@ class TenantAdmin(ModelNamesAdmin, TenantScopedAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(TenantScopedAdmin):
+    audited_by_services = True  # membership_save / membership_delete record the role before and after
     form = MembershipForm
     list_display = ["user", "tenant", "role", "created_at"]
     list_filter = ["role", TenantFilter]
@@ -262,6 +270,7 @@ class VirtualKeyForm(forms.ModelForm):
 
 @admin.register(VirtualKey)
 class VirtualKeyAdmin(ModelNamesAdmin, TenantScopedAdmin):
+    audit_additions = False  # key_create records the issue
     form = VirtualKeyForm
     list_filter = ["status", TenantFilter]
     list_select_related = ["tenant"]
@@ -631,3 +640,80 @@ class WebhookDeliveryAdmin(TenantScopedAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False  # a delivery log: read (and linked) as "View", never "Change"
+
+
+# --- governance: the audit log, single sign-on rules ---------------------------------------------
+
+
+def audit_csv(entries) -> Iterator[str]:
+    """The entries as CSV, a row at a time (an export may be long)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    columns = ["created_at", "tenant_id", "actor_name", "address", "action", "target", "changes", "detail"]
+    writer.writerow(columns)
+    for entry in entries.iterator(chunk_size=2000):
+        writer.writerow(
+            [
+                entry.created_at.isoformat(),
+                entry.tenant_id or "",
+                entry.actor_name,
+                entry.address or "",
+                entry.action,
+                entry.target,
+                json_text(entry.changes),
+                entry.detail,
+            ]
+        )
+        yield buffer.getvalue()
+        buffer.seek(0)
+        buffer.truncate()
+    yield buffer.getvalue()
+
+
+def json_text(value) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False) if value else ""
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ViewOnly, TenantScopedAdmin):
+    """The audit log: a tenant's admins read their tenant's entries, operators every entry (those of
+    no tenant too); nobody adds, edits or deletes one here (nor can anyone in the database: see
+    AuditEntry). Filters select what the CSV export holds."""
+
+    view_roles = MANAGE
+    manage_roles = frozenset()
+    list_display = ["created_at", "tenant", "actor_name", "action", "target", "changes_text", "address"]
+    list_filter = ["action", TenantFilter]
+    list_select_related = ["tenant"]
+    search_fields = ["actor_name", "target", "detail"]
+    date_hierarchy = "created_at"
+    fields = ["created_at", "tenant", "actor_name", "address", "action", "target", "changes_text", "detail"]
+    readonly_fields = fields
+    change_list_template = "admin/tenants/auditentry/change_list.html"
+
+    @admin.display(description="changes (before → after)")
+    def changes_text(self, obj: AuditEntry) -> str:
+        return "; ".join(f"{name}: {pair[0]!r} → {pair[1]!r}" for name, pair in obj.changes.items()) or "—"
+
+    def get_urls(self):
+        export = path("export/", self.admin_site.admin_view(self.export_view), name="tenants_auditentry_export")
+        return [export, *super().get_urls()]
+
+    def export_view(self, request):
+        """The entries the changelist's filters select (the same query string), as CSV."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        entries = self.get_changelist_instance(request).get_queryset(request)
+        stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+        response = StreamingHttpResponse(audit_csv(entries), content_type="text/csv")
+        response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.csv"'
+        return response
+
+
+@admin.register(SingleSignOnRule)
+class SingleSignOnRuleAdmin(OperatorOnlyAdmin):
+    list_display = ["tenant", "role", "email_domain", "group"]
+    list_filter = ["role"]
+    list_select_related = ["tenant"]
+    search_fields = ["tenant__name", "email_domain", "group"]
+    autocomplete_fields = ["tenant"]

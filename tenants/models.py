@@ -156,6 +156,12 @@ class Tenant(Limits):
         help_text="Pace of this tenant's batch jobs, kept below its interactive limit. Empty: half of the "
         "tenant's requests-per-minute limit, or no pace of its own when it has none.",
     )
+    require_two_factor = models.BooleanField(
+        default=False,
+        help_text="Members must sign in to the console with a one-time code (TOTP) as well as their password; "
+        "members without an authenticator app enrol at their next sign-in. Single sign-on users are exempt: "
+        "their identity provider checks them.",
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
@@ -385,3 +391,107 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} → {self.endpoint} ({self.status})"
+
+
+class AuditEntry(models.Model):
+    """One thing someone did in the console or to a key: who, when, from where, to what, and which
+    fields changed (before and after; secrets never). Append-only: a database trigger refuses every
+    UPDATE and DELETE of these rows (migration 0012), and the console only reads them. Tenant and
+    actor are plain ids, not foreign keys, so the history outlives the rows it speaks of."""
+
+    class Action(models.TextChoices):
+        KEY_ISSUED = "key.issued", "Key issued"
+        KEY_ROTATED = "key.rotated", "Key rotated"
+        KEY_REVOKED = "key.revoked", "Key revoked"
+        CHANGED = "object.changed", "Changed"
+        ADDED = "object.added", "Added"
+        DELETED = "object.deleted", "Deleted"
+        TENANT_STATUS = "tenant.status", "Tenant suspended or reactivated"
+        MEMBER_ADDED = "member.added", "Member added"
+        MEMBER_ROLE = "member.role", "Member's role changed"
+        MEMBER_REMOVED = "member.removed", "Member removed"
+        LOGIN = "login.succeeded", "Signed in"
+        LOGIN_SSO = "login.sso", "Signed in with single sign-on"
+        LOGIN_FAILED = "login.failed", "Sign-in failed"
+        TWO_FACTOR_ENROLLED = "twofactor.enrolled", "Two-factor sign-in enrolled"
+        TWO_FACTOR_REMOVED = "twofactor.removed", "Two-factor sign-in removed"
+        EXPORT = "export.downloaded", "Export downloaded"
+
+    created_at = models.DateTimeField(default=timezone.now, editable=False, db_index=True)
+    tenant = models.ForeignKey(
+        Tenant,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+        help_text="Empty: the installation's (operators only).",
+    )
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    actor_name = models.CharField(max_length=150, blank=True, help_text="Empty: Sentinel itself.")
+    address = models.GenericIPAddressField(null=True, blank=True, help_text="The client's address.")
+    action = models.CharField(max_length=32, choices=Action.choices)
+    target = models.CharField(max_length=300, blank=True, help_text="What was acted on.")
+    changes = models.JSONField(default=dict, blank=True, help_text="{field: [before, after]}; secrets never.")
+    detail = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "audit log entry"
+        verbose_name_plural = "audit log"
+        indexes = [models.Index(fields=["tenant", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_name or 'Sentinel'} {self.action} {self.target}"
+
+
+class SingleSignOnRule(models.Model):
+    """Who a single sign-on (OpenID Connect) login makes a member of which tenant, read from the ID
+    token's claims: an email domain, or a group in the groups claim. Set by operators only: a rule
+    grants access."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sso_rules")
+    role = models.CharField(max_length=16, choices=Membership.Role.choices, default=Membership.Role.VIEWER)
+    email_domain = models.CharField(
+        max_length=200, blank=True, help_text="e.g. example.com: people whose verified email is at this domain."
+    )
+    group = models.CharField(max_length=200, blank=True, help_text="A value of the provider's groups claim.")
+
+    class Meta:
+        ordering = ["tenant__name", "role"]
+        verbose_name = "single sign-on rule"
+
+    def __str__(self) -> str:
+        who = f"@{self.email_domain}" if self.email_domain else f"group {self.group}"
+        return f"{who} → {self.tenant} ({self.role})"
+
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        if bool(self.email_domain) == bool(self.group):
+            raise ValidationError("Name either an email domain or a group, not both.")
+        self.email_domain = self.email_domain.strip().lstrip("@").lower()
+
+
+class SingleSignOnIdentity(models.Model):
+    """The console account a provider's subject signs in as. Accounts are matched by the provider's
+    stable subject, never by email: a provider account with an operator's email address must not
+    become the operator."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sso_identity")
+    issuer = models.CharField(max_length=500)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="sso_identity_unique_subject")]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"

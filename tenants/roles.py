@@ -58,6 +58,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "screening.change_screeningpolicy",
         "screening.delete_screeningpolicy",
         "screening.view_screeningreport",
+        "tenants.view_auditentry",
     ],
 }
 

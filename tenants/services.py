@@ -1,4 +1,5 @@
-"""Writes to tenants, members and keys. Each one also tells the gateway processes what changed."""
+"""Writes to tenants, members and keys. Each one also tells the gateway processes what changed, and
+leaves its entry in the audit log (tenants.audit)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from django.utils import timezone
 
 from sentinel.localstate import announce_change, blocked_key_marker, blocked_tenant_marker
 from sentinel.redis_clients import sync_redis
-from tenants.models import Budget, Membership, Tenant, VirtualKey
+from tenants.audit import audit_record, describe
+from tenants.models import AuditEntry, Budget, Membership, Tenant, VirtualKey
 from tenants.roles import ROLE_GROUPS, role_group_names
 
 KEY_PREFIX = "sk-sen-"
@@ -48,6 +50,17 @@ def key_create(
         allowed_models=list(allowed_models or []),
         created_by=created_by,
         **limits,
+    )
+    audit_record(
+        action=AuditEntry.Action.KEY_ISSUED,
+        tenant=tenant,
+        target=describe(key),
+        changes={
+            name: [None, value]
+            for name, value in {"allowed_models": key.allowed_models, "expires_at": expires_at, **limits}.items()
+            if value not in (None, [])
+        },
+        actor=created_by,
     )
     return key, secret
 
@@ -87,6 +100,13 @@ def key_rotate(*, key: VirtualKey, created_by=None, grace_seconds: float | None 
         key.expires_at = grace_end
     key.successor = new_key
     key.save(update_fields=["expires_at", "successor"])
+    audit_record(
+        action=AuditEntry.Action.KEY_ROTATED,
+        tenant=key.tenant_id,
+        target=describe(key),
+        detail=f"Replaced by key {new_key.pk} ({new_key.prefix}…); works until {key.expires_at:%Y-%m-%d %H:%M} UTC.",
+        actor=created_by,
+    )
     announce_change()
     return new_key, secret
 
@@ -116,13 +136,27 @@ def key_revoke(*, key: VirtualKey) -> None:
     )
     if updated:
         key.refresh_from_db()
+        audit_record(
+            action=AuditEntry.Action.KEY_REVOKED,
+            tenant=key.tenant_id,
+            target=describe(key),
+            changes={"status": [VirtualKey.Status.ACTIVE, VirtualKey.Status.REVOKED]},
+        )
         transaction.on_commit(lambda: sync_redis().set(blocked_key_marker(key.digest), 1, ex=BLOCK_MARKER_SECONDS))
         announce_change()
 
 
 @transaction.atomic
 def tenant_set_status(*, tenant: Tenant, status: str) -> None:
+    before = Tenant.objects.filter(pk=tenant.pk).values_list("status", flat=True).first()
     Tenant.objects.filter(pk=tenant.pk).update(status=status)
+    if before != status:
+        audit_record(
+            action=AuditEntry.Action.TENANT_STATUS,
+            tenant=tenant,
+            target=describe(tenant),
+            changes={"status": [before, status]},
+        )
     tenant.status = status
     marker = blocked_tenant_marker(tenant.pk)
     if status == Tenant.Status.SUSPENDED:
@@ -166,8 +200,16 @@ def tenant_tighten_semantic(*, tenant: Tenant, reason: str, figures: dict) -> bo
 def membership_save(*, tenant: Tenant, user, role: str) -> Membership:
     """Make `user` a member of `tenant` with `role` (or change the role). Members use the console, so
     they become staff, with their roles' permission groups; what rows they reach is scoped by tenant."""
+    before = Membership.objects.filter(tenant=tenant, user=user).values_list("role", flat=True).first()
     membership, _ = Membership.objects.update_or_create(tenant=tenant, user=user, defaults={"role": role})
     user_access_sync(user=user)
+    if before != role:
+        audit_record(
+            action=AuditEntry.Action.MEMBER_ADDED if before is None else AuditEntry.Action.MEMBER_ROLE,
+            tenant=tenant,
+            target=f"member {user.get_username()}",
+            changes={"role": [before, role]},
+        )
     return membership
 
 
@@ -176,6 +218,12 @@ def membership_delete(*, membership: Membership) -> None:
     user = membership.user
     membership.delete()
     user_access_sync(user=user)
+    audit_record(
+        action=AuditEntry.Action.MEMBER_REMOVED,
+        tenant=membership.tenant_id,
+        target=f"member {user.get_username()}",
+        changes={"role": [membership.role, None]},
+    )
 
 
 def user_access_sync(*, user) -> None:

@@ -11,6 +11,11 @@ class ConsoleConfig(AppConfig):
     label = "console"
     verbose_name = "Console"
 
+    def ready(self) -> None:
+        from sentinel.console import audit
+
+        audit.connect()
+
 
 class ConsoleAdminConfig(admin_apps.AdminConfig):
     """Django's admin app, serving the console's site (console.sites.ConsoleSite) as admin.site."""

@@ -4,8 +4,9 @@ An entry is shown when the page's own admin would let the user open it (its mode
 permission, which holds the tenant scoping of sentinel.console.scoping), so the sidebar can never
 offer a link that answers 403, and never hides one that works: operators see the installation's
 configuration, tenant admins their tenants, keys, members, budgets, webhooks, screening and cache,
-finance the request log, spend report with statements and dead letters, everyone the dashboard and
-Models and prices.
+finance the request log, spend report with statements and dead letters, everyone the dashboard,
+Models and prices and their own two-factor sign-in; the audit log is for tenant admins (their
+tenants' entries) and operators, single sign-on rules for operators.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
             ("Screening report", "fact_check", "screening.ScreeningReport"),
             ("Cache entries", "cached", "gateway.CacheEntry"),
             ("Batches", "stacks", "gateway.Batch"),
+        ],
+    ),
+    (
+        "Governance",
+        [
+            ("Audit log", "history_edu", "tenants.AuditEntry"),
+            ("Two-factor sign-in", "phonelink_lock", "admin:two_factor"),
+            ("Single sign-on rules", "badge", "tenants.SingleSignOnRule"),
         ],
     ),
     (

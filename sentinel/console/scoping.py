@@ -1,7 +1,8 @@
 """Who sees which rows in the console (the Django admin).
 
 Model permissions come from the role groups (tenants.roles); these classes decide which rows they
-reach. A tenant-scoped admin lists, searches, filters, autocompletes, shows and edits only rows of
+reach. Both kinds record every add, change and delete in the audit log (AuditsChanges). A
+tenant-scoped admin lists, searches, filters, autocompletes, shows and edits only rows of
 tenants where the user holds a role that allows it, and answers 404 for any other object's URL.
 Operator-only admins (providers, deployments, prices, ...) are for superusers alone. The forms of
 both refuse control characters in their text fields (sentinel.text).
@@ -17,7 +18,8 @@ from unfold.admin import ModelAdmin
 
 from sentinel.localstate import announce_change
 from sentinel.text import PlainTextAdmin, PlainTextInline
-from tenants.models import Membership, Tenant, VirtualKey
+from tenants.audit import SECRET_FIELDS, audit_record, describe, plain, snapshot
+from tenants.models import AuditEntry, Membership, Tenant, VirtualKey
 from tenants.selectors import ALL_ROLES, MANAGE, tenants_for
 
 
@@ -71,7 +73,75 @@ class TenantFilter(admin.SimpleListFilter):
         return queryset.filter(**{self.lookup: int(value)})
 
 
-class TenantScopedAdmin(PlainTextAdmin, ModelAdmin):
+class AuditsChanges:
+    """A mixin recording every add, change and delete made on an admin's pages in the audit log,
+    with the changed fields' values before and after (secret fields only named, never valued).
+    Django's admin funnels every save through save_form and log_addition / log_change, and every
+    delete through log_deletions, which is where this listens. An admin whose writes go through a
+    service that records them itself sets `audited_by_services` (or `audit_additions = False` when
+    only its adds do)."""
+
+    audited_by_services = False
+    audit_additions = True
+
+    def audit_tenant_of(self, obj) -> int | None:
+        return None
+
+    def save_form(self, request, form, change):
+        obj = super().save_form(request, form, change)
+        if not hasattr(request, "_audit_forms"):
+            request._audit_forms = {}
+        request._audit_forms[id(obj)] = form
+        return obj
+
+    def _audit_save(self, request, obj, action: str) -> None:
+        form = getattr(request, "_audit_forms", {}).pop(id(obj), None)
+        if form is None or self.audited_by_services:
+            return
+        added = action == AuditEntry.Action.ADDED
+        # An added row: every value it was given; a changed one: the fields that changed.
+        names = [name for name in (form.cleaned_data if added else form.changed_data) if name in form.cleaned_data]
+        hidden = sorted(name for name in names if name in SECRET_FIELDS and form.cleaned_data[name])
+        changes = {
+            name: [None if added else plain(form.initial.get(name)), plain(form.cleaned_data[name])]
+            for name in names
+            if name not in SECRET_FIELDS and not (added and form.cleaned_data[name] in (None, "", []))
+        }
+        if action == AuditEntry.Action.CHANGED and not changes and not hidden:
+            return
+        audit_record(
+            action=action,
+            tenant=self.audit_tenant_of(obj),
+            target=describe(obj),
+            changes=changes,
+            detail=f"Changed (value not logged): {', '.join(hidden)}." if hidden else "",
+            request=request,
+        )
+
+    def log_addition(self, request, obj, message):
+        if self.audit_additions:
+            self._audit_save(request, obj, AuditEntry.Action.ADDED)
+        return super().log_addition(request, obj, message)
+
+    def log_change(self, request, obj, message):
+        self._audit_save(request, obj, AuditEntry.Action.CHANGED)
+        return super().log_change(request, obj, message)
+
+    def log_deletions(self, request, queryset):
+        if not self.audited_by_services:
+            for obj in queryset:
+                before = snapshot(obj)
+                audit_record(
+                    action=AuditEntry.Action.DELETED,
+                    tenant=self.audit_tenant_of(obj),
+                    target=describe(obj),
+                    changes={name: [value, None] for name, value in before.items()},
+                    request=request,
+                )
+        return super().log_deletions(request, queryset)
+
+
+class TenantScopedAdmin(AuditsChanges, PlainTextAdmin, ModelAdmin):
     """A ModelAdmin whose rows each belong to one tenant, reached from the model by `tenant_lookup`.
     Members holding one of `view_roles` see a tenant's rows; `manage_roles` add, change and delete."""
 
@@ -82,6 +152,9 @@ class TenantScopedAdmin(PlainTextAdmin, ModelAdmin):
     list_filter_submit = True
     view_roles: frozenset[str] = ALL_ROLES
     manage_roles: frozenset[str] = MANAGE
+
+    def audit_tenant_of(self, obj) -> int | None:
+        return self.tenant_id_of(obj)
 
     def tenant_id_of(self, obj) -> int | None:
         value = obj
@@ -246,7 +319,7 @@ class AnnouncesChanges:
         announce_change()
 
 
-class OperatorOnlyAdmin(PlainTextAdmin, ModelAdmin):
+class OperatorOnlyAdmin(AuditsChanges, PlainTextAdmin, ModelAdmin):
     """Configuration of the whole installation (providers, routing, prices, tiers, breakers, kill
     switches and their audit): superusers only, whatever permissions a user was given."""
 

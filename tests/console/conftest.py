@@ -14,7 +14,8 @@ from django.utils import timezone
 from billing.models import LedgerDeadLetter, LedgerEntry
 from gateway.models import Batch, BatchFile, CacheEntry
 from gateway.screening.models import ScreeningPolicy
-from tenants.models import Budget, BudgetAlert, Membership, VirtualKey, WebhookDelivery, WebhookEndpoint
+from tenants.audit import audit_record
+from tenants.models import AuditEntry, Budget, BudgetAlert, Membership, VirtualKey, WebhookDelivery, WebhookEndpoint
 from tenants.services import key_create
 from tests.conftest import unique
 
@@ -88,6 +89,7 @@ def _objects(tenancy, tenant, member, marker: str, side: str) -> dict:
             expires_at=timezone.now(),
         ),
         "screeningpolicy": ScreeningPolicy.objects.create(tenant=tenant),
+        "auditentry": audit_record(action=AuditEntry.Action.CHANGED, tenant=tenant, target=f"{marker}-{side}"),
     }
 
 

@@ -1,7 +1,8 @@
 """The console in a real browser (Debian's chromium, driven by Playwright) against a real gateway
 process: a tenant admin's key from creation to revocation, the dashboard's charts and live panel,
-and the live circuit view following a failing provider without a reload. Screenshots go to
-tests/artifacts/ (docs/ holds copies of the dashboard's and the circuit view's)."""
+the live circuit view following a failing provider without a reload, and a member's two-factor
+enrolment and sign-in. Screenshots go to tests/artifacts/ (docs/ holds copies of the dashboard's
+and the circuit view's)."""
 
 from __future__ import annotations
 
@@ -221,3 +222,35 @@ def test_the_live_circuit_view_follows_a_failing_provider_without_a_reload(
         assert page.evaluate("window.notReloaded") is True
         screenshot(page, "console-circuits")
     mock_provider.control(primary, error_rate=0.0)
+
+
+def test_a_member_enrols_an_authenticator_and_signs_in_with_its_code(browser, gateway, tenancy):
+    """Two-factor sign-in (#21) in the browser: the enrolment page's key, a code from it as an
+    authenticator app computes it, then a sign-in that asks for the next code."""
+    from base64 import b32decode
+
+    from django_otp.oath import totp
+
+    t = tenancy
+
+    def code(secret: str, steps_ahead: int) -> str:
+        key = b32decode(secret + "=" * (-len(secret) % 8))
+        return f"{totp(key, 30, -steps_ahead * 30, 6):06d}"
+
+    with browser() as page:
+        sign_in(page, gateway, t.viewer, t.password)
+        page.goto(f"{gateway.url}/admin/two-factor/")
+        secret = page.inner_text("#two-factor-secret").strip()
+        assert page.locator(".console-qr svg").count() == 1
+        page.fill("#id_token", code(secret, 0))
+        page.click("#two-factor-enrol [type=submit]")
+        page.wait_for_selector("#two-factor-on")
+        screenshot(page, "console-two-factor")
+
+        page.context.clear_cookies()  # signed out
+        page.goto(f"{gateway.url}/admin/login/")
+        page.fill("#id_username", t.viewer.get_username())
+        page.fill("#id_password", t.password)
+        page.fill("#id_otp_token", code(secret, 1))  # the enrolment used the current code
+        page.click("[type=submit]")
+        page.wait_for_selector("#nav-sidebar-inner")

@@ -33,14 +33,16 @@ OPERATIONS = [
     "Prices",
     "Rate limit tiers",
 ]
+TWO_FACTOR = ["Two-factor sign-in"]
 EXPECTED = {
-    "owner": {"Overview": OVERVIEW, "Tenants": TENANT_ADMIN, "Spend": SPEND},
-    # Finance and viewers read their tenant's settings (read-only) but not its webhooks, screening or cache.
-    "finance": {"Overview": OVERVIEW, "Tenants": TENANT_ADMIN[:5], "Spend": SPEND},
-    "viewer": {"Overview": OVERVIEW, "Tenants": TENANT_ADMIN[:4]},
+    "owner": {"Overview": OVERVIEW, "Tenants": TENANT_ADMIN, "Governance": ["Audit log", *TWO_FACTOR], "Spend": SPEND},
+    # Finance and viewers read their tenant's settings (read-only) but not its webhooks, screening, cache or audit log.
+    "finance": {"Overview": OVERVIEW, "Tenants": TENANT_ADMIN[:5], "Governance": TWO_FACTOR, "Spend": SPEND},
+    "viewer": {"Overview": OVERVIEW, "Tenants": TENANT_ADMIN[:4], "Governance": TWO_FACTOR},
     "superuser": {
         "Overview": [*OVERVIEW, "Live circuits"],
         "Tenants": TENANT_ADMIN,
+        "Governance": ["Audit log", *TWO_FACTOR, "Single sign-on rules"],
         "Spend": SPEND,
         "Operations": OPERATIONS,
         "Accounts": ["Users", "Groups", "Periodic tasks"],
@@ -48,8 +50,19 @@ EXPECTED = {
 }
 # Pages each role does not get in the sidebar, and may not open either.
 LEFT_OUT = {
-    "owner": ["/admin/circuits/", "/admin/gateway/provider/", "/admin/billing/price/", "/admin/auth/user/"],
-    "finance": ["/admin/tenants/webhookendpoint/", "/admin/gateway/cacheentry/", "/admin/gateway/deployment/"],
+    "owner": [
+        "/admin/circuits/",
+        "/admin/gateway/provider/",
+        "/admin/billing/price/",
+        "/admin/auth/user/",
+        "/admin/tenants/singlesignonrule/",
+    ],
+    "finance": [
+        "/admin/tenants/webhookendpoint/",
+        "/admin/gateway/cacheentry/",
+        "/admin/gateway/deployment/",
+        "/admin/tenants/auditentry/",
+    ],
     "viewer": ["/admin/billing/ledgerentry/", "/admin/billing/spendreport/", "/admin/tenants/budgetalert/"],
 }
 
