@@ -24,7 +24,7 @@ DROP FUNCTION tenants_auditentry_append_only();
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("tenants", "0011_finance_reads_the_request_log"),
+        ("tenants", "0013_shadow_verification"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
