@@ -73,6 +73,12 @@ REQUESTS = Counter(
     "Chat completion requests by outcome (code is empty on success).",
     ("model", "provider", "status", "code"),
 )
+ENDPOINT_REQUESTS = Counter(
+    "sentinel_endpoint_requests",
+    "Requests to the hot API endpoints (chat_completions, embeddings, messages, messages_count_tokens, "
+    "models) by the status answered (a stream counts when it starts).",
+    ("endpoint", "status"),
+)
 UPSTREAM_ATTEMPTS = Counter(
     "sentinel_upstream_attempts",
     "Calls to providers, fallbacks included, by outcome (code is empty on success).",
@@ -195,7 +201,8 @@ class LedgerState(Collector):
 
 
 # Exported metric names (as a scrape shows them), for alert rules and tests to check against.
-EXPORTED = (REQUEST_SECONDS, TTFT_SECONDS, OVERHEAD_SECONDS, REQUESTS, UPSTREAM_ATTEMPTS, TOKENS, COST, SAVED)
+EXPORTED = (REQUEST_SECONDS, TTFT_SECONDS, OVERHEAD_SECONDS, REQUESTS, ENDPOINT_REQUESTS, UPSTREAM_ATTEMPTS, TOKENS, COST)
+EXPORTED += (SAVED,)
 EXPORTED += (
     CACHE,
     CACHE_FAILURES,
@@ -285,6 +292,10 @@ def request_finished(record: LedgerRecord, *, tenant: str, elapsed_seconds: floa
 
 def request_refused(status: int, code: str) -> None:
     _child(REQUESTS, "", "", status, code).inc()
+
+
+def endpoint_request(endpoint: str, status: int) -> None:
+    _child(ENDPOINT_REQUESTS, endpoint, status).inc()
 
 
 def upstream_attempt(provider: str, code: str) -> None:
