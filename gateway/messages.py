@@ -12,9 +12,8 @@ sent (litellm's Anthropic translation carries it from the chat messages to the p
 Hand-written here: the request's validation (Anthropic's schema as an allowlist: a client names no
 URL, key or server tool), the error shape, and the relay that bills a stream however it ends.
 
-`anthropic-version` is accepted as any dated version (YYYY-MM-DD) or left out: the request and
-answer shapes Sentinel speaks are those every version since 2023-06-01 shares (the SDKs send newer
-ones); anything else in the header is a 400.
+`anthropic-version` may be sent or left out, and is not checked: the request and answer shapes
+Sentinel speaks are those every version since 2023-06-01 shares (the SDKs send newer ones).
 count_tokens counts with litellm's token counter for the model's first deployment; it calls no
 provider, so it is neither admitted nor billed.
 """
@@ -23,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import uuid
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -72,7 +70,9 @@ from gateway.upstream.routing import Target, route_for
 from gateway.upstream.transport import Event
 
 log = logging.getLogger(__name__)
-VERSION_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# Accepted, not sent on: Sentinel's cache controls; top_k, which OpenAI's format has no equivalent
+# of; service_tier, whose values are Anthropic's and mean something else to OpenAI.
+NOT_SENT = frozenset({"cache", "top_k", "service_tier"})
 MESSAGES_IDENTIFIERS = (("model",), ("metadata", "user_id"), ("cache", "namespace"))
 
 # Anthropic's error `type` for each status a client can receive (https://docs.anthropic.com/en/api/errors).
@@ -97,8 +97,13 @@ ERROR_TYPES = {
 # --- Anthropic's request, as an allowlist --------------------------------------------------------
 
 
+class CacheControl(_Strict):
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
 class _Block(_Strict):
-    cache_control: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None
 
 
 class TextBlock(_Block):
@@ -107,14 +112,34 @@ class TextBlock(_Block):
     citations: list[dict[str, Any]] | None = None
 
 
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+class Base64Source(_Strict):
+    type: Literal["base64"]
+    media_type: NonEmpty
+    data: NonEmpty
+
+
+class UrlSource(_Strict):
+    # Fetched by the provider, as an image_url part of a chat request is.
+    type: Literal["url"]
+    url: NonEmpty
+
+
+# Sources litellm translates for every format: inline data and URLs (not Anthropic's Files API ids,
+# which only Anthropic could read).
+Source = Annotated[Base64Source | UrlSource, Field(discriminator="type")]
+
+
 class ImageBlock(_Block):
     type: Literal["image"]
-    source: dict[str, Any]
+    source: Source
 
 
 class DocumentBlock(_Block):
     type: Literal["document"]
-    source: dict[str, Any]
+    source: Source
     title: str | None = None
     context: str | None = None
     citations: dict[str, Any] | None = None
@@ -153,7 +178,7 @@ ContentBlock = Annotated[
 
 class MessageParam(_Strict):
     role: Literal["user", "assistant"]
-    content: str | list[ContentBlock]
+    content: NonEmpty | Annotated[list[ContentBlock], Field(min_length=1)]
 
 
 class ToolParam(_Strict):
@@ -163,13 +188,36 @@ class ToolParam(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=200)]
     description: str | None = None
     input_schema: dict[str, Any]
-    cache_control: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None
 
 
-class ToolChoice(_Strict):
-    type: Literal["auto", "any", "tool", "none"]
-    name: str | None = None
+class _ToolChoice(_Strict):
     disable_parallel_tool_use: bool | None = None
+
+
+class ToolChoiceAuto(_ToolChoice):
+    type: Literal["auto"]
+
+
+class ToolChoiceAny(_ToolChoice):
+    type: Literal["any"]
+
+
+class ToolChoiceTool(_ToolChoice):
+    type: Literal["tool"]
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class ToolChoiceNone(_Strict):
+    type: Literal["none"]
+
+
+ToolChoice = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone, Field(discriminator="type")]
+
+
+class ThinkingConfig(_Strict):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: integer(ge=1024, le=2**31 - 1) | None = None
 
 
 class Metadata(_Strict):
@@ -194,6 +242,9 @@ class MessagesRequest(_MessagesBody):
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     top_k: integer(ge=0, le=2**31 - 1) | None = None
     metadata: Metadata | None = None
+    # Asked of the chain as OpenAI's reasoning_effort (litellm's translation; an Anthropic-format
+    # deployment gets its thinking budget back from it). "disabled" asks for nothing.
+    thinking: ThinkingConfig | None = None
     service_tier: str | None = None
     # Sentinel's: read by gateway.cache.engine.controls_from, never sent to a provider.
     cache: dict[str, Any] | None = None
@@ -204,29 +255,38 @@ class CountTokensRequest(_MessagesBody):
 
 
 def parse_messages_request(raw: bytes, schema: type[_MessagesBody] = MessagesRequest) -> tuple[_MessagesBody, dict]:
-    """The validated request and the body as sent. Raises GatewayError(400) on anything wrong."""
+    """The validated request and the body it read (without the nulls that stand for leaving a field
+    out, which litellm's adapter would not all read so). Raises GatewayError(400) on anything wrong."""
     body = json_object(raw)
     check_body(body, identifiers=MESSAGES_IDENTIFIERS, raw=raw)
     try:
-        return schema.model_validate(body), body
+        request = schema.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    read = request.model_dump(exclude_none=True)
+    if body.get("cache") is not None:
+        read["cache"] = body["cache"]  # as sent: gateway.cache.engine.controls_from checks it
+    return request, read
 
 
 def chat_request_from(body: dict) -> tuple[ChatRequest, dict]:
     """The chat request a validated Messages body translates to (litellm's adapter), checked as the
     chat path checks its own: what it produces outside OpenAI's parameters (top_k, thinking) is not
     sent on, so nothing reaches a provider that the chat allowlist would refuse."""
-    anthropic = {name: value for name, value in body.items() if name != "cache"}
+    anthropic = {name: value for name, value in body.items() if name not in NOT_SENT}
+    if (body.get("thinking") or {}).get("type") == "disabled":
+        del anthropic["thinking"]
     try:
         translated, _ = LiteLLMAnthropicMessagesAdapter(keep_cache_control=True).translate_anthropic_to_openai(
             anthropic
         )
-    except Exception as exc:  # a request litellm cannot read is the client's to fix
+    except Exception as exc:  # noqa: BLE001 - a request litellm cannot read is the client's to fix
         log.info("untranslatable messages request: %r", exc)
         raise invalid_request("The request could not be translated: check its content blocks.") from None
     chat = {name: value for name, value in dict(translated).items() if name in CHAT_PARAMETERS}
     chat["messages"] = [_without_nulls(message) for message in chat["messages"]]
+    if not chat["messages"]:
+        raise invalid_request("The messages hold nothing a model can read.", param="messages")
     if "cache" in body:
         chat["cache"] = body["cache"]
     try:
@@ -270,7 +330,6 @@ async def create(headers, raw_body: bytes) -> Reply:
     call = Call(request_id=request_id_from(headers.get("x-sentinel-request-id")))
     try:
         call.key = await identify(headers, None)
-        check_version(headers)
         _, anthropic = parse_messages_request(raw_body)
         call.request, call.body = chat_request_from(anthropic)
         call.cache_controls = cache.controls_from(call.body, headers)
@@ -291,12 +350,6 @@ async def create(headers, raw_body: bytes) -> Reply:
         if call.key is not None:
             spawn(finish(call, ledger_record(call, 499, error_code="client_disconnected")))
         raise
-
-
-def check_version(headers) -> None:
-    version = headers.get("anthropic-version")
-    if version is not None and not VERSION_PATTERN.match(version):
-        raise invalid_request("anthropic-version must be a dated version such as 2023-06-01.")
 
 
 async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
@@ -426,7 +479,6 @@ async def count_tokens(headers, raw_body: bytes) -> Reply:
     try:
         key = await identify(headers, None)
         await ensure_not_blocked(key)
-        check_version(headers)
         request, body = parse_messages_request(raw_body, CountTokensRequest)
         authorize_model(key, request.model)
         route = await route_for(request.model, key.tenant_id)

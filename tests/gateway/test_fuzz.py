@@ -91,11 +91,13 @@ def served_schema() -> dict:
 
 
 def fuzzable(raw: dict) -> dict:
-    # Generated chat and embeddings requests name the models the fixture serves (invalid ones still
+    # Generated chat, embeddings and messages requests name the models the fixture serves (invalid ones still
     # name anything).
     raw = copy.deepcopy(raw)
     raw["components"]["schemas"]["ChatChatRequest"]["properties"]["model"]["enum"] = [FUZZ_MODEL]
     raw["components"]["schemas"]["EmbeddingsEmbeddingRequest"]["properties"]["model"]["enum"] = [FUZZ_EMBEDDING_MODEL]
+    for name in ("MessagesMessagesRequest", "MessagesCountTokensRequest"):
+        raw["components"]["schemas"][name]["properties"]["model"]["enum"] = [FUZZ_MODEL]
     return raw
 
 

@@ -49,17 +49,25 @@ def request_id(raw) -> str:
 
 
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
-def test_the_sdk_gets_the_same_answer_usage_and_cost_over_each_format(gateway, api_key, dialect_chain, kind, mock_provider):
+def test_the_sdk_gets_the_same_answer_usage_and_cost_over_each_format(
+    gateway, api_key, dialect_chain, kind, mock_provider
+):
     model, (provider,) = dialect_chain(kind)
     client = sdk(gateway, api_key)
     text = f"messages {kind}"
     system = [{"type": "text", "text": "Answer briefly.", "cache_control": {"type": "ephemeral"}}]
     prompt = expected_prompt_tokens(
-        [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": [{"type": "text", "text": text}]}]
+        [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": [{"type": "text", "text": text}]},
+        ]
     )
 
     raw = client.messages.with_raw_response.create(
-        model=model, max_tokens=100, system=system, messages=[{"role": "user", "content": [{"type": "text", "text": text}]}]
+        model=model,
+        max_tokens=100,
+        system=system,
+        messages=[{"role": "user", "content": [{"type": "text", "text": text}]}],
     )
     message = raw.parse()
     assert raw.headers["x-sentinel-provider"] == provider
@@ -184,14 +192,20 @@ def test_count_tokens_uses_the_models_tokenizer(gateway, api_key, dialect_chain)
         ({}, {"model": "no-such-model"}, 404, "not_found_error"),
         ({}, {"max_tokens": 0}, 400, "invalid_request_error"),
         ({}, {"api_base": "http://attacker.invalid"}, 400, "invalid_request_error"),
-        ({}, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "api_key": "k"}]}]}, 400, "invalid_request_error"),
+        (
+            {},
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "api_key": "k"}]}]},
+            400,
+            "invalid_request_error",
+        ),
         ({}, {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "invalid_request_error"),
         ({}, {"messages": [{"role": "user", "content": "nul \u0000"}]}, 400, "invalid_request_error"),
-        ({"anthropic-version": "latest"}, None, 400, "invalid_request_error"),
     ],
-    ids=["bad-key", "unknown-model", "max-tokens", "api-base", "block-field", "server-tool", "nul", "version"],
+    ids=["bad-key", "unknown-model", "max-tokens", "api-base", "block-field", "server-tool", "nul"],
 )
-def test_errors_are_in_anthropics_shape(gateway, api_key, dialect_chain, mock_provider, headers, body, status, error_type):
+def test_errors_are_in_anthropics_shape(
+    gateway, api_key, dialect_chain, mock_provider, headers, body, status, error_type
+):
     model, (provider,) = dialect_chain("openai")
     request = {"model": model, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], **(body or {})}
     raw = httpx.post(
@@ -251,3 +265,53 @@ def test_messages_fields_never_answer_500(gateway, api_key, dialect_chain, mock_
     if response.status_code >= 400:
         assert response.json()["type"] == "error" and set(response.json()["error"]) == {"type", "message"}
         assert mock_provider.stats(provider)["calls"] == calls
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_a_stream_broken_after_it_started_ends_with_an_error_event(
+    gateway, api_key, dialect_chain, mock_provider, kind
+):
+    model, (provider,) = dialect_chain(kind)
+    mock_provider.control(provider, drop_after=3)
+    raw = httpx.post(
+        f"{gateway.url}/v1/messages",
+        headers={"x-api-key": api_key, **NO_CACHE},
+        json={"model": model, "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "cut"}]},
+        timeout=30,
+    )
+    events = [line.removeprefix("event: ") for line in raw.text.splitlines() if line.startswith("event: ")]
+    assert (raw.status_code, events[0], events[-1]) == (200, "message_start", "error")
+    assert "message_stop" not in events
+    error = json.loads(raw.text.rstrip().splitlines()[-1].removeprefix("data: "))
+    assert error["type"] == "error" and error["error"]["type"] == "api_error"
+    row = ledger_rows([raw.headers["x-sentinel-request-id"]])[raw.headers["x-sentinel-request-id"]]
+    assert (row.status_code, row.error_code, row.provider) == (502, "stream_interrupted", provider)
+
+
+def test_an_answer_is_served_again_from_the_cache_streamed_or_not(
+    gateway, tenant, api_key, dialect_chain, mock_provider
+):
+    from tests.gateway.test_cache import wait_stored
+
+    model, (provider,) = dialect_chain("anthropic")
+    client = anthropic.Anthropic(base_url=gateway.url, api_key=api_key, max_retries=0, timeout=30)
+    messages = [{"role": "user", "content": "remember me"}]
+    first = client.messages.with_raw_response.create(model=model, max_tokens=100, messages=messages)
+    wait_stored(tenant, 1)
+    again = client.messages.with_raw_response.create(model=model, max_tokens=100, messages=messages)
+    with client.messages.stream(model=model, max_tokens=100, messages=messages) as stream:
+        replayed = "".join(stream.text_stream)
+        replayed_headers = stream.response.headers
+    assert [r.headers["x-sentinel-cache"] for r in (first, again)] + [replayed_headers["x-sentinel-cache"]] == [
+        "miss",
+        "hit-exact",
+        "hit-exact",
+    ]
+    assert again.parse().content[0].text == replayed == first.parse().content[0].text == answer_text("remember me")
+    assert mock_provider.stats(provider)["calls"] == 1
+    prompt = expected_prompt_tokens(messages)
+    rows = ledger_rows([request_id(first), request_id(again)])
+    assert (rows[request_id(again)].cost_usd, rows[request_id(again)].saved_cost_usd) == (
+        Decimal(0),
+        cost("anthropic", prompt, 40),
+    )
