@@ -170,15 +170,25 @@ class RedactedThinkingBlock(_Strict):
     data: str
 
 
-ContentBlock = Annotated[
-    TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
-    Field(discriminator="type"),
+# Anthropic's blocks by who may send them: thinking and tool calls are the assistant's, tool results
+# and documents the user's.
+UserBlock = Annotated[TextBlock | ImageBlock | DocumentBlock | ToolResultBlock, Field(discriminator="type")]
+AssistantBlock = Annotated[
+    TextBlock | ToolUseBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
 ]
 
 
-class MessageParam(_Strict):
-    role: Literal["user", "assistant"]
-    content: NonEmpty | Annotated[list[ContentBlock], Field(min_length=1)]
+class UserMessage(_Strict):
+    role: Literal["user"]
+    content: NonEmpty | Annotated[list[UserBlock], Field(min_length=1)]
+
+
+class AssistantMessage(_Strict):
+    role: Literal["assistant"]
+    content: NonEmpty | Annotated[list[AssistantBlock], Field(min_length=1)]
+
+
+MessageParam = Annotated[UserMessage | AssistantMessage, Field(discriminator="role")]
 
 
 class ToolParam(_Strict):

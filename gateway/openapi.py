@@ -9,6 +9,7 @@ so the documentation cannot drift from what the gateway accepts and returns.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from litellm.types.llms.anthropic_messages.anthropic_response import AnthropicMessagesResponse
@@ -54,7 +55,9 @@ def _component(model: type[BaseModel], prefix: str, components: dict[str, Any]) 
 def _typed_component(kind: Any, name: str, prefix: str, components: dict[str, Any]) -> dict[str, str]:
     """The JSON Schema of a typed dict (litellm's answer types) as a component; returns a $ref."""
     template = "#/components/schemas/" + prefix + "{model}"
-    schema = TypeAdapter(kind).json_schema(ref_template=template, mode="serialization")
+    with warnings.catch_warnings():  # litellm's typed dicts mark fields ReadOnly, which pydantic remarks on
+        warnings.simplefilter("ignore", UserWarning)
+        schema = TypeAdapter(kind).json_schema(ref_template=template, mode="serialization")
     for nested_name, nested in schema.pop("$defs", {}).items():
         components[prefix + nested_name] = nested
     components[prefix + name] = schema
@@ -717,6 +720,10 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     # One call covers both requests' nested models (the count's shares them).
     document_limits(schemas, prefix="Messages", component="MessagesMessagesRequest", identifiers=MESSAGES_IDENTIFIERS)
     schemas["MessagesMessagesRequest"]["properties"]["cache"] = CACHE_CONTROLS
+    # metadata.user_id is an identifier too (MESSAGES_IDENTIFIERS), in a nested model document_limits does not follow.
+    for member in schemas["MessagesMetadata"]["properties"]["user_id"]["anyOf"]:
+        if member.get("type") == "string":
+            member["pattern"] = NO_CONTROL
     document_limits(
         schemas, prefix="SentinelBatchCreate", component="SentinelBatchCreate", identifiers=BATCH_CREATE_IDENTIFIERS
     )
