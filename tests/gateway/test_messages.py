@@ -96,6 +96,10 @@ def test_the_sdk_gets_the_same_answer_usage_and_cost_over_each_format(
     (use,) = called.parse().content
     assert (called.parse().stop_reason, use.type, use.name, use.input) == ("tool_use", "tool_use", "lookup", {})
     assert (called.parse().usage.input_tokens, called.parse().usage.output_tokens) == (tool_prompt, 5)
+    with client.messages.stream(model=model, max_tokens=100, tools=TOOLS, messages=[question]) as stream:
+        streamed_use = stream.get_final_message()
+    assert [(b.type, b.name, b.input) for b in streamed_use.content] == [("tool_use", "lookup", {})]
+    assert (streamed_use.stop_reason, streamed_use.usage.output_tokens) == ("tool_use", 5)
     answered = client.messages.with_raw_response.create(
         model=model,
         max_tokens=100,
