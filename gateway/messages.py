@@ -6,7 +6,7 @@ of the chat path (gateway.pipeline):
     not, failing over across formats) → screen output → translate the answer back → finish (ledger)
 
 The translation both ways is litellm's own Messages adapter (LiteLLMAnthropicMessagesAdapter and its
-AnthropicStreamWrapper, what the LiteLLM proxy serves /v1/messages with), so every deployment a chat
+AnthropicStreamWrapper, from litellm.llms.anthropic.messages.adapters), so every deployment a chat
 request can reach serves Messages too, and an Anthropic-format deployment gets `cache_control` as
 sent (litellm's Anthropic translation carries it from the chat messages to the provider's blocks).
 Hand-written here: the request's validation (Anthropic's schema as an allowlist: a client names no
