@@ -184,7 +184,7 @@ def check_input(value: Any) -> None:
 
 
 async def create(headers, raw_body: bytes) -> Reply:
-    call = Call(request_id=request_id_from(headers.get("x-sentinel-request-id")), endpoint="embeddings")
+    call = Call(request_id=request_id_from(headers.get("x-sentinel-request-id")))
     try:
         call.key = await identify(headers, None)
         call.request, call.body = parse_embedding_request(raw_body)

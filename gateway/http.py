@@ -1,5 +1,5 @@
-"""The hot endpoints, POST /v1/chat/completions, /v1/embeddings and /v1/responses, and GET
-/v1/models, served as a plain ASGI app.
+"""The hot endpoints, POST /v1/chat/completions, /v1/embeddings, /v1/responses and /v1/messages (and
+its count_tokens), and GET /v1/models, served as a plain ASGI app.
 
 The request path (gateway.pipeline) takes headers and a body and returns a Reply; serving it
 through Django's ASGI handler cost more CPU than the whole pipeline (two signals whose receivers run
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from gateway import embeddings, pipeline
+from gateway import embeddings, messages, metrics, pipeline
 from gateway.errors import GatewayError
 from gateway.pipeline import Reply
 from gateway.responses import api as responses
@@ -30,6 +30,9 @@ Handler = Callable[[dict, bytes], Awaitable[Reply]]
 class Route:
     method: str
     handler: Handler
+    endpoint: str  # the metrics label
+    # The dialect's error body, for refusals before the handler runs (Anthropic's for /v1/messages).
+    error_body: Callable[[GatewayError], bytes] = GatewayError.body
 
 
 async def _models(headers: dict, body: bytes) -> Reply:
@@ -37,10 +40,12 @@ async def _models(headers: dict, body: bytes) -> Reply:
 
 
 ROUTES = {
-    "/v1/chat/completions": Route("POST", pipeline.chat_completions),
-    "/v1/embeddings": Route("POST", embeddings.create),
-    "/v1/responses": Route("POST", responses.create),
-    "/v1/models": Route("GET", _models),
+    "/v1/chat/completions": Route("POST", pipeline.chat_completions, "chat_completions"),
+    "/v1/embeddings": Route("POST", embeddings.create, "embeddings"),
+    "/v1/responses": Route("POST", responses.create, "responses"),
+    "/v1/messages": Route("POST", messages.create, "messages", messages.render_error),
+    "/v1/messages/count_tokens": Route("POST", messages.count_tokens, "messages_count_tokens", messages.render_error),
+    "/v1/models": Route("GET", _models, "models"),
 }
 
 
@@ -109,20 +114,24 @@ async def serve(scope, receive, send) -> None:
             f"Use {route.method} for {scope['path']}.",
             headers={"allow": route.method},
         )
-        await _send(Reply(405, error.headers, error.body()), send)
+        metrics.endpoint_request(route.endpoint, 405)
+        await _send(Reply(405, error.headers, route.error_body(error)), send)
         return
     headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in raw_headers}
     try:
         body = await _read_body(receive, headers.get("content-length", "").encode() or None)
     except GatewayError as error:
-        await _send(Reply(error.status, {}, error.body()), send, close=True)
+        metrics.endpoint_request(route.endpoint, error.status)
+        await _send(Reply(error.status, {}, route.error_body(error)), send, close=True)
         return
     if body is None:
         return
     connection = _Connection()
     watcher = asyncio.get_running_loop().create_task(_watch(receive, asyncio.current_task(), connection))
     try:
-        await _send(await route.handler(headers, body), send)
+        reply = await route.handler(headers, body)
+        metrics.endpoint_request(route.endpoint, reply.status)
+        await _send(reply, send)
     except asyncio.CancelledError:
         if not connection.gone:
             raise  # the server is shutting down, not the client leaving

@@ -75,7 +75,8 @@ REQUESTS = Counter(
 )
 ENDPOINT_REQUESTS = Counter(
     "sentinel_endpoint_requests",
-    "Authenticated requests by API endpoint (chat_completions, embeddings, responses) and status.",
+    "Requests to the hot API endpoints (chat_completions, embeddings, responses, messages, "
+    "messages_count_tokens, models) by the status answered (a stream counts when it starts).",
     ("endpoint", "status"),
 )
 UPSTREAM_ATTEMPTS = Counter(
@@ -282,7 +283,6 @@ def request_finished(
     tenant: str,
     elapsed_seconds: float,
     upstream_seconds: float,
-    endpoint: str = "chat_completions",
 ) -> None:
     """Everything the end of one authenticated request tells: called once per request."""
     served = record.status_code < 400 or bool(record.provider)
@@ -291,7 +291,6 @@ def request_finished(
     tier = record.cache_tier
     status = record.status_code
     _child(REQUESTS, model, provider, status, record.error_code).inc()
-    _child(ENDPOINT_REQUESTS, endpoint, status).inc()
     _child(REQUEST_SECONDS, model, provider, tier).observe(elapsed_seconds)
     if record.ttft_ms is not None:
         until_answer = record.ttft_ms / 1000
@@ -317,6 +316,11 @@ def request_finished(
 
 def request_refused(status: int, code: str) -> None:
     _child(REQUESTS, "", "", status, code).inc()
+
+
+def endpoint_request(endpoint: str, status: int) -> None:
+    """A request to one of the hot API endpoints was answered (gateway.http)."""
+    _child(ENDPOINT_REQUESTS, endpoint, status).inc()
 
 
 def upstream_attempt(provider: str, code: str) -> None:

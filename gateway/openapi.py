@@ -9,15 +9,18 @@ so the documentation cannot drift from what the gateway accepts and returns.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
+from litellm.types.llms.anthropic_messages.anthropic_response import AnthropicMessagesResponse
 from openai.types import Batch, CreateEmbeddingResponse, FileDeleted, FileObject
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from gateway.batches.schemas import BatchCreate
 from gateway.bodies import BATCH_CREATE_IDENTIFIERS, CHAT_IDENTIFIERS, NO_CONTROL, document_limits
 from gateway.embeddings import EMBEDDING_IDENTIFIERS, EmbeddingRequest
+from gateway.messages import MESSAGES_IDENTIFIERS, CountTokensRequest, MessagesRequest
 from gateway.responses.schemas import RESPONSES_IDENTIFIERS, ResponsesRequest
 from gateway.schemas import ChatRequest
 
@@ -48,6 +51,18 @@ def _component(model: type[BaseModel], prefix: str, components: dict[str, Any]) 
         components[prefix + name] = nested
     components[prefix + model.__name__] = schema
     return {"$ref": template.format(model=model.__name__)}
+
+
+def _typed_component(kind: Any, name: str, prefix: str, components: dict[str, Any]) -> dict[str, str]:
+    """The JSON Schema of a typed dict (litellm's answer types) as a component; returns a $ref."""
+    template = "#/components/schemas/" + prefix + "{model}"
+    with warnings.catch_warnings():  # litellm's typed dicts mark fields ReadOnly, which pydantic remarks on
+        warnings.simplefilter("ignore", UserWarning)
+        schema = TypeAdapter(kind).json_schema(ref_template=template, mode="serialization")
+    for nested_name, nested in schema.pop("$defs", {}).items():
+        components[prefix + nested_name] = nested
+    components[prefix + name] = schema
+    return {"$ref": template.format(model=name)}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -500,6 +515,143 @@ RESPONSES_EVENT = {
 
 _CHAT_ONLY_HEADERS = frozenset({"x-sentinel-route", "x-sentinel-escalated"})
 
+ANTHROPIC_ERROR = {
+    "type": "object",
+    "description": "Anthropic's error shape: `error.type` is Anthropic's name for the status.",
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            "required": ["type", "message"],
+        },
+    },
+    "required": ["type", "error"],
+}
+_ANTHROPIC_HEADERS = [
+    {
+        "name": "anthropic-version",
+        "in": "header",
+        "required": False,
+        "description": "Anthropic's API version, as the SDKs send it (2023-06-01 or later); optional, not checked.",
+        "schema": {"type": "string"},
+    }
+]
+
+
+def _anthropic_errors(statuses: dict[int, str]) -> dict[str, Any]:
+    return {
+        str(status): {
+            "description": description,
+            "headers": _ID_HEADER,
+            "content": {"application/json": {"schema": _ref("AnthropicError")}},
+        }
+        for status, description in statuses.items()
+    }
+
+
+def messages_paths(components: dict[str, Any]) -> dict[str, Any]:
+    """/v1/messages and its count_tokens: Anthropic's Messages API (gateway.messages)."""
+    request = _component(MessagesRequest, "Messages", components)
+    count_request = _component(CountTokensRequest, "Messages", components)
+    answer = _typed_component(AnthropicMessagesResponse, "Message", "Anthropic", components)
+    components["AnthropicError"] = ANTHROPIC_ERROR
+    errors = {
+        400: "`invalid_request_error`: a malformed body, an unknown field, a server tool; "
+        "or a request the provider refused as invalid or the tenant's screening blocked.",
+        401: "`authentication_error`: missing, unknown, revoked or expired key.",
+        402: "`billing_error`: a budget that applies is spent.",
+        403: "`permission_error`: the key may not use the model, or its tenant is suspended.",
+        404: "`not_found_error`: no such model.",
+        405: "`invalid_request_error`: use POST.",
+        413: "`request_too_large`: the body is over the configured limit.",
+        429: "`rate_limit_error`: a limit of the key, tenant or model, or the provider's.",
+        502: "`api_error`: the provider failed in a way no fallback could fix.",
+        503: "`overloaded_error`: every deployment failed or is at its concurrency limit (with Retry-After).",
+        504: "`timeout_error`: the provider did not answer in time.",
+    }
+    event = {
+        "type": "object",
+        "properties": {
+            "event": {
+                "enum": [
+                    "message_start",
+                    "content_block_start",
+                    "content_block_delta",
+                    "content_block_stop",
+                    "message_delta",
+                    "message_stop",
+                    "ping",
+                    "error",
+                ]
+            },
+            "data": {"type": "string", "contentMediaType": "application/json"},
+        },
+        "required": ["event", "data"],
+    }
+    return {
+        "/v1/messages": {
+            "post": {
+                "operationId": "messages_create",
+                "summary": "Create a message (Anthropic-compatible)",
+                "description": (
+                    "Anthropic's Messages API over any deployment of the model's chain (OpenAI-, Anthropic- or "
+                    "Gemini-format), through the chat path's admission, budgets, screening, cache, failover and "
+                    "ledger. The key goes in `x-api-key` or `Authorization: Bearer`. Client tools only (server "
+                    "tools are refused); `cache_control` reaches Anthropic-format deployments as sent; `top_k` "
+                    "and `service_tier` are accepted and not sent on. With `stream: true` the answer is "
+                    "Anthropic's event sequence (message_start … message_stop), ending with an `error` event "
+                    "if the provider's stream broke off after it started."
+                ),
+                "tags": ["gateway"],
+                "security": _KEY_SECURITY,
+                "parameters": [_REQUEST_ID_PARAMETER, *_ANTHROPIC_HEADERS],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+                "responses": {
+                    "200": {
+                        "description": "The message, or its event stream.",
+                        "headers": {k: v for k, v in _COMPLETION_HEADERS.items() if k not in _CHAT_ONLY_HEADERS},
+                        "content": {
+                            "application/json": {"schema": answer},
+                            "text/event-stream": {"schema": event},
+                        },
+                    },
+                    **_anthropic_errors(errors),
+                },
+            }
+        },
+        "/v1/messages/count_tokens": {
+            "post": {
+                "operationId": "messages_count_tokens",
+                "summary": "Count a message request's input tokens (Anthropic-compatible)",
+                "description": (
+                    "The input's tokens as litellm's token counter counts them for the model's first deployment. "
+                    "No provider is called: not admitted, not billed."
+                ),
+                "tags": ["gateway"],
+                "security": _KEY_SECURITY,
+                "parameters": [_REQUEST_ID_PARAMETER, *_ANTHROPIC_HEADERS],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": count_request}}},
+                "responses": {
+                    "200": {
+                        "description": "The count.",
+                        "headers": _ID_HEADER,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {"input_tokens": {"type": "integer", "minimum": 0}},
+                                    "required": ["input_tokens"],
+                                }
+                            }
+                        },
+                    },
+                    **_anthropic_errors({k: v for k, v in errors.items() if k not in (402, 429, 502, 503, 504)}),
+                },
+            }
+        },
+    }
+
 
 def _page(item: dict[str, str]) -> dict[str, Any]:
     return {
@@ -703,6 +855,7 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
         **gateway_paths(schemas),
         **embedding_paths(schemas),
         **responses_paths(schemas),
+        **messages_paths(schemas),
         **batch_paths(schemas),
         **result.get("paths", {}),
     }
@@ -712,6 +865,13 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
         schemas, prefix="Embeddings", component="EmbeddingsEmbeddingRequest", identifiers=EMBEDDING_IDENTIFIERS
     )
     schemas["EmbeddingsEmbeddingRequest"]["properties"]["cache"] = CACHE_CONTROLS
+    # One call covers both requests' nested models (the count's shares them).
+    document_limits(schemas, prefix="Messages", component="MessagesMessagesRequest", identifiers=MESSAGES_IDENTIFIERS)
+    schemas["MessagesMessagesRequest"]["properties"]["cache"] = CACHE_CONTROLS
+    # metadata.user_id is an identifier too (MESSAGES_IDENTIFIERS), in a nested model document_limits does not follow.
+    for member in schemas["MessagesMetadata"]["properties"]["user_id"]["anyOf"]:
+        if member.get("type") == "string":
+            member["pattern"] = NO_CONTROL
     document_limits(
         schemas, prefix="Responses", component="ResponsesResponsesRequest", identifiers=RESPONSES_IDENTIFIERS
     )

@@ -93,7 +93,6 @@ class Call:
     """What the pipeline learns about one request as it goes."""
 
     request_id: str
-    endpoint: str = "chat_completions"  # the API endpoint, a metrics label
     started: float = field(default_factory=time.perf_counter)
     queued: Queued | None = None
     key: KeyInfo | None = None
@@ -831,7 +830,6 @@ async def finish(call: Call, record: LedgerRecord) -> None:
         tenant=call.key.tenant_slug,
         elapsed_seconds=time.perf_counter() - call.started,
         upstream_seconds=call.upstream_seconds,
-        endpoint=call.endpoint,
     )
     logged = call.key.log_prompts and record.status_code == 200
     # An embeddings request has no messages: its input is not logged.

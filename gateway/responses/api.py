@@ -93,7 +93,7 @@ class Turn:
 
 
 async def create(headers, raw_body: bytes) -> Reply:
-    call = Call(request_id=request_id_from(headers.get("x-sentinel-request-id")), endpoint="responses")
+    call = Call(request_id=request_id_from(headers.get("x-sentinel-request-id")))
     try:
         call.key = await identify(headers, None)
         request, body = parse_responses_request(raw_body)

@@ -91,12 +91,14 @@ def served_schema() -> dict:
 
 
 def fuzzable(raw: dict) -> dict:
-    # Generated chat, embeddings and responses requests name the models the fixture serves (invalid ones still
+    # Generated chat, embeddings, responses and messages requests name the models the fixture serves (invalid ones still
     # name anything).
     raw = copy.deepcopy(raw)
     raw["components"]["schemas"]["ChatChatRequest"]["properties"]["model"]["enum"] = [FUZZ_MODEL]
     raw["components"]["schemas"]["EmbeddingsEmbeddingRequest"]["properties"]["model"]["enum"] = [FUZZ_EMBEDDING_MODEL]
     raw["components"]["schemas"]["ResponsesResponsesRequest"]["properties"]["model"]["enum"] = [FUZZ_MODEL]
+    for name in ("MessagesMessagesRequest", "MessagesCountTokensRequest"):
+        raw["components"]["schemas"][name]["properties"]["model"]["enum"] = [FUZZ_MODEL]
     return raw
 
 
