@@ -144,6 +144,14 @@ class TTLCache:
         self._data.move_to_end(key)
         return value
 
+    def set_last_known(self, key: Any, value: Any) -> None:
+        """Keep `value` as the last known one only: served while the database is away, never
+        instead of reading it."""
+        self._data[key] = (float("-inf"), value)
+        self._data.move_to_end(key)
+        while len(self._data) > self.maxsize:
+            self._data.popitem(last=False)
+
     def stale(self, key: Any, default: Any = None) -> Any:
         """The last value set for `key`, expired or not."""
         item = self._data.get(key, _MISSING)

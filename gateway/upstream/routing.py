@@ -243,15 +243,19 @@ PRELOAD_MAX_MODELS = 2_000
 
 def preload() -> int:
     """Read the model list, the kill switches and every model's route (with its prices) into this
-    process: the copies it serves by if the database goes away before any request asked for them.
-    Returns how many routes were read."""
+    process as last-known copies: what it serves by if the database goes away before any request
+    asked for them. They are never served instead of reading the database (the first request still
+    reads it). Returns how many routes were read."""
 
     def read() -> int:
         names = _model_names()
-        _names.set("all", names)
-        _switches.set("active", _load_switches())
+        _names.set_last_known("all", names)
+        _switches.set_last_known("active", _load_switches())
         for name in names[:PRELOAD_MAX_MODELS]:
-            _routes.set(name, _load_route(name))
+            _routes.set_last_known(name, _load_route(name))
+        from billing.prices import clear_cache
+
+        clear_cache()  # the prices the routes read: last-known copies too
         return len(names[:PRELOAD_MAX_MODELS])
 
     return from_database_sync(read)
