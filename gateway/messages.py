@@ -454,7 +454,6 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
             if event.data.get("usage"):
                 usage = event.data["usage"]
             if event.data.get("choices"):
-                call.chunks += 1
                 answer.add(event.data)
             yield event
 
@@ -475,7 +474,7 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
         await finish(call, await stream_record(call, 502, "stream_interrupted", usage))
     finally:
         if not recorded:
-            spawn(finish_disconnected(call, usage))
+            spawn(finish_disconnected(call, usage, answer))
         await rest.aclose()
 
 

@@ -106,7 +106,6 @@ class Call:
     target: Target | None = None
     fallbacks: int = 0
     ttft_ms: int | None = None
-    chunks: int = 0  # content chunks relayed so far (a stream's usage if it ends early)
     cache_controls: cache.Controls = field(default_factory=cache.Controls)
     cache_key: CacheKey | None = None
     cache_tier: str = "bypass"
@@ -726,7 +725,6 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event], dialect: S
                 if not chunk.get("choices"):
                     dialect.usage(chunk)
                     continue
-            call.chunks += 1
             answer.add(chunk)
             yield dialect.chunk(event)
         recorded = True
@@ -747,7 +745,7 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event], dialect: S
     finally:
         if not recorded:
             # The client went away (this task is being cancelled): record what it got, separately.
-            spawn(finish_disconnected(call, usage))
+            spawn(finish_disconnected(call, usage, answer))
         await rest.aclose()
 
 
@@ -756,6 +754,7 @@ class Answer:
 
     def __init__(self) -> None:
         self.parts: list[str] = []
+        self.arguments: list[str] = []  # tool calls' names and arguments as relayed
         self.finish_reason: str | None = None
         self.tool_calls = False
 
@@ -764,10 +763,17 @@ class Answer:
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 self.parts.append(delta["content"])
-            if delta.get("tool_calls") or delta.get("function_call"):
+            calls = delta.get("tool_calls") or ([delta["function_call"]] if delta.get("function_call") else [])
+            for tool_call in calls:
                 self.tool_calls = True
+                function = (tool_call.get("function") if "function" in tool_call else tool_call) or {}
+                self.arguments.extend(v for v in (function.get("name"), function.get("arguments")) if v)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+
+    def relayed(self) -> str:
+        """All the answer text the client was sent, tool calls included."""
+        return "".join(self.parts) + "".join(self.arguments)
 
     def stored(self, usage: dict, model: str) -> dict:
         return {
@@ -779,13 +785,14 @@ class Answer:
         }
 
 
-async def finish_disconnected(call: Call, usage: dict) -> None:
+async def finish_disconnected(call: Call, usage: dict, answer: Answer) -> None:
+    """A client gone mid-stream is billed for what the provider produced: its own usage when it sent
+    one (an explicit zero included), else the prompt as reserved for the deployment that answered
+    and the text relayed, both by that deployment's tokenizer where it is public."""
     if not usage:
-        # Gone before the provider's count arrived: bill the prompt as reserved for the deployment
-        # that answered (its tokenizer's count where it is public) and what was relayed (about a
-        # token a chunk).
-        prompt = await prompt_tokens.aprompt_bound(call.body, [call.target.litellm_model])
-        usage = {"prompt_tokens": prompt, "completion_tokens": call.chunks}
+        model = call.target.litellm_model
+        prompt = await prompt_tokens.aprompt_bound(call.body, [model])
+        usage = {"prompt_tokens": prompt, "completion_tokens": prompt_tokens.completion_count(model, answer.relayed())}
     await finish(call, await stream_record(call, 499, "client_disconnected", usage))
 
 

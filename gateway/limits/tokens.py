@@ -322,6 +322,20 @@ async def aprompt_bound(body: dict, litellm_models: Iterable[str], *, exact: boo
     return bound()
 
 
+# The encoding that stands in for a model whose tokenizer is not public (Anthropic's, Gemini's): the
+# one litellm's own token counter falls back to.
+FALLBACK_ENCODING = "cl100k_base"
+
+
+def completion_count(litellm_model: str, text: str) -> int:
+    """Tokens of answer text a deployment produced, by its tokenizer (FALLBACK_ENCODING where it is
+    not public): what a stream the client left before the provider's usage arrived is billed for."""
+    if not text:
+        return 0
+    counting = counting_for(litellm_model)
+    return len(encoding(counting.encoding_name or FALLBACK_ENCODING).encode_ordinary(text))
+
+
 def prediction_bound(body: dict, litellm_models: Iterable[str], *, exact: bool = True) -> int:
     """Tokens of a Predicted Outputs `prediction`: those the answer does not use are billed as
     completion tokens besides the answer's own (0 without one)."""
