@@ -31,6 +31,7 @@ import socket
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import httptools
@@ -203,6 +204,22 @@ def serve(host: str, port: int, level: str) -> None:
     uvicorn.Server(config).run(sockets=[listening_socket(host, port)])
 
 
+def serve_child(host: str, port: int, level: str) -> int:
+    """A forked worker's exit status: 0 when it stopped, 1 with the traceback on stderr when it failed
+    (it leaves by os._exit, which skips the interpreter's own report of an uncaught exception)."""
+    try:
+        serve(host, port, level)
+    except SystemExit as exit_:
+        return 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:  # noqa: BLE001 - reported here: the worker leaves by os._exit
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from sentinel.embedded import ensure_environment
@@ -219,10 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         if pid == 0:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            try:
-                serve(args.host, args.port, level)
-            finally:
-                os._exit(0)
+            os._exit(serve_child(args.host, args.port, level))
         return pid
 
     children = {spawn() for _ in range(args.workers)}
@@ -245,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         except ChildProcessError:
             break
         children.discard(pid)
+        code = os.waitstatus_to_exitcode(code)  # -N: killed by signal N
         if stopping:
             continue
         # A worker died (killed, crashed): the others keep serving while a new one starts. A worker

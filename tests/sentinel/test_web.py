@@ -5,13 +5,15 @@ head."""
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
 import orjson
 import psutil
 
-from tests.servers import start_gateway
+from tests.servers import BASE_DIR, database_url_for, free_port, start_gateway
 
 
 def workers_of(gateway) -> list[psutil.Process]:
@@ -148,3 +150,25 @@ def test_a_malformed_request_is_answered_in_openais_error_shape(gateway):
     assert b"x-content-type-options: nosniff" in head.split(b"\r\n")
     assert orjson.loads(body)["error"]["code"] == "invalid_http_request"
     assert httpx.get(f"{gateway.url}/health/live", timeout=5).status_code == 200
+
+
+def test_a_worker_that_cannot_start_says_why_and_the_process_gives_up(test_database_name):
+    """A worker that fails as it starts (here: an address this host does not have) prints its
+    traceback and exits 1; the parent reports each exit status and stops once they keep dying.
+    A worker's os._exit(0) used to swallow the traceback: the log said only 'exited (status 0)'."""
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url_for(test_database_name)}
+    done = subprocess.run(
+        [sys.executable, "-m", "sentinel.web", "--host", "192.0.2.1", "--port", str(port), "--workers", "2"],
+        cwd=BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "OSError: [Errno 99] Cannot assign requested address" in done.stderr
+    assert "exited (status 1); starting another" in done.stderr
+    assert "exited (status 0)" not in done.stderr
+    assert "web workers keep dying" in done.stderr
