@@ -25,6 +25,7 @@ class Scenario:
 
 REGISTRY = [
     Scenario("overhead", "bench.overhead", "zero-latency mock: direct vs Sentinel vs LiteLLM, c=1 and c=32"),
+    Scenario("endpoints", "bench.endpoints", "c=1: chat, responses, messages, embeddings; fast path and translated"),
     Scenario("relay_mix", "bench.relay_mix", "realistic mock, 4000 requests, repeats/paraphrases/novel, cache off/on"),
     Scenario("failover", "bench.failover", "primary forced to 503 then to stalls mid-run: failures, breaker, recovery"),
     Scenario("admission", "bench.admission", "4 gateway processes: rate, concurrency and budget limits, overspend"),
@@ -36,7 +37,7 @@ REGISTRY = [
     Scenario("routing", "bench.routing", 'model "auto": the local classifier\'s time per prompt on the labeled set'),
     Scenario("balancing", "bench.balancing", "two deployments, one slowing: round-robin vs weighted vs P2C peak-EWMA"),
     Scenario("tokens", "bench.tokens", "prompt bounds for reservations: short chat, 3,000 characters a script, tools"),
-    Scenario("capacity", "bench.capacity", "CPU, Valkey commands and PostgreSQL writes per request; parts needed at 1k-100k rps"),
+    Scenario("capacity", "bench.capacity", "CPU, Valkey commands, PostgreSQL writes per request; parts for 1k-100k rps"),
     Scenario("redis_stall", "bench.redis_stall", "Valkey stalls mid-run: added latency, fail open/closed, recovery"),
     Scenario("profile", "bench.profile", "py-spy flame graphs of a web worker at c=32 (on demand)", in_all=False),
 ]

@@ -1,0 +1,198 @@
+"""Every endpoint apps call, one request at a time, against the mock directly: what Sentinel adds to
+chat completions, the Responses API, Anthropic's Messages API and embeddings, on the fast path (an
+OpenAI-format deployment) and through litellm's translation (an Anthropic-format deployment).
+
+    python -m bench endpoints [--requests 400] [--quick] [--workers N] [--out DIR]
+
+Zero-latency mock, one request at a time (c=1), non-stream; the cache bypassed per request so every
+request reaches the provider (the endpoints' cache rules differ: docs/api.md); authentication,
+admission, budgets and the ledger on. Each row gives the p50/p99 latency, what Sentinel adds to the
+p50 of the same upstream call made directly (chat's direct call for chat, responses and messages
+over the OpenAI format; the mock's Messages endpoint for the Anthropic format; its embeddings
+endpoint for embeddings) and the web workers' CPU per request. Issue #16's target: each new
+endpoint's added p50 within 1 ms of chat completions' on the fast path.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from bench import loadgen, report
+from bench.stack import MODEL_ALIAS, PROVIDER, Stack, add_stack_arguments, running_stack, web_server
+
+SCENARIO = "endpoints"
+ANTHROPIC_ALIAS = "bench-anthropic"
+ANTHROPIC_MODEL = "anthropic/claude-3-5-haiku-20241022"
+EMBEDDING_ALIAS = "bench-embed"
+EMBEDDING_MODEL = "openai/text-embedding-3-small"
+BYPASS = {"x-sentinel-cache-control": "no-cache, no-store"}
+PROMPT = "Say something about the sea."
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    target: str  # "direct" or "sentinel"
+    path: str  # after the base URL
+    body: dict
+    baseline: str  # the direct row this one is compared with ("" for a direct row)
+    fast_path: bool = True  # an OpenAI-format deployment: Sentinel's own transport, no translation
+
+
+ROWS = [
+    Row("direct: chat completions", "direct", "/v1/chat/completions", {"model": "gpt-4o-mini"}, ""),
+    Row("direct: messages (Anthropic format)", "direct", "/v1/messages", {"model": "claude-3-5-haiku"}, ""),
+    Row("direct: embeddings", "direct", "/v1/embeddings", {"model": "text-embedding-3-small"}, ""),
+    Row("chat completions", "sentinel", "/v1/chat/completions", {"model": MODEL_ALIAS}, "direct: chat completions"),
+    Row("responses", "sentinel", "/v1/responses", {"model": MODEL_ALIAS}, "direct: chat completions"),
+    Row("messages", "sentinel", "/v1/messages", {"model": MODEL_ALIAS}, "direct: chat completions"),
+    Row("embeddings", "sentinel", "/v1/embeddings", {"model": EMBEDDING_ALIAS}, "direct: embeddings"),
+    Row(
+        "chat completions → Anthropic format",
+        "sentinel",
+        "/v1/chat/completions",
+        {"model": ANTHROPIC_ALIAS},
+        "direct: messages (Anthropic format)",
+        fast_path=False,
+    ),
+    Row(
+        "messages → Anthropic format",
+        "sentinel",
+        "/v1/messages",
+        {"model": ANTHROPIC_ALIAS},
+        "direct: messages (Anthropic format)",
+        fast_path=False,
+    ),
+]
+
+
+def body_of(row: Row, i: int) -> dict:
+    text = f"{PROMPT} ({i})"
+    if row.path == "/v1/embeddings":
+        return {**row.body, "input": text}
+    if row.path == "/v1/responses":
+        return {**row.body, "input": text}
+    if row.path == "/v1/messages":
+        return {**row.body, "max_tokens": 64, "messages": [{"role": "user", "content": text}]}
+    return {**row.body, "messages": [{"role": "user", "content": text}]}
+
+
+def prepare_models(mock_url: str) -> None:
+    """An Anthropic-format deployment and an embedding deployment on the mock's bench provider."""
+    from django.db import transaction
+
+    from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
+    from sentinel.localstate import announce_change
+
+    with transaction.atomic():
+        anthropic, _ = Provider.objects.update_or_create(
+            name="bench-mock-anthropic", defaults={"kind": "anthropic", "api_base": f"{mock_url}/p/{PROVIDER}"}
+        )
+        anthropic.set_api_key("sk-ant-mock-bench")
+        anthropic.save()
+        openai = Provider.objects.get(name="bench-mock")
+        for alias_name, deployment_name, provider, model in [
+            (ANTHROPIC_ALIAS, "bench-mock-anthropic", anthropic, ANTHROPIC_MODEL),
+            (EMBEDDING_ALIAS, "bench-mock-embed", openai, EMBEDDING_MODEL),
+        ]:
+            deployment, _ = Deployment.objects.update_or_create(
+                name=deployment_name, defaults={"provider": provider, "litellm_model": model, "enabled": True}
+            )
+            alias, _ = ModelAlias.objects.update_or_create(
+                name=alias_name, defaults={"description": "The benchmarks' model (python -m bench endpoints)"}
+            )
+            ChainEntry.objects.get_or_create(alias=alias, deployment=deployment, defaults={"position": 0})
+    announce_change()
+
+
+def target(stack: Stack, row: Row) -> tuple[str, dict[str, str]]:
+    if row.target == "direct":
+        headers = {"authorization": "Bearer sk-mock-bench", "x-api-key": "sk-mock-bench"}
+        return f"{stack.mock_url}/p/{PROVIDER}{row.path}", headers
+    headers = {"authorization": f"Bearer {stack.key}", **BYPASS}
+    if row.path == "/v1/messages":
+        headers["anthropic-version"] = "2023-06-01"
+    return f"{stack.gateway_url}{row.path}", headers
+
+
+def measure(stack: Stack, row: Row, total: int, warmup: int) -> dict:
+    url, headers = target(stack, row)
+    loadgen.run(loadgen.run_load(url, lambda i: body_of(row, -1 - i), concurrency=1, total=warmup, headers=headers))
+    server = "mock" if row.target == "direct" else "web"
+    cpu_before = stack.cpu_seconds(server)
+    result = loadgen.run(loadgen.run_load(url, lambda i: body_of(row, i), concurrency=1, total=total, headers=headers))
+    cpu = stack.cpu_seconds(server) - cpu_before
+    summary = result.summary()
+    return {
+        "row": row.name,
+        "target": row.target,
+        "path": row.path,
+        "fast_path": row.fast_path,
+        "baseline": row.baseline,
+        "requests": result.requests,
+        "errors": result.errors,
+        "p50_ms": summary.get("p50_ms"),
+        "p99_ms": summary.get("p99_ms"),
+        "server_cpu_ms_per_request": round(cpu * 1000 / result.ok, 3) if result.ok else None,
+    }
+
+
+def compare(rows: list[dict]) -> None:
+    """Added p50 against each row's direct call, and each endpoint's against chat completions'."""
+    by_name = {r["row"]: r for r in rows}
+    for r in rows:
+        base = by_name.get(r["baseline"])
+        if base and r["p50_ms"] is not None and base["p50_ms"] is not None:
+            r["added_p50_ms"] = round(r["p50_ms"] - base["p50_ms"], 3)
+    chat = by_name["chat completions"].get("added_p50_ms")
+    for r in rows:
+        if r["target"] == "sentinel" and chat is not None and r.get("added_p50_ms") is not None:
+            r["added_vs_chat_ms"] = round(r["added_p50_ms"] - chat, 3)
+            r["within_1ms_of_chat"] = r["added_vs_chat_ms"] <= 1.0 if r["fast_path"] else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench endpoints", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="40 requests a row: a smoke test")
+    parser.add_argument("--requests", type=int, default=400, help="requests per row")
+    add_stack_arguments(parser)
+    args = parser.parse_args(argv)
+    total, warmup = (40, 10) if args.quick else (args.requests, 50)
+    result = report.envelope(SCENARIO, quick=args.quick)
+    result["config"] = {
+        "requests_per_row": total,
+        "concurrency": 1,
+        "stream": False,
+        "web_server": web_server(args),
+        "mock": "zero latency",
+        "cache": "bypassed per request (no-cache, no-store)",
+    }
+    with running_stack(out_dir=args.out, data_dir=args.data_dir, workers=args.workers, mock_profile="zero") as stack:
+        prepare_models(stack.mock_url)
+        rows = []
+        for row in ROWS:
+            rows.append(measure(stack, row, total, warmup))
+            print(f"{row.name}: {rows[-1]}", flush=True)
+    compare(rows)
+    result["rows"] = rows
+    report.write_json(args.out, SCENARIO, result)
+    print(
+        report.table(
+            ["endpoint", "p50 ms", "p99 ms", "added p50", "vs chat", "CPU ms/req", "errors"],
+            [
+                [
+                    r["row"],
+                    r["p50_ms"],
+                    r["p99_ms"],
+                    r.get("added_p50_ms"),
+                    r.get("added_vs_chat_ms"),
+                    r["server_cpu_ms_per_request"],
+                    r["errors"],
+                ]
+                for r in rows
+            ],
+            "c=1, non-stream, zero-latency mock, cache bypassed (CPU: mock's on direct rows, else web workers')",
+        )
+    )
+    return 1 if any(r["errors"] for r in rows) else 0
