@@ -37,7 +37,7 @@ REGISTRY = [
     Scenario("routing", "bench.routing", 'model "auto": the local classifier\'s time per prompt on the labeled set'),
     Scenario("balancing", "bench.balancing", "two deployments, one slowing: round-robin vs weighted vs P2C peak-EWMA"),
     Scenario("tokens", "bench.tokens", "prompt bounds for reservations: short chat, 3,000 characters a script, tools"),
-    Scenario("capacity", "bench.capacity", "CPU, Valkey commands, PostgreSQL writes per request; parts for 1k-100k rps"),
+    Scenario("capacity", "bench.capacity", "CPU, Valkey commands, PostgreSQL writes a request; parts for 1k-100k/s"),
     Scenario("redis_stall", "bench.redis_stall", "Valkey stalls mid-run: added latency, fail open/closed, recovery"),
     Scenario("profile", "bench.profile", "py-spy flame graphs of a web worker at c=32 (on demand)", in_all=False),
 ]
