@@ -60,6 +60,12 @@ class FastRoute:
     headers: tuple[tuple[str, str], ...]
     supported: frozenset[str]
 
+    @property
+    def embeddings_url(self) -> str | None:
+        """The provider's embeddings endpoint beside its chat endpoint (OpenAI's layout), if it has one."""
+        suffix = "/chat/completions"
+        return self.url[: -len(suffix)] + "/embeddings" if self.url.endswith(suffix) else None
+
     def body(self, client_body: dict, *, stream: bool) -> bytes:
         """The provider's body: OpenAI's parameters from the client's (the allowlist), mapped by
         litellm for this model; the URL and the headers are the deployment's alone."""
@@ -162,6 +168,30 @@ async def complete(route: FastRoute, body: dict, *, timeout: float, request_id: 
         async with http_session().post(
             route.url,
             data=_request_body(route, body, stream=False),
+            headers=_headers(route, request_id),
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as response:
+            if response.status != 200:
+                raise await _http_failure(response)
+            raw = await response.read()
+    except _NETWORK_ERRORS as exc:
+        raise _network_failure(exc) from exc
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise UpstreamError(502, "provider_bad_response", "The provider's answer is not JSON.", True, False) from None
+
+
+async def embed(route: FastRoute, body: dict, *, timeout: float, request_id: str) -> dict:
+    """One embeddings call to an OpenAI-format provider; its answer parsed, nothing else done to it.
+    `body` is what the provider gets besides the model (input, encoding_format, dimensions, user)."""
+    url = route.embeddings_url
+    if url is None:
+        raise ValueError("this deployment has no embeddings endpoint beside its chat endpoint")
+    try:
+        async with http_session().post(
+            url,
+            data=orjson.dumps({**body, "model": route.model}),
             headers=_headers(route, request_id),
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:

@@ -75,6 +75,9 @@ def test_the_sdk_embeds_every_input_shape_in_both_encodings(gateway, api_key, em
     assert [item.embedding for item in answer.data] == [float32(embedding_of("hello world"))]
     assert (answer.usage.prompt_tokens, answer.usage.total_tokens) == (2, 2)
     assert Decimal(raw.headers["x-sentinel-cost-usd"]) == 2 * PRICE
+    # An OpenAI-format provider is called directly, as chat's fast path calls it: with the request's
+    # id for its logs (litellm's embedding call sends none).
+    assert mock_provider.stats(provider)["last_request_id"] == raw.headers["x-sentinel-request-id"]
 
     texts = ["one", "two words", "three little words"]
     floats = client.embeddings.create(model=model, input=texts, encoding_format="float")
