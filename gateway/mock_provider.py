@@ -106,7 +106,7 @@ class MockProvider:
                 "model": f"mock-{i}:latest",
                 "size": size,
                 "digest": hashlib.sha256(str(i).encode()).hexdigest(),
-                "details": {"format": "gguf", "family": "mock", "parameter_size": "4.3B", "quantization_level": "Q4_K_M"},
+                "details": {"format": "gguf", "family": "mock", "parameter_size": "4.3B"},
                 "expires_at": "2099-01-01T00:00:00Z",
                 "size_vram": int(size * (1 - faults.load_offloaded)),
                 "context_length": 4096,
