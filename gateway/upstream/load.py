@@ -259,12 +259,10 @@ def load_transition(deployment, load: Load, *, saturated: bool) -> None:
 
     metrics.saturation_transition(deployment.name, saturated)
     log.warning(
-        "deployment %s %s (running %g, waiting %g, KV cache %.1f%%)",
+        "deployment %s %s (%s)",
         deployment.name,
         "saturated" if saturated else "recovered",
-        load.running,
-        load.waiting,
-        load.kv_cache_percent,
+        _describe(load, saturated, deployment.load_source),
     )
 
 
