@@ -67,6 +67,8 @@ class KeyInfo:
     escalate_refusals: bool = False
     on_saturation: str = "reject"  # a saturated self-hosted deployment: "reject" (go on) or "queue" (wait)
     saturation_wait_ms: int = 2000
+    budget_fallback_model: str = ""  # a cheaper alias once a hard budget is nearly spent ("": off)
+    budget_fallback_percent: int = 90
     log_prompts: bool = False  # the request log carries messages and answers
     screening: Policy | None = None  # None: the tenant is not screened
 
@@ -140,6 +142,8 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         escalate_refusals=key.tenant.escalate_refusals,
         on_saturation=key.tenant.on_saturation,
         saturation_wait_ms=key.tenant.saturation_wait_ms,
+        budget_fallback_model=key.tenant.budget_fallback_model,
+        budget_fallback_percent=key.tenant.budget_fallback_percent,
         log_prompts=key.tenant.log_prompts,
         screening=policy_from_model(ScreeningPolicy.objects.filter(tenant_id=key.tenant_id).first()),
     )

@@ -191,7 +191,9 @@ async def create(headers, raw_body: bytes) -> Reply:
         call.key = await identify(headers, None)
         call.request, call.body = parse_embedding_request(raw_body)
         call.cache_controls = cache.controls_from(call.body, headers)
-        route, chain = await route_and_admit(call, headers, None, model_of=lambda c: c.request.model, admit_with=admit)
+        route, chain = await route_and_admit(
+            call, headers, None, model_of=lambda c: c.request.model, admit_with=admit, budget_fallback=False
+        )
         hit = await consult_cache(call, route)
         if hit is not None:
             return await serve_from_cache(call, hit)

@@ -114,6 +114,9 @@ class Faults:
     load_running: int = 0  # vllm:num_requests_running
     load_waiting: int = 0  # vllm:num_requests_waiting
     load_kv_cache: float = 0.0  # vllm:kv_cache_usage_perc, a fraction (1 is 100 percent)
+    # What its Ollama-style /api/ps reports: models loaded, and the share of their memory outside VRAM.
+    load_models: int = 0
+    load_offloaded: float = 0.0  # a fraction: 0 is all in VRAM
     # Prompt text (the last user message, exactly) → the answer given to it instead of the digest's:
     # two prompts that look alike can get different answers, or two phrasings one answer (the shadow
     # verification of semantic hits is tested with it).

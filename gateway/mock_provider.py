@@ -66,6 +66,8 @@ class MockProvider:
         mock_dialects.routes(self, app)
         app.router.add_get("/metrics", self.load_metrics)
         app.router.add_get("/p/{provider}/metrics", self.load_metrics)
+        app.router.add_get("/p/{provider}/api/ps", self.ollama_ps)
+        app.router.add_get("/p/{provider}/load", self.queue_depth)
         app.router.add_get("/_control", self.control_get)
         app.router.add_get("/_control/{provider}", self.control_get)
         app.router.add_post("/_control", self.control_set)
@@ -92,6 +94,35 @@ class MockProvider:
         ):
             lines += [f"# HELP {name} {kind}", f"# TYPE {name} gauge", f"{name}{labels} {float(value)}"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
+
+    async def ollama_ps(self, request: web.Request) -> web.Response:
+        """Ollama's GET /api/ps (the models it holds in memory), with load_models models loaded, each
+        with load_offloaded of its memory outside VRAM (in system memory, run on the CPU)."""
+        faults = self.state(request.match_info["provider"]).faults
+        size = 6_591_830_464
+        models = [
+            {
+                "name": f"mock-{i}:latest",
+                "model": f"mock-{i}:latest",
+                "size": size,
+                "digest": hashlib.sha256(str(i).encode()).hexdigest(),
+                "details": {"format": "gguf", "family": "mock", "parameter_size": "4.3B"},
+                "expires_at": "2099-01-01T00:00:00Z",
+                "size_vram": int(size * (1 - faults.load_offloaded)),
+                "context_length": 4096,
+            }
+            for i in range(faults.load_models)
+        ]
+        return web.json_response({"models": models})
+
+    async def queue_depth(self, request: web.Request) -> web.Response:
+        """A generic queue-depth endpoint, as a server or a sidecar may answer one: the requests in
+        flight plus load_running, and load_waiting queued (nested, to read by a dotted path)."""
+        state = self.state(request.match_info["provider"])
+        faults = state.faults
+        return web.json_response(
+            {"running": state.in_flight + faults.load_running, "queue": {"depth": faults.load_waiting}}
+        )
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model", "owned_by": "mock"}]})

@@ -146,26 +146,55 @@ class Deployment(models.Model):
     )
     self_hosted = models.BooleanField(
         default=False,
-        help_text="A server you run (vLLM, ...): its own load is sampled from its metrics URL, and above the "
+        help_text="A server you run (vLLM, Ollama, ...): its own load is sampled from its load URL, and above the "
         "thresholds below it counts as saturated (docs/routing.md).",
+    )
+
+    class LoadSource(models.TextChoices):
+        VLLM = "vllm", "vLLM: Prometheus metrics"
+        OLLAMA = "ollama", "Ollama: /api/ps"
+        JSON = "json", "Generic: a JSON document with the queue depth"
+
+    load_source = models.CharField(
+        max_length=8,
+        choices=LoadSource.choices,
+        default=LoadSource.VLLM,
+        help_text="Self-hosted: what its load URL answers, and so how it is read (docs/routing.md).",
     )
     load_metrics_url = models.URLField(
         max_length=500,
         blank=True,
-        help_text="Self-hosted: its Prometheus metrics (vLLM: http://host:8000/metrics). Requests to it go "
-        "through the egress guard (docs/egress.md).",
+        help_text="Self-hosted: where its load is read (vLLM: http://host:8000/metrics; Ollama: "
+        "http://host:11434/api/ps; generic: a URL answering JSON). Requests to it go through the egress "
+        "guard (docs/egress.md).",
+    )
+    load_running_field = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="Generic JSON: the dotted path of the number of requests running (`running`, `stats.active`).",
+    )
+    load_waiting_field = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="Generic JSON: the dotted path of the number of requests waiting (`queue_depth`, `queue.depth`).",
     )
     saturated_running = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Saturated at this many requests running (vllm:num_requests_running)."
+        null=True,
+        blank=True,
+        help_text="Saturated at this many requests running (vllm:num_requests_running; generic: the running "
+        "field); Ollama: at this many models loaded.",
     )
     saturated_waiting = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Saturated at this many requests waiting (vllm:num_requests_waiting)."
+        null=True,
+        blank=True,
+        help_text="Saturated at this many requests waiting (vllm:num_requests_waiting; generic: the waiting field).",
     )
     saturated_kv_cache_percent = models.FloatField(
         null=True,
         blank=True,
         validators=[MinValueValidator(0.0), MaxValueValidator(100.0)],
-        help_text="Saturated at this KV-cache usage, in percent (vllm:kv_cache_usage_perc).",
+        help_text="Saturated at this KV-cache usage, in percent (vllm:kv_cache_usage_perc); Ollama: at this share "
+        "of its loaded models' memory outside VRAM.",
     )
     recover_percent = models.PositiveSmallIntegerField(
         default=80,
@@ -206,6 +235,14 @@ class Deployment(models.Model):
 
         if self.self_hosted and not self.load_metrics_url:
             raise ValidationError({"load_metrics_url": "A self-hosted deployment needs the URL of its metrics."})
+        if (
+            self.self_hosted
+            and self.load_source == self.LoadSource.JSON
+            and not (self.load_running_field or self.load_waiting_field)
+        ):
+            raise ValidationError(
+                {"load_waiting_field": "A generic load source needs the field of its queue depth, or of its running."}
+            )
         problem = url_problem(self.load_metrics_url) if self.load_metrics_url else None
         if problem:
             raise ValidationError({"load_metrics_url": problem})

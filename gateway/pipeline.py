@@ -225,13 +225,18 @@ async def route_and_admit(
     *,
     model_of: Callable[[Call], str],
     admit_with: Callable[[Call, ModelRoute, list[Target]], Awaitable[Ticket]],
+    budget_fallback: bool = True,
 ) -> tuple[ModelRoute, list[Target]]:
     """Authorize the model, route it and admit the request (call.ticket), for every endpoint. A
     configuration that changed meanwhile drops the caches: the key and the route are read again
-    under the new one, three times at most."""
+    under the new one, three times at most. A tenant's cheaper alias takes the request when a hard
+    budget is nearly spent (not for embeddings: `budget_fallback`)."""
     for _ in range(3):
         call.model = model_of(call)
         authorize_model(call.key, call.model)
+        call.fallback_reasons.clear()  # asked again under a new configuration: decided again
+        if budget_fallback:
+            await cheaper_when_budget_nearly_spent(call)
         route = await route_for(call.model, call.key.tenant_id)
         chain = order_for_request(route.targets)
         try:
@@ -249,6 +254,25 @@ def pick_model(call: Call) -> str:
         return call.request.model
     call.route = autoroute.classify(call.body["messages"])
     return call.key.auto_smart_model if call.route.route == autoroute.SMART else call.key.auto_fast_model
+
+
+async def cheaper_when_budget_nearly_spent(call: Call) -> None:
+    """The tenant's cheaper alias instead of the one asked for, when the tenant names one, the key
+    may use it, and a hard budget the request counts against is nearly spent. Decided before
+    admission, so the reservation is made for the model actually called and budgets stay exact."""
+    key = call.key
+    cheaper = key.budget_fallback_model
+    if not cheaper or cheaper == call.model or not key.may_use(cheaper):
+        return
+    if await admission.nearly_spent(key, key.budget_fallback_percent) is None:
+        return
+    try:
+        await route_for(cheaper, key.tenant_id)
+    except GatewayError:
+        log.warning("tenant %s: its budget fallback model %r has no route", key.tenant_slug, cheaper)
+        return
+    call.fallback_reasons.append(f"{call.model}=budget")
+    call.model = cheaper
 
 
 async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:

@@ -145,6 +145,17 @@ class Tenant(Limits):
         validators=[MaxValueValidator(60_000)],
         help_text="Queue: the longest a request waits for a saturated deployment before going on.",
     )
+    budget_fallback_model = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="A cheaper model alias to route requests to once a hard budget they count against is nearly "
+        "spent (the key must be allowed it). Empty: off (docs/routing.md).",
+    )
+    budget_fallback_percent = models.PositiveSmallIntegerField(
+        default=90,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="Nearly spent: this share of the budget's limit is spent or held by requests in flight.",
+    )
     log_prompts = models.BooleanField(
         default=False,
         help_text="Write each answered request's messages and answer to the request log (after screening's "

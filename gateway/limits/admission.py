@@ -467,6 +467,32 @@ async def settled_spend(hold: BudgetHold) -> Decimal:
         return await from_database(_settled_spend_sync, hold)
 
 
+async def nearly_spent(key: KeyInfo, percent: int) -> BudgetHold | None:
+    """The first of the hard budgets a key's requests count against whose spend, with what requests
+    in flight hold, has reached `percent` of its limit (one Redis round trip); None when none has,
+    or when Redis cannot say (admission then decides as always)."""
+    from sentinel.redis_clients import async_redis
+
+    holds = [hold for hold in budgets_for(key, datetime.now(UTC)) if hold.hard]
+    if not holds:
+        return None
+    pipe = async_redis().pipeline(transaction=False)
+    for hold in holds:
+        pipe.get(hold.keys[0])
+        pipe.get(hold.keys[2])
+    try:
+        values = await pipe.execute()
+    except UNREACHABLE:
+        return None
+    for index, hold in enumerate(holds):
+        spent, reserved = values[2 * index], values[2 * index + 1]
+        # A period Redis holds no counter for yet: what the ledger holds (admission starts it so too).
+        spent_units = int(spent) if spent is not None else to_units(await settled_spend(hold))
+        if (spent_units + int(reserved or 0)) * 100 >= hold.limit_units * percent:
+            return hold
+    return None
+
+
 # --- settle ------------------------------------------------------------------------------------
 
 # Budget id -> the period this process queued its threshold alert for.

@@ -4,7 +4,7 @@ themselves report it, and whether each one is saturated.
 One process samples: the Celery beat task `gateway.tasks.sample_deployment_load`, every
 SENTINEL_LOAD_SAMPLE_SECONDS. Beat is already the one scheduler of a Sentinel installation and each
 tick runs on one worker, so no leader election is needed, and a web process never spends its event
-loop on scraping. It reads each deployment's Prometheus metrics through the egress guard (the URL is
+loop on scraping. It reads each deployment's load URL through the egress guard (the URL is
 set in the console), judges saturation with hysteresis (saturated at a threshold, back only when
 every signal is below `recover_percent` of its threshold) and writes both to one Redis hash per
 deployment that expires after a few sample intervals: a sampler that stops leaves no deployment
@@ -12,7 +12,8 @@ marked saturated forever (its breaker still guards it against real failures).
 
 The request path reads the flags of a chain's self-hosted deployments in one Redis round trip
 (`saturated`), and a tenant that queues waits in a bounded per-deployment queue (`queue_for`).
-Prometheus' text format is parsed by prometheus_client's parser.
+Three load sources: vLLM's Prometheus metrics (parsed by prometheus_client's parser), Ollama's
+/api/ps, and a generic JSON endpoint whose fields the operator names.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import orjson
 from django.conf import settings
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
@@ -92,6 +94,64 @@ def parse_vllm(text: str) -> Load:
     return Load(running=running, waiting=waiting, kv_cache_percent=kv)
 
 
+def parse_ollama(body: bytes) -> Load:
+    """Ollama's load from its GET /api/ps, which lists the models it holds in memory, not the requests
+    it serves or queues (it reports none): `running` counts the models loaded, `kv_cache_percent` is
+    the share of their memory outside VRAM (in system memory: run on the CPU, many times slower)."""
+    models = _json_object(body).get("models")
+    if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
+        raise ValueError("no list of models")
+    size = sum(_number(m.get("size", 0), "size") for m in models)
+    in_vram = sum(_number(m.get("size_vram", 0), "size_vram") for m in models)
+    offloaded = (size - in_vram) / size * 100 if size > 0 else 0.0
+    return Load(running=float(len(models)), waiting=0.0, kv_cache_percent=max(0.0, offloaded))
+
+
+def parse_queue_depth(body: bytes, *, running_field: str, waiting_field: str) -> Load:
+    """A generic endpoint's load: the numbers at the operator's dotted paths of its JSON document
+    (`{"queue_depth": 12, "running": 4}` with `queue_depth` and `running`); a field not set reads 0."""
+    document = _json_object(body)
+
+    def read(path: str) -> float:
+        value: object = document
+        for part in path.split(".") if path else ():
+            if not isinstance(value, dict) or part not in value:
+                raise ValueError(f"no field {path}")
+            value = value[part]
+        return _number(value, path) if path else 0.0
+
+    return Load(running=read(running_field), waiting=read(waiting_field), kv_cache_percent=0.0)
+
+
+def _json_object(body: bytes) -> dict:
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise ValueError("not a JSON object")
+    return document
+
+
+def _number(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} is not a number")
+    return float(value)
+
+
+def parse(deployment, body: bytes) -> Load:
+    """The load in what the deployment's load URL answered, as its load source says to read it."""
+    from gateway.models import Deployment
+
+    if deployment.load_source == Deployment.LoadSource.OLLAMA:
+        return parse_ollama(body)
+    if deployment.load_source == Deployment.LoadSource.JSON:
+        return parse_queue_depth(
+            body, running_field=deployment.load_running_field, waiting_field=deployment.load_waiting_field
+        )
+    return parse_vllm(body.decode(errors="replace"))
+
+
 def judge(load: Load, thresholds: Thresholds, *, was_saturated: bool) -> bool:
     """Saturated when any signal reaches its threshold; once saturated, until every signal is below
     recover_percent of its threshold (so a server hovering at its limit does not flap)."""
@@ -104,10 +164,11 @@ def judge(load: Load, thresholds: Thresholds, *, was_saturated: bool) -> bool:
 # --- the sampler (one process: the beat task) ----------------------------------------------------
 
 
-async def _scrape(url: str, session) -> Load | str:
+async def _scrape(deployment, session) -> Load | str:
     """The server's load, or why it could not be read."""
     from sentinel import egress
 
+    url = deployment.load_metrics_url
     try:
         reply = await egress.get(url, timeout=SCRAPE_TIMEOUT_SECONDS, max_bytes=MAX_METRICS_BYTES, session=session)
     except egress.EgressRefused as refused:
@@ -117,9 +178,9 @@ async def _scrape(url: str, session) -> Load | str:
     if reply.status != 200:
         return f"HTTP {reply.status}"
     try:
-        return parse_vllm(reply.body.decode(errors="replace"))
+        return parse(deployment, reply.body)
     except ValueError as exc:
-        return f"not Prometheus' text format: {exc}"[:300]
+        return f"not {deployment.get_load_source_display()}: {exc}"[:300]
 
 
 def sample_deployments() -> int:
@@ -136,7 +197,7 @@ def sample_deployments() -> int:
         from sentinel import egress
 
         async with egress.new_session() as session:  # this run's loop's own, closed with it
-            return await asyncio.gather(*(_scrape(d.load_metrics_url, session) for d in deployments))
+            return await asyncio.gather(*(_scrape(d, session) for d in deployments))
 
     loads = asyncio.run(scrape_all())
     redis = sync_redis()
@@ -172,7 +233,7 @@ def sample_deployments() -> int:
         pipe.execute()
         if now_saturated != was:
             load_transition(deployment, load, saturated=now_saturated)
-        events.append({"deployment": deployment.name, "load": _describe(load, now_saturated)})
+        events.append({"deployment": deployment.name, "load": _describe(load, now_saturated, deployment.load_source)})
     _publish(events)
     return read
 
@@ -198,12 +259,10 @@ def load_transition(deployment, load: Load, *, saturated: bool) -> None:
 
     metrics.saturation_transition(deployment.name, saturated)
     log.warning(
-        "deployment %s %s (running %g, waiting %g, KV cache %.1f%%)",
+        "deployment %s %s (%s)",
         deployment.name,
         "saturated" if saturated else "recovered",
-        load.running,
-        load.waiting,
-        load.kv_cache_percent,
+        _describe(load, saturated, deployment.load_source),
     )
 
 
@@ -277,14 +336,16 @@ def describe_load(deployment) -> str:
     if not sample.get("sampled_at"):
         return sample.get("error") or "not sampled"
     load = Load(float(sample["running"]), float(sample["waiting"]), float(sample["kv_cache_percent"]))
-    return _describe(load, sample.get("saturated") == "1")
+    return _describe(load, sample.get("saturated") == "1", deployment.load_source)
 
 
-def _describe(load: Load, saturated: bool) -> str:
-    return (
-        f"{'saturated' if saturated else 'ok'}: {load.running:g} running, {load.waiting:g} waiting, "
-        f"KV cache {load.kv_cache_percent:.0f}%"
-    )
+def _describe(load: Load, saturated: bool, source: str = "vllm") -> str:
+    verdict = "saturated" if saturated else "ok"
+    if source == "ollama":
+        return f"{verdict}: {load.running:g} models loaded, {load.kv_cache_percent:.0f}% of their memory outside VRAM"
+    if source == "json":
+        return f"{verdict}: {load.running:g} running, {load.waiting:g} waiting"
+    return f"{verdict}: {load.running:g} running, {load.waiting:g} waiting, KV cache {load.kv_cache_percent:.0f}%"
 
 
 class DeploymentLoad(Collector):

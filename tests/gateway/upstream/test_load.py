@@ -7,12 +7,23 @@ from __future__ import annotations
 import threading
 
 import httpx
+import orjson
 import pytest
 from django.core.exceptions import ValidationError
 
 from gateway.models import Deployment
 from gateway.tasks import sample_deployment_load
-from gateway.upstream.load import Load, Thresholds, judge, load_snapshot, parse_vllm, sample_deployments
+from gateway.upstream.load import (
+    Load,
+    Thresholds,
+    describe_load,
+    judge,
+    load_snapshot,
+    parse_ollama,
+    parse_queue_depth,
+    parse_vllm,
+    sample_deployments,
+)
 from sentinel import redis_keys
 from sentinel.localstate import announce_change
 from sentinel.redis_clients import sync_redis
@@ -22,18 +33,19 @@ from tests.servers import scrape_metrics
 
 @pytest.fixture
 def self_hosted(make_model, mock_provider):
-    """A chain of a self-hosted deployment (saturated at 4 waiting or 90% KV cache, back below half of
-    that) and a cloud fallback; `length=1` leaves the fallback out."""
+    """A chain of a self-hosted deployment (vLLM's: saturated at 4 waiting or 90% KV cache, back below
+    half of that; or the load source and thresholds given) and a cloud fallback; `length=1` leaves the
+    fallback out."""
 
-    def make(length: int = 2, queue_limit: int = 100):
+    def make(length: int = 2, queue_limit: int = 100, path: str = "metrics", **source):
         model, providers = make_model(chain_length=length)
+        thresholds = source or {"saturated_waiting": 4, "saturated_kv_cache_percent": 90}
         Deployment.objects.filter(name=providers[0]).update(
             self_hosted=True,
-            load_metrics_url=f"{mock_provider.url}/p/{providers[0]}/metrics",
-            saturated_waiting=4,
-            saturated_kv_cache_percent=90,
+            load_metrics_url=f"{mock_provider.url}/p/{providers[0]}/{path}",
             recover_percent=50,
             saturation_queue_limit=queue_limit,
+            **thresholds,
         )
         announce_change()
         return model, providers
@@ -74,6 +86,83 @@ def test_vllm_metrics_are_read_and_judged_with_hysteresis():
     assert judge(Load(0, 3, 0), limits, was_saturated=True) is True  # not below half of 4 yet
     assert judge(Load(0, 1, 44), limits, was_saturated=True) is False
     assert judge(Load(0, 1, 45), limits, was_saturated=True) is True
+
+
+def test_ollama_and_generic_queue_depth_documents_are_read():
+    size = 1000
+    ps = {"models": [{"name": "a", "size": size, "size_vram": size}, {"name": "b", "size": size, "size_vram": 500}]}
+    assert parse_ollama(orjson.dumps(ps)) == Load(running=2.0, waiting=0.0, kv_cache_percent=25.0)
+    assert parse_ollama(b'{"models": []}') == Load(0.0, 0.0, 0.0)
+    depth = b'{"queue_depth": 12, "running": 4, "engine": {"queue": {"depth": 3}}}'
+    assert parse_queue_depth(depth, running_field="running", waiting_field="queue_depth") == Load(4.0, 12.0, 0.0)
+    assert parse_queue_depth(depth, running_field="", waiting_field="engine.queue.depth") == Load(0.0, 3.0, 0.0)
+    for bad, message in (
+        (b"vllm:num_requests_running 1", "not JSON"),
+        (b"[1]", "not a JSON object"),
+        (b'{"running": "4"}', "running is not a number"),
+        (b'{"running": 4}', "no field queue_depth"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            parse_queue_depth(bad, running_field="running", waiting_field="queue_depth")
+    with pytest.raises(ValueError, match="no list of models"):
+        parse_ollama(b'{"models": {"a": 1}}')
+
+
+# source: (the deployment's load source and thresholds, [(the mock's load, served by the GPU?, the admin's
+# load column)]). Ollama: saturated at 3 models loaded or half their memory outside VRAM; generic: at
+# 4 queued; both back below half of that.
+SOURCES = {
+    "ollama": (
+        {"path": "api/ps", "load_source": "ollama", "saturated_running": 3, "saturated_kv_cache_percent": 50},
+        [
+            ({"load_models": 1}, True, "ok: 1 models loaded, 0% of their memory outside VRAM"),
+            ({"load_models": 3}, False, "saturated: 3 models loaded, 0% of their memory outside VRAM"),
+            ({"load_models": 2}, False, "saturated: 2 models loaded, 0% of their memory outside VRAM"),
+            ({"load_models": 1}, True, "ok: 1 models loaded, 0% of their memory outside VRAM"),
+            ({"load_offloaded": 0.6}, False, "saturated: 1 models loaded, 60% of their memory outside VRAM"),
+            ({"load_offloaded": 0.1}, True, "ok: 1 models loaded, 10% of their memory outside VRAM"),
+        ],
+    ),
+    "generic": (
+        {
+            "path": "load",
+            "load_source": "json",
+            "load_running_field": "running",
+            "load_waiting_field": "queue.depth",
+            "saturated_waiting": 4,
+        },
+        [
+            ({"load_waiting": 1}, True, "ok: 0 running, 1 waiting"),
+            ({"load_waiting": 9}, False, "saturated: 0 running, 9 waiting"),
+            ({"load_waiting": 3}, False, "saturated: 0 running, 3 waiting"),
+            ({"load_waiting": 1}, True, "ok: 0 running, 1 waiting"),
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_ollama_and_generic_sources_saturate_and_recover(gateway, api_key, self_hosted, mock_provider, source):
+    settings, steps = SOURCES[source]
+    model, (gpu, cloud) = self_hosted(**settings)
+    deployment = Deployment.objects.get(name=gpu)
+    for load, on_gpu, described in steps:
+        set_load(mock_provider, gpu, **load)
+        assert describe_load(deployment) == described
+        response = post(gateway, api_key, model)
+        assert response.headers["x-sentinel-provider"] == (gpu if on_gpu else cloud), load
+        assert response.headers.get("x-sentinel-fallback-reasons") == (None if on_gpu else f"{gpu}=saturated")
+    served_by_gpu = sum(on_gpu for _, on_gpu, _ in steps)
+    assert (mock_provider.stats(gpu)["calls"], mock_provider.stats(cloud)["calls"]) == (
+        served_by_gpu,
+        len(steps) - served_by_gpu,
+    )
+    # Pointed at a document of another kind: why it could not be read, and the last verdict stands.
+    Deployment.objects.filter(pk=deployment.pk).update(load_metrics_url=f"{mock_provider.url}/p/{gpu}/metrics")
+    sample_deployments()
+    snapshot = load_snapshot(deployment.pk)
+    assert snapshot["error"].startswith(f"not {deployment.get_load_source_display()}: not JSON")
+    assert snapshot["saturated"] == "0"
 
 
 def test_saturation_sends_requests_to_the_fallback_and_recovery_brings_them_back(
@@ -163,6 +252,9 @@ def test_metrics_urls_go_through_the_egress_guard(self_hosted, mock_provider):
     assert "private address 10.0.0.5" in str(refused.value)
     deployment.load_metrics_url = ""
     with pytest.raises(ValidationError, match="needs the URL of its metrics"):
+        deployment.full_clean()
+    deployment.load_metrics_url, deployment.load_source = f"{mock_provider.url}/p/{gpu}/load", "json"
+    with pytest.raises(ValidationError, match="needs the field of its queue depth"):
         deployment.full_clean()
     # Saved past the form (or a name that resolves elsewhere later): refused when sampled, nothing judged.
     port = mock_provider.url.rsplit(":", 1)[1]
