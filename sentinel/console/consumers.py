@@ -60,6 +60,10 @@ class ConsoleConsumer(AsyncJsonWebsocketConsumer):
     async def circuit_transition(self, message: dict) -> None:
         await self.send_json(message)
 
+    async def circuit_latency(self, message: dict) -> None:
+        """Deployments' latency over the last minutes (console.live), sent to the operators' group."""
+        await self.send_json(message)
+
     async def circuit_load(self, message: dict) -> None:
         """Self-hosted deployments' sampled load (gateway.upstream.load), for operators only."""
         await self.send_json(message)

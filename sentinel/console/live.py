@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from billing.models import LedgerEntry
 from billing.money import ZERO, format_usd
-from sentinel.console.selectors import tenant_spend, tidy, traffic_totals
+from sentinel.console.selectors import deployment_latency, tenant_spend, tidy, traffic_totals
 from tenants.models import Tenant
 
 WINDOW = timedelta(seconds=60)
@@ -81,15 +81,20 @@ def without_money(summary: dict) -> dict:
 
 
 def live_publish(*, now: datetime | None = None) -> list[dict]:
-    """Send the current summaries to their tenants' groups and to the operators; returns them."""
+    """Send the current summaries to their tenants' groups and to the operators, and the deployments'
+    latency to the operators (the circuits page) while any was answered lately; returns the summaries."""
     summaries = tenant_summaries(now=now)
-    if summaries:
-        async_to_sync(_send)(summaries)
+    latencies = deployment_latency(now=now)
+    if summaries or latencies:
+        async_to_sync(_send)(summaries, latencies)
     return summaries
 
 
-async def _send(summaries: list[dict]) -> None:
+async def _send(summaries: list[dict], latencies: dict[str, str]) -> None:
     layer = get_channel_layer()
     for summary in summaries:
         await layer.group_send(tenant_group(summary["tenant_id"]), {"type": "tenant.summary", "summary": summary})
-    await layer.group_send(OPERATORS_GROUP, {"type": "tenant.summaries", "summaries": summaries})
+    if summaries:
+        await layer.group_send(OPERATORS_GROUP, {"type": "tenant.summaries", "summaries": summaries})
+    if latencies:
+        await layer.group_send(OPERATORS_GROUP, {"type": "circuit.latency", "latencies": latencies})

@@ -269,6 +269,29 @@ class Circuit:
     open_for_seconds: float | None
     last_change: datetime | None
     load: str = "-"  # a self-hosted deployment's last sampled load and saturation
+    latency: str = "-"  # its answered calls' latency over LATENCY_WINDOW (deployment_latency)
+
+
+LATENCY_WINDOW = timedelta(minutes=5)
+
+
+def deployment_latency(*, now: datetime | None = None) -> dict[str, str]:
+    """Each deployment's answered calls over the last LATENCY_WINDOW, from the ledger (every
+    process's calls, unlike the balancer's per-process estimates): p50 and p95 of the request's
+    latency (to the last byte, streams too) and how many, as the circuits page writes them."""
+    now = now or timezone.now()
+    rows = (
+        LedgerEntry.objects.filter(created_at__gte=now - LATENCY_WINDOW, created_at__lt=now, status_code=200)
+        .exclude(deployment="")
+        .order_by()
+        .values("deployment")
+        .annotate(calls=Count("id"), p50=PercentileCont("latency_ms", 0.5), p95=PercentileCont("latency_ms", 0.95))
+    )
+    window = int(LATENCY_WINDOW.total_seconds() // 60)
+    return {
+        row["deployment"]: f"p50 {round(row['p50'])} ms · p95 {round(row['p95'])} ms ({row['calls']} in {window} min)"
+        for row in rows
+    }
 
 
 def circuits(*, search: str = "") -> list[Circuit]:
@@ -290,6 +313,7 @@ def circuits(*, search: str = "") -> list[Circuit]:
         .annotate(at=Max("created_at"))
         .values_list("deployment_id", "at")
     )
+    latency = deployment_latency()
     rows = []
     for deployment in deployments:
         snapshot = breaker_snapshot(deployment.pk)
@@ -302,6 +326,7 @@ def circuits(*, search: str = "") -> list[Circuit]:
                 open_for_seconds=snapshot["open_for_seconds"],
                 last_change=last_changes.get(deployment.pk),
                 load=describe_load(deployment),
+                latency=latency.get(deployment.name, "-"),
             )
         )
     return rows

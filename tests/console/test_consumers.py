@@ -20,6 +20,7 @@ from websockets.sync.client import connect
 from gateway.models import Deployment
 from gateway.upstream.breakers import breaker_force
 from sentinel.console.live import live_publish
+from sentinel.console.selectors import deployment_latency
 from tests.billing.conftest import drain_all, hand_off_all, record
 from tests.conftest import unique
 from tests.console.conftest import as_user
@@ -210,3 +211,48 @@ def test_whatever_a_client_sends_is_ignored(gateway, tenancy):
         assert receive(ws)["tenant_id"] == tenancy.tenant.pk  # the socket is still open, and got nothing forged
     time.sleep(0.5)
     assert errors_since(gateway, start) == []
+
+
+def test_operators_get_each_deployments_latency_and_members_do_not(gateway, tenancy):
+    """The circuits page's latency column: every gateway process's answered calls of the last five
+    minutes, from the ledger (the balancer's estimates are per process); older calls and failures do
+    not count. Pushed to operators with the live figures, never to a tenant's members."""
+    t = tenancy
+    name = unique("latency-dep")
+    now = timezone.now()
+    recent = now - timedelta(seconds=30)
+    hand_off_all(
+        [
+            record(t.tenant, at=recent, latency_ms=ms, deployment=name, request_id=unique("lat"))
+            for ms in (100, 200, 300, 400)
+        ]
+        + [
+            record(
+                t.tenant, at=now - timedelta(minutes=6), latency_ms=5_000, deployment=name, request_id=unique("old")
+            ),
+            record(
+                t.tenant,
+                at=recent,
+                status=503,
+                latency_ms=9_000,
+                deployment=name,
+                error_code="all_providers_unavailable",
+                request_id=unique("failed"),
+            ),
+        ]
+    )
+    drain_all()
+    expected = "p50 250 ms · p95 385 ms (4 in 5 min)"  # percentile_cont: 300 + 0.85 x 100
+    assert deployment_latency(now=now)[name] == expected
+
+    with socket(gateway, t.owner) as owner, socket(gateway, t.superuser) as operator:
+        assert receive(owner)["type"] == receive(operator)["type"] == "hello"
+        live_publish(now=now)
+        seen = [receive(operator)]
+        while seen[-1]["type"] != "circuit.latency":
+            seen.append(receive(operator))
+        assert seen[-1]["latencies"][name] == expected
+        owner_got = [receive(owner)]  # its tenant's summary, and nothing of the deployments
+        with pytest.raises(TimeoutError):
+            owner_got.append(receive(owner, timeout=1.0))
+        assert [event["type"] for event in owner_got] == ["tenant.summary"]

@@ -16,6 +16,13 @@
       }
       return;
     }
+    if (event.type === "circuit.latency") {
+      // Each deployment's answered calls over the last five minutes, with the live figures.
+      for (const row of document.querySelectorAll("#circuits-table tr[data-deployment]")) {
+        row.querySelector("td.latency").textContent = event.latencies[row.dataset.deployment] || "-";
+      }
+      return;
+    }
     if (event.type !== "circuit.transition") return;
     const row = document.querySelector('tr[data-deployment="' + CSS.escape(event.deployment) + '"]');
     if (!row && filtered) return; // a deployment this view does not show
