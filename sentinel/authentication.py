@@ -93,7 +93,19 @@ class GuardedModelBackend(ModelBackend):
         user = super().authenticate(request, username, password, **kwargs)
         if user is None:
             sign_in_failed(request, name)
+            return None
+        if not password_sign_in_allowed(user):
+            # Refused like a wrong password (the same answer, counted alike): nothing tells a caller
+            # that the password was right.
+            sign_in_failed(request, name)
+            return None
         return user
+
+
+def password_sign_in_allowed(user) -> bool:
+    """SENTINEL_PASSWORD_SIGN_IN: everyone, operators (superusers) alone, or no one."""
+    policy = settings.PASSWORD_SIGN_IN
+    return policy == "all" or (policy == "operators" and user.is_superuser)
 
 
 def refused_wait(request) -> int | None:

@@ -217,6 +217,14 @@ REQUIRE_TWO_FACTOR = envbool(
     "tenants can require it of their own members alone.",
 )
 OTP_TOTP_ISSUER = "Sentinel"
+PASSWORD_SIGN_IN = envstr(
+    "SENTINEL_PASSWORD_SIGN_IN",
+    "all",
+    "Who may sign in with a local password (console and the management API's HTTP Basic): all; operators "
+    "(superusers alone, a way in while the single sign-on provider is down); none (single sign-on only).",
+)
+if PASSWORD_SIGN_IN not in ("all", "operators", "none"):
+    raise ValueError(f"SENTINEL_PASSWORD_SIGN_IN must be all, operators or none, not {PASSWORD_SIGN_IN!r}")
 OIDC_ISSUER = envstr(
     "SENTINEL_OIDC_ISSUER",
     "",

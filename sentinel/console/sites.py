@@ -59,6 +59,7 @@ class ConsoleSite(UnfoldAdminSite):
             **(extra_context or {}),
             "sso_name": settings.OIDC_PROVIDER_NAME if settings.OIDC_ISSUER else None,
             "sso_failed": request.GET.get("sso") == "failed",
+            "password_sign_in": settings.PASSWORD_SIGN_IN,
         }
         response = super().login(request, extra_context)
         wait = refused_wait(request)

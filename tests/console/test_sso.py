@@ -8,6 +8,7 @@ existing account; each sign-in is in the audit log."""
 
 from __future__ import annotations
 
+import base64
 import threading
 from urllib.parse import quote
 
@@ -20,6 +21,8 @@ from django.test import Client
 
 from tenants.models import AuditEntry, Membership, SingleSignOnIdentity, SingleSignOnRule
 from tests.conftest import unique
+
+REPORT = "/api/v1/reports/spend?start=2026-03-01&end=2026-03-01"
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +108,41 @@ def test_people_sign_on_as_the_members_their_claims_make_them(sso, tenancy):
     assert identity.user_id != t.superuser.pk and not identity.user.is_superuser
     assert identity.user.username == t.superuser.email  # the superuser's username is not its email
     assert web.get("/admin/gateway/provider/").status_code == 403
+
+
+@pytest.mark.parametrize("policy", ["operators", "none"])
+def test_an_installation_can_turn_local_passwords_off(policy, sso, tenancy, settings):
+    """SENTINEL_PASSWORD_SIGN_IN: with `operators` only superusers sign in with a password (a way in
+    while the provider is down), with `none` no one does; single sign-on still signs people in. A
+    refused password is answered as a wrong one, on the console's form and on the API's HTTP Basic."""
+    t = tenancy
+    settings.PASSWORD_SIGN_IN = policy
+    domain = f"{unique('corp')}.example"
+    SingleSignOnRule.objects.create(tenant=t.tenant, email_domain=domain, role=Membership.Role.ADMIN)
+
+    page = Client().get("/admin/login/")
+    assert ('id="login-form"' in page.content.decode()) is (policy == "operators")
+    assert "Sign in with single sign-on" in page.content.decode()
+
+    member = Client()
+    refused = member.post("/admin/login/", {"username": t.owner.username, "password": t.password})
+    assert refused.status_code == 200 and "_auth_user_id" not in member.session
+    assert "Please enter the correct username and password" in refused.content.decode()
+    basic = "Basic " + base64.b64encode(f"{t.finance.username}:{t.password}".encode()).decode()
+    assert Client().get(REPORT, HTTP_AUTHORIZATION=basic).status_code == 401
+
+    operator = Client()
+    operator.post("/admin/login/", {"username": t.superuser.username, "password": t.password})
+    assert ("_auth_user_id" in operator.session) is (policy == "operators")
+
+    web, landed = sign_on(sso, unique("sub"), {"email": f"ann@{domain}", "email_verified": True})
+    assert landed["Location"] == "/admin/" and web.get("/admin/tenants/virtualkey/").status_code == 200
+
+
+def test_passwords_sign_everyone_in_by_default(tenancy, settings):
+    assert settings.PASSWORD_SIGN_IN == "all"
+    member = Client()
+    member.post("/admin/login/", {"username": tenancy.owner.username, "password": tenancy.password})
+    assert int(member.session["_auth_user_id"]) == tenancy.owner.pk
+    basic = "Basic " + base64.b64encode(f"{tenancy.finance.username}:{tenancy.password}".encode()).decode()
+    assert Client().get(REPORT, HTTP_AUTHORIZATION=basic).status_code == 200
