@@ -344,7 +344,16 @@ LOAD_SAMPLE_SECONDS = envfloat(
     2.0,
     "How often beat has self-hosted deployments' load read from their metrics (docs/routing.md).",
 )
+AUDIT_RETENTION_DAYS = envint(
+    "SENTINEL_AUDIT_RETENTION_DAYS",
+    0,
+    "How long the console's audit log keeps an entry, in days (at least 30; the database refuses deleting "
+    "younger ones); 0 keeps every entry.",
+)
+if AUDIT_RETENTION_DAYS and AUDIT_RETENTION_DAYS < 30:
+    raise ValueError(f"SENTINEL_AUDIT_RETENTION_DAYS must be 0 or at least 30, not {AUDIT_RETENTION_DAYS}")
 CELERY_BEAT_SCHEDULE = {
+    "prune-audit-log": {"task": "tenants.tasks.prune_audit_log", "schedule": 86_400.0, "options": {"expires": 3_600}},
     "prune-cache": {"task": "gateway.tasks.prune_cache", "schedule": 300.0, "options": {"expires": 240}},
     "drain-ledger": {
         "task": "billing.tasks.drain_ledger",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 
 from django.db import models
@@ -140,3 +140,23 @@ def audit_export(*, tenant_ids: Iterable[int | None], what: str, request=None) -
     """An export downloaded: one entry in the log of each tenant whose data it holds."""
     for tenant_id in sorted(set(tenant_ids), key=lambda i: (i is None, i)) or [None]:
         audit_record(action=AuditEntry.Action.EXPORT, tenant=tenant_id, target=what, request=request)
+
+
+# The trigger's own floor (migration 0016): no entry younger than this is ever deleted.
+AUDIT_RETENTION_FLOOR_DAYS = 30
+
+
+def audit_prune(*, days: int, now: datetime | None = None) -> int:
+    """Delete the entries older than `days` (at least AUDIT_RETENTION_FLOOR_DAYS); returns how many.
+    The one DELETE the append-only trigger lets through: it names its cutoff for this transaction."""
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    if days < AUDIT_RETENTION_FLOOR_DAYS:
+        raise ValueError(f"the audit log is kept at least {AUDIT_RETENTION_FLOOR_DAYS} days, not {days}")
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('sentinel.audit_prune_before', %s, true)", [cutoff.isoformat()])
+        deleted, _ = AuditEntry.objects.filter(created_at__lt=cutoff).delete()
+    return deleted

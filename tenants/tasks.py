@@ -1,4 +1,4 @@
-"""Celery tasks of the tenants app: webhook deliveries and budget alerts."""
+"""Celery tasks of the tenants app: webhook deliveries, budget alerts and the audit log's retention."""
 
 from __future__ import annotations
 
@@ -84,3 +84,15 @@ def budget_check(budget_id: int) -> None:
     )
     if spent * 100 >= budget.limit_usd * budget.alert_at_percent:
         budget_alert(budget.pk, start.isoformat(), str(spent))
+
+
+@shared_task(ignore_result=True)
+def prune_audit_log() -> int:
+    """Beat, daily: the audit entries older than SENTINEL_AUDIT_RETENTION_DAYS go (0: kept forever)."""
+    from django.conf import settings
+
+    from tenants.audit import audit_prune
+
+    if not settings.AUDIT_RETENTION_DAYS:
+        return 0
+    return audit_prune(days=settings.AUDIT_RETENTION_DAYS)

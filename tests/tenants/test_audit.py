@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from datetime import timedelta
 
 import pytest
 from django.db import DatabaseError, transaction
@@ -204,3 +205,57 @@ def test_the_trail_is_read_only_and_each_tenant_admin_exports_only_their_own(ten
             attempt()
     assert AuditEntry.objects.get(pk=mine.pk).target == f"{marker} a"
     assert AuditEntry.objects.filter(pk__in=[mine.pk, theirs.pk, installation.pk]).count() == 3
+
+
+def test_retention_prunes_old_entries_and_the_database_keeps_the_recent_ones(tenancy, settings):
+    """SENTINEL_AUDIT_RETENTION_DAYS: beat's daily task deletes the entries older than it; the trigger
+    lets through only that DELETE, of rows older than the cutoff the session names and than 30 days
+    (its own floor), so no session deletes a recent entry whatever cutoff it sets; UPDATE stays refused."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from tenants.audit import audit_prune
+    from tenants.tasks import prune_audit_log
+
+    marker = unique("retention")
+    now = timezone.now()
+    ages = {"400 days": 400, "100 days": 100, "40 days": 40, "20 days": 20, "now": 0}
+    entries = {
+        label: AuditEntry.objects.create(
+            tenant=tenancy.tenant,
+            action="object.changed",
+            target=f"{marker} {label}",
+            created_at=now - timedelta(days=d),
+        )
+        for label, d in ages.items()
+    }
+
+    def left() -> list[str]:
+        targets = AuditEntry.objects.filter(target__startswith=marker).values_list("target", flat=True)
+        return sorted(t.removeprefix(f"{marker} ") for t in targets)
+
+    settings.AUDIT_RETENTION_DAYS = 0
+    assert prune_audit_log() == 0 and len(left()) == 5  # kept forever by default
+    with pytest.raises(ValueError, match="at least 30 days"):
+        audit_prune(days=10)
+
+    settings.AUDIT_RETENTION_DAYS = 90
+    assert prune_audit_log() == 2
+    assert left() == ["20 days", "40 days", "now"]
+
+    # A session naming a cutoff in the future still deletes nothing younger than 30 days, nor updates.
+    for attempt in (
+        lambda: AuditEntry.objects.filter(pk=entries["20 days"].pk).delete(),
+        lambda: AuditEntry.objects.filter(pk=entries["40 days"].pk).update(target="rewritten"),
+    ):
+        with pytest.raises(DatabaseError, match="the audit log is append-only"), transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('sentinel.audit_prune_before', %s, true)",
+                    [(now + timedelta(days=1)).isoformat()],
+                )
+            attempt()
+    assert left() == ["20 days", "40 days", "now"]
+    # The 40-day entry is past the floor: a 30-day retention may take it.
+    assert audit_prune(days=30) == 1
+    assert left() == ["20 days", "now"]
