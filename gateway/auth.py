@@ -69,6 +69,7 @@ class KeyInfo:
     saturation_wait_ms: int = 2000
     budget_fallback_model: str = ""  # a cheaper alias once a hard budget is nearly spent ("": off)
     budget_fallback_percent: int = 90
+    content_policy_model: str = ""  # asked when the providers refuse under their content policy ("": off)
     log_prompts: bool = False  # the request log carries messages and answers
     screening: Policy | None = None  # None: the tenant is not screened
 
@@ -144,6 +145,7 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         saturation_wait_ms=key.tenant.saturation_wait_ms,
         budget_fallback_model=key.tenant.budget_fallback_model,
         budget_fallback_percent=key.tenant.budget_fallback_percent,
+        content_policy_model=key.tenant.content_policy_model,
         log_prompts=key.tenant.log_prompts,
         screening=policy_from_model(ScreeningPolicy.objects.filter(tenant_id=key.tenant_id).first()),
     )

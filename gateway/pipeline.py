@@ -101,6 +101,7 @@ class Call:
     model: str = ""  # the alias routed: the one asked for, or what "auto" chose
     route: autoroute.Choice | None = None  # "auto"'s choice and reason
     escalation: ModelRoute | None = None  # the smart model a refusal would be asked again (reserved for)
+    policy_alternative: ModelRoute | None = None  # asked after providers' content-policy refusals (reserved for)
     ticket: Ticket | None = None
     attempts: list[Attempt] = field(default_factory=list)  # every provider call, for the breakers
     target: Target | None = None
@@ -304,7 +305,8 @@ async def worst_case(call: Call, route: ModelRoute) -> tuple[int, Decimal]:
     refusal would be asked again of the tenant's smart model, that call's worst case too."""
     request, key = call.request, call.key
     call.escalation = await escalation_route(call)
-    routes = [route] if call.escalation is None else [route, call.escalation]
+    call.policy_alternative = await policy_alternative_route(call)
+    routes = [route, *(r for r in (call.escalation, call.policy_alternative) if r is not None)]
     models = [target.litellm_model for r in routes for target in r.targets]
     exact = admission.counts_tokens(key, dict(route.limits))
     prompt = await prompt_tokens.aprompt_bound(call.body, models, exact=exact)
@@ -328,6 +330,20 @@ async def escalation_route(call: Call) -> ModelRoute | None:
     try:
         return await route_for(smart, key.tenant_id)
     except GatewayError:
+        return None
+
+
+async def policy_alternative_route(call: Call) -> ModelRoute | None:
+    """The tenant's model for requests the providers refuse under their content policy, when it names
+    one the key may use (reserved for at admission, as escalation is: budgets stay exact)."""
+    key = call.key
+    alternative = key.content_policy_model
+    if not alternative or alternative == call.model or not key.may_use(alternative):
+        return None
+    try:
+        return await route_for(alternative, key.tenant_id)
+    except GatewayError:
+        log.warning("tenant %s: its content-policy model %r has no route", key.tenant_slug, alternative)
         return None
 
 
@@ -497,7 +513,31 @@ SKIPPED = {
 }
 
 
+CONTENT_POLICY = "content_policy_violation"
+
+
 async def call_chain(call: Call, chain: list[Target], *, stream: bool, complete: Callable | None = None):
+    """The chain's answer (try_chain); when its providers refuse the request under their content
+    policy, the tenant's alternative model's, if it names one (policy_alternative_route): asked once,
+    its chain failing over as usual, the reason `<model>=content_policy` on the record."""
+    try:
+        return await try_chain(call, chain, stream=stream, complete=complete)
+    except GatewayError as refused:
+        alternative = call.policy_alternative
+        if refused.code != CONTENT_POLICY or alternative is None:
+            raise
+        call.policy_alternative = None  # once: the alternative's own refusal stands
+        call.fallback_reasons.append(f"{call.model}=content_policy")
+        others = [
+            t for t in order_for_request(alternative.targets) if t.deployment_id not in {c.deployment_id for c in chain}
+        ]
+        if not others:
+            raise
+        await admission.reserve(call.ticket, others)
+        return await try_chain(call, others, stream=stream, complete=complete)
+
+
+async def try_chain(call: Call, chain: list[Target], *, stream: bool, complete: Callable | None = None):
     """Try the chain in order until a deployment answers; returns what it answered (a response
     dict, or a stream's first event and the rest). `complete` calls a deployment instead of
     providers.complete (embeddings: gateway.embeddings.embed).
@@ -600,6 +640,8 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool, complete:
         if kind not in target.fallback_on:
             raise returned_to_client(last_error)
         call.passed_over(target, kind)
+    if last_error is not None and last_error.code == CONTENT_POLICY:
+        raise returned_to_client(last_error)  # every provider tried declined it: their answer, not an outage
     raise all_failed(last_error, deadline_hit=time.perf_counter() >= deadline)
 
 

@@ -156,6 +156,12 @@ class Tenant(Limits):
         validators=[MinValueValidator(1), MaxValueValidator(100)],
         help_text="Nearly spent: this share of the budget's limit is spent or held by requests in flight.",
     )
+    content_policy_model = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="A model alias to ask when every provider the request reaches refuses it under its content "
+        "policy (the key must be allowed it). Empty: the refusal goes back to the client (docs/routing.md).",
+    )
     log_prompts = models.BooleanField(
         default=False,
         help_text="Write each answered request's messages and answer to the request log (after screening's "

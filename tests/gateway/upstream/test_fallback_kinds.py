@@ -97,3 +97,52 @@ def test_a_prompt_over_the_context_window_goes_to_a_larger_one(gateway, api_key,
     row = ledger_rows([response.headers["x-sentinel-request-id"]])[response.headers["x-sentinel-request-id"]]
     assert (row.deployment, row.fallbacks) == (larger, 2)
     assert row.fallback_reasons == f"{small}=context_window, {smaller}=context_window"
+
+
+REFUSE = KINDS["content_policy"][1]
+
+
+@pytest.mark.parametrize("chain_falls_over", [False, True], ids=["chain-returns-it", "every-deployment-refuses"])
+def test_a_content_policy_refusal_is_asked_of_the_tenants_alternative_model(
+    gateway, tenant, make_key, make_model, mock_provider, chain_falls_over
+):
+    """The tenant names a model for what its providers refuse under their content policy: whether the
+    chain returns the first refusal or every deployment refuses, the alternative answers, reserved for
+    at admission and billed as what answered; the reason is on the headers and the ledger row."""
+    model, refusing = make_model(chain_length=2 if chain_falls_over else 1)
+    alternative, (other,) = make_model()
+    ModelAlias.objects.filter(name=model).update(fallback_on_content_policy=chain_falls_over)
+    tenant.content_policy_model = alternative
+    tenant.save()
+    announce_change()
+    for name in refusing:
+        mock_provider.control(name, **REFUSE)
+
+    response = post(gateway, make_key(tenant), model)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-sentinel-provider"] == other
+    # Passed over in the chain when it fails over on refusals (each one); then the model itself.
+    reasons = [f"{name}=content_policy" for name in refusing if chain_falls_over] + [f"{model}=content_policy"]
+    assert response.headers["x-sentinel-fallback-reasons"] == ", ".join(reasons)
+    assert [mock_provider.stats(name)["calls"] for name in [*refusing, other]] == [1] * len(refusing) + [1]
+    request_id = response.headers["x-sentinel-request-id"]
+    row = ledger_rows([request_id])[request_id]
+    assert (row.model_requested, row.deployment, row.status_code) == (model, other, 200)
+    assert row.fallback_reasons == ", ".join(reasons)
+
+
+def test_the_refusal_stands_when_the_key_may_not_use_the_alternative(
+    gateway, tenant, make_key, make_model, mock_provider
+):
+    model, (refusing,) = make_model()
+    alternative, (other,) = make_model()
+    tenant.content_policy_model = alternative
+    tenant.save()
+    announce_change()
+    mock_provider.control(refusing, **REFUSE)
+
+    response = post(gateway, make_key(tenant, allowed_models=[model]), model)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "content_policy_violation"
+    assert "x-sentinel-fallback-reasons" not in response.headers
+    assert (mock_provider.stats(refusing)["calls"], mock_provider.stats(other)["calls"]) == (1, 0)
