@@ -48,7 +48,7 @@ def request_id(raw) -> str:
     return raw.headers["x-sentinel-request-id"]
 
 
-@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+@pytest.mark.parametrize("kind", ["openai", "anthropic", "gemini"])
 def test_the_sdk_gets_the_same_answer_usage_and_cost_over_each_format(
     gateway, api_key, dialect_chain, kind, mock_provider
 ):
@@ -114,6 +114,11 @@ def test_the_sdk_gets_the_same_answer_usage_and_cost_over_each_format(
     sent = json.loads(mock_provider.stats(provider)["last_body"])
     if kind == "anthropic":
         assert sent["messages"][-1]["content"][0]["tool_use_id"] == use.id
+    elif kind == "gemini":  # Gemini pairs a call and its response by name (it has no call ids)
+        assert sent["contents"][-2:] == [
+            {"role": "model", "parts": [{"function_call": {"name": "lookup", "args": {}}}]},
+            {"role": "user", "parts": [{"function_response": {"name": "lookup", "response": {"content": "a word"}}}]},
+        ]
     else:
         assert (sent["messages"][-1]["role"], sent["messages"][-1]["tool_call_id"]) == ("tool", use.id)
 
