@@ -60,8 +60,20 @@ def test_price_change_mid_day_each_request_keeps_its_version(gateway, tenant, ma
 
 
 def test_the_seed_is_litellm_s_bundled_map_as_exact_decimals():
-    seeded = {model: (inp, out) for model, inp, out in seeded_prices(litellm_price_map())}
+    columns = dict(seeded_prices(litellm_price_map()))
+    seeded = {model: (c["input_per_token"], c["output_per_token"]) for model, c in columns.items()}
     assert seeded["gpt-4o-mini"] == (Decimal("0.00000015"), Decimal("0.0000006"))
     # Embedding models too (they have no output price): before, they were not seeded and billed at 0.
     assert seeded["text-embedding-3-small"] == (Decimal("0.00000002"), Decimal(0))
     assert all(isinstance(inp, Decimal) and isinstance(out, Decimal) for inp, out in seeded.values())
+    # The other kinds where the map has them, as exact: Claude Haiku 4.5's cache and batch rates.
+    assert columns["claude-haiku-4-5"] == {
+        "input_per_token": Decimal("0.000001"),
+        "output_per_token": Decimal("0.000005"),
+        "cache_read_per_token": Decimal("0.0000001"),
+        "cache_write_per_token": Decimal("0.00000125"),
+        "batch_input_per_token": Decimal("0.0000005"),
+        "batch_output_per_token": Decimal("0.0000025"),
+        "batch_cache_read_per_token": Decimal("0.00000005"),
+        "batch_cache_write_per_token": Decimal("0.000000625"),
+    }

@@ -99,9 +99,9 @@ CASES = {
 @pytest.fixture
 def priced_model(live_db, mock_provider):
     """A model served by one deployment of the case on its own virtual provider of the mock, which
-    reports the case's kinds of token. Returns (alias, deployment)."""
+    reports the case's kinds of token. Returns the alias."""
 
-    def make(case: dict) -> tuple[str, Deployment]:
+    def make(case: dict) -> str:
         name = unique(case["kind"])
         provider = Provider(name=name, kind=case["kind"], api_base=mock_provider.api_base(name, case["kind"]))
         provider.set_api_key("sk-test-" + name)
@@ -112,7 +112,7 @@ def priced_model(live_db, mock_provider):
         alias = ModelAlias.objects.create(name=unique("priced"))
         ChainEntry.objects.create(alias=alias, deployment=deployment, position=0)
         mock_provider.control(name, **case["faults"])
-        return alias.name, deployment
+        return alias.name
 
     return make
 
@@ -142,7 +142,7 @@ def test_the_price_table_has_every_kind_from_litellms_map(live_db):
 @pytest.mark.parametrize("case_name", list(CASES))
 def test_each_kind_of_token_is_billed_at_its_rate(gateway, api_key, priced_model, case_name, stream):
     case = CASES[case_name]
-    alias, deployment = priced_model(case)
+    alias = priced_model(case)
     client = OpenAI(base_url=gateway.base_url, api_key=api_key, max_retries=0, timeout=30, default_headers=NO_CACHE)
     if stream:
         raw = client.chat.completions.with_raw_response.create(
@@ -183,7 +183,7 @@ def test_the_spend_report_and_the_request_log_show_every_kind(gateway, make_tena
     client = OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0, timeout=30, default_headers=NO_CACHE)
     request_ids = []
     for case_name in ("openai-cached-and-reasoning", "anthropic-cache-read-and-write"):
-        alias, _ = priced_model(CASES[case_name])
+        alias = priced_model(CASES[case_name])
         raw = client.chat.completions.with_raw_response.create(model=alias, messages=MESSAGES)
         request_ids.append(raw.headers["x-sentinel-request-id"])
     ledger_rows(request_ids)
