@@ -3,8 +3,10 @@ request keeps the version it was billed at, in the ledger and in the report."""
 
 from __future__ import annotations
 
+import importlib
 from datetime import timedelta
 from decimal import Decimal
+from types import SimpleNamespace
 
 from django.utils import timezone
 from openai import OpenAI
@@ -77,3 +79,43 @@ def test_the_seed_is_litellm_s_bundled_map_as_exact_decimals():
         "batch_cache_read_per_token": Decimal("0.00000005"),
         "batch_cache_write_per_token": Decimal("0.000000625"),
     }
+
+
+def test_the_kinds_migration_fills_unbilled_versions_in_place_and_adds_a_version_to_billed_ones(tenant):
+    """billing/migrations/0012, run again (rolled back) on the seeded table with the kinds emptied:
+    every seeded version no request was billed at gets them in place, exactly the map's; the one a
+    request was billed at stays as it was, and the kinds come as a new version."""
+    from django.apps import apps
+    from django.db import connection, transaction
+
+    from billing.models import Price
+    from billing.prices import KIND_COLUMNS
+
+    fill = importlib.import_module("billing.migrations.0012_token_kind_prices_from_litellm").fill
+    seeded = Price.objects.filter(source="litellm")
+    filled = {price.pk: [getattr(price, column) for column in KIND_COLUMNS] for price in seeded}
+    with transaction.atomic():
+        seeded.update(**dict.fromkeys(KIND_COLUMNS))
+        billed = Price.objects.get(model="gpt-4o-mini", source="litellm")
+        LedgerEntry.objects.create(
+            request_id=unique("billed"),
+            created_at=timezone.now(),
+            tenant=tenant,
+            model_requested="m",
+            status_code=200,
+            price=billed,
+        )
+        fill(apps, SimpleNamespace(connection=connection))
+
+        again = {price.pk: [getattr(price, column) for column in KIND_COLUMNS] for price in seeded}
+        assert {pk for pk in filled if again[pk] != filled[pk]} == {billed.pk}
+        assert again[billed.pk] == [None] * len(KIND_COLUMNS)
+        old, new = Price.objects.filter(model="gpt-4o-mini").order_by("effective_from")
+        assert old.pk == billed.pk
+        assert (new.input_per_token, new.cache_read_per_token, new.batch_input_per_token, new.source) == (
+            Decimal("0.00000015"),
+            Decimal("0.000000075"),
+            Decimal("0.000000075"),
+            "litellm",
+        )
+        transaction.set_rollback(True)
