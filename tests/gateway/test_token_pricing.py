@@ -1,7 +1,7 @@
 """Money for every kind of token, end to end: the official OpenAI SDK against the real gateway, the
 mock provider reporting cached and reasoning tokens as OpenAI does (within prompt_tokens and
-completion_tokens) and cache reads and writes as Anthropic does (besides input_tokens, read back by
-litellm's translation). Each answer's cost is computed here by hand from the providers' published
+completion_tokens), cache reads and writes as Anthropic does (besides input_tokens) and cached tokens
+as Gemini does (within promptTokenCount), the last two read back by litellm's translation. Each answer's cost is computed here by hand from the providers' published
 rates (litellm's price map, as the price table was seeded from it) or the deployment's own, and the
 ledger row, the `x-sentinel-cost-usd` header (a stream: `usage.cost_usd`) and the spend report's
 exports must hold exactly that."""
@@ -67,6 +67,15 @@ CASES = {
         + 7 * HAIKU_4_5["cache_write"]
         + ANSWER * HAIKU_4_5["output"],
         "parts": (5 * HAIKU_4_5["cache_read"], 7 * HAIKU_4_5["cache_write"], D(0)),
+    },
+    # Gemini's rule is OpenAI's: cachedContentTokenCount is part of promptTokenCount.
+    "gemini-cached": {
+        "kind": "gemini",
+        "model": "gemini/gemini-2.5-flash",
+        "faults": {"cache_read_tokens": 9},
+        "tokens": (PROMPT, ANSWER, 9, 0, 0),
+        "cost": (PROMPT - 9) * D("0.0000003") + 9 * D("0.00000003") + ANSWER * D("0.0000025"),
+        "parts": (9 * D("0.00000003"), D(0), D(0)),
     },
     # A deployment's own price for one kind wins over the map's, the rest still the map's.
     "override-of-one-kind": {
