@@ -24,10 +24,6 @@ def to_price(value: float | str | Decimal) -> Decimal:
     return Decimal(str(value)).quantize(PRICE_PLACES, rounding=ROUND_HALF_EVEN)
 
 
-def request_cost(prompt_tokens: int, completion_tokens: int, input_price: Decimal, output_price: Decimal) -> Decimal:
-    return quantize_cost(prompt_tokens * input_price + completion_tokens * output_price)
-
-
 def format_usd(value: Decimal) -> str:
     """The `x-sentinel-cost-usd` header value: the ledger's exact figure, no exponent."""
     return format(quantize_cost(value), "f")

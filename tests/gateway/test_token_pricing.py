@@ -1,10 +1,11 @@
 """Money for every kind of token, end to end: the official OpenAI SDK against the real gateway, the
 mock provider reporting cached and reasoning tokens as OpenAI does (within prompt_tokens and
 completion_tokens), cache reads and writes as Anthropic does (besides input_tokens) and cached tokens
-as Gemini does (within promptTokenCount), the last two read back by litellm's translation. Each answer's cost is computed here by hand from the providers' published
-rates (litellm's price map, as the price table was seeded from it) or the deployment's own, and the
-ledger row, the `x-sentinel-cost-usd` header (a stream: `usage.cost_usd`) and the spend report's
-exports must hold exactly that."""
+as Gemini does (within promptTokenCount), the last two read back by litellm's translation. Each
+answer's cost is computed here by hand from the providers' published rates (litellm's price map, as
+the price table was seeded from it) or the deployment's own, and the ledger row, the
+`x-sentinel-cost-usd` header (a stream: `usage.cost_usd`) and the spend report's exports must hold
+exactly that."""
 
 from __future__ import annotations
 
