@@ -117,7 +117,11 @@ class BreakerPolicy(models.Model):
 
 def _price_override(help_text: str) -> models.DecimalField:
     return models.DecimalField(
-        max_digits=20, decimal_places=15, null=True, blank=True, help_text=help_text + " Empty: see above."
+        max_digits=20,
+        decimal_places=15,
+        null=True,
+        blank=True,
+        help_text=help_text + " Empty: the fallback in docs/billing.md (its input or output override, else the table).",
     )
 
 
