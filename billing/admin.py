@@ -27,6 +27,7 @@ from billing.exports import (
 )
 from billing.ledger import record_text
 from billing.models import LedgerDeadLetter, LedgerEntry, Price, SpendReport
+from billing.prices import KIND_COLUMNS
 from billing.selectors import DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
 from billing.statements import parse_month, statement, statement_csv, statement_pdf
@@ -45,7 +46,7 @@ EXPORTS = {
 class PriceForm(forms.ModelForm):
     class Meta:
         model = Price
-        fields = ["model", "input_per_token", "output_per_token", "effective_from"]
+        fields = ["model", "input_per_token", "output_per_token", *KIND_COLUMNS, "effective_from"]
 
     def clean(self):
         data = super().clean()
@@ -77,7 +78,8 @@ class PriceAdmin(OperatorOnlyAdmin):
     readonly_fields = ["source", "created_at"]
 
     def save_model(self, request, obj, form, change):
-        fields = {name: form.cleaned_data[name] for name in PriceForm.Meta.fields}
+        fields = {name: form.cleaned_data[name] for name in PriceForm.Meta.fields if name not in KIND_COLUMNS}
+        fields["kind_prices"] = {column: form.cleaned_data[column] for column in KIND_COLUMNS}
         if change:
             original = Price.objects.get(pk=obj.pk)
             saved = price_change(price=original, **fields)

@@ -75,12 +75,27 @@ class KeyRefSerializer(serializers.Serializer):
     prefix = serializers.CharField()
 
 
+def _kind_price(help_text: str) -> serializers.DecimalField:
+    return serializers.DecimalField(max_digits=20, decimal_places=15, allow_null=True, help_text=help_text)
+
+
+def _money(help_text: str, **kwargs) -> serializers.DecimalField:
+    return serializers.DecimalField(max_digits=24, decimal_places=10, help_text=help_text, **kwargs)
+
+
 class PriceRefSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     model = serializers.CharField()
     effective_from = serializers.DateTimeField()
     input_per_token = serializers.DecimalField(max_digits=20, decimal_places=15)
     output_per_token = serializers.DecimalField(max_digits=20, decimal_places=15)
+    cache_read_per_token = _kind_price("Cache reads; null: the input price.")
+    cache_write_per_token = _kind_price("Cache writes; null: the input price.")
+    reasoning_per_token = _kind_price("Reasoning tokens; null: the output price.")
+    batch_input_per_token = _kind_price("Batch prompt tokens; null: the input price.")
+    batch_output_per_token = _kind_price("Batch completion tokens; null: the output price.")
+    batch_cache_read_per_token = _kind_price("Batch cache reads; null: the cache read price, else batch input.")
+    batch_cache_write_per_token = _kind_price("Batch cache writes; null: the cache write price, else batch input.")
 
 
 class SpendTotalsSerializer(serializers.Serializer):
@@ -92,6 +107,18 @@ class SpendTotalsSerializer(serializers.Serializer):
     exact_hits = serializers.IntegerField(source="metrics.exact_hits")
     semantic_hits = serializers.IntegerField(source="metrics.semantic_hits")
     saved_cost_usd = serializers.DecimalField(max_digits=24, decimal_places=10, source="metrics.saved_cost_usd")
+    cache_read_tokens = serializers.IntegerField(
+        source="metrics.cache_read_tokens", help_text="Of the prompt tokens: read from the provider's cache."
+    )
+    cache_write_tokens = serializers.IntegerField(
+        source="metrics.cache_write_tokens", help_text="Of the prompt tokens: written to the provider's cache."
+    )
+    reasoning_tokens = serializers.IntegerField(
+        source="metrics.reasoning_tokens", help_text="Of the completion tokens: reasoning."
+    )
+    cache_read_cost_usd = _money("Of cost_usd: cache reads.", source="metrics.cache_read_cost_usd")
+    cache_write_cost_usd = _money("Of cost_usd: cache writes.", source="metrics.cache_write_cost_usd")
+    reasoning_cost_usd = _money("Of cost_usd: reasoning tokens.", source="metrics.reasoning_cost_usd")
 
 
 class SpendRowSerializer(SpendTotalsSerializer):
@@ -252,7 +279,22 @@ class RequestLogApi(APIView):
         error_code = serializers.CharField()
         prompt_tokens = serializers.IntegerField()
         completion_tokens = serializers.IntegerField()
+        cache_read_tokens = serializers.IntegerField(help_text="Of the prompt tokens: read from the provider's cache.")
+        cache_write_tokens = serializers.IntegerField(
+            help_text="Of the prompt tokens: written to the provider's cache."
+        )
+        reasoning_tokens = serializers.IntegerField(help_text="Of the completion tokens: reasoning.")
         cost_usd = serializers.DecimalField(max_digits=20, decimal_places=10)
+        cache_read_cost_usd = serializers.DecimalField(
+            max_digits=20, decimal_places=10, help_text="Of cost_usd: cache reads."
+        )
+        cache_write_cost_usd = serializers.DecimalField(
+            max_digits=20, decimal_places=10, help_text="Of cost_usd: cache writes."
+        )
+        reasoning_cost_usd = serializers.DecimalField(
+            max_digits=20, decimal_places=10, help_text="Of cost_usd: reasoning tokens."
+        )
+        batch = serializers.BooleanField(help_text="A Batch API item, billed at batch rates.")
         price = PriceRefSerializer(allow_null=True)
         cache_tier = serializers.CharField()
         saved_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=10)

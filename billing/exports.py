@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from datetime import date, datetime
 from decimal import Decimal
 
+from billing.prices import KIND_COLUMNS
 from billing.selectors import METRICS, MONEY_METRICS, SpendReport, SpendRow
 
 DIMENSION_COLUMNS = {
@@ -16,7 +17,15 @@ DIMENSION_COLUMNS = {
     "tenant": ["tenant", "tenant_name"],
     "key": ["key_id", "key_name", "key_prefix"],
     "model": ["model"],
-    "price": ["price_id", "price_model", "price_effective_from", "input_usd_per_token", "output_usd_per_token"],
+    "price": [
+        "price_id",
+        "price_model",
+        "price_effective_from",
+        "input_usd_per_token",
+        "output_usd_per_token",
+        # Added later, so last: the other kinds' prices (empty: the kind falls back, docs/billing.md).
+        *(column.replace("_per_token", "_usd_per_token") for column in KIND_COLUMNS),
+    ],
 }
 # The page's headings (exports keep the column names above, which scripts read).
 COLUMN_LABELS = {
@@ -36,6 +45,19 @@ COLUMN_LABELS = {
     "exact_hits": "exact hits",
     "semantic_hits": "semantic hits",
     "saved_cost_usd": "saved $",
+    "cache_read_usd_per_token": "cache read $/token",
+    "cache_write_usd_per_token": "cache write $/token",
+    "reasoning_usd_per_token": "reasoning $/token",
+    "batch_input_usd_per_token": "batch input $/token",
+    "batch_output_usd_per_token": "batch output $/token",
+    "batch_cache_read_usd_per_token": "batch cache read $/token",
+    "batch_cache_write_usd_per_token": "batch cache write $/token",
+    "cache_read_tokens": "cache read tokens",
+    "cache_write_tokens": "cache write tokens",
+    "reasoning_tokens": "reasoning tokens",
+    "cache_read_cost_usd": "cache read $",
+    "cache_write_cost_usd": "cache write $",
+    "reasoning_cost_usd": "reasoning $",
 }
 MONEY_FORMAT = "#,##0.00########"
 PRICE_FORMAT = "0.000000000000000"
@@ -60,8 +82,15 @@ def _dimension_values(name: str, row: SpendRow) -> list:
         return [row.model]
     price = row.price
     if price is None:
-        return [None, None, None, None, None]
-    return [price.pk, price.model, price.effective_from, price.input_per_token, price.output_per_token]
+        return [None] * len(DIMENSION_COLUMNS["price"])
+    return [
+        price.pk,
+        price.model,
+        price.effective_from,
+        price.input_per_token,
+        price.output_per_token,
+        *(getattr(price, column) for column in KIND_COLUMNS),
+    ]
 
 
 def report_rows(report: SpendReport) -> list[list]:
@@ -165,6 +194,14 @@ REQUEST_LOG_COLUMNS = [
     "cache_tier",
     "saved_cost_usd",
     "latency_ms",
+    # Added later, so last.
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "cache_read_cost_usd",
+    "cache_write_cost_usd",
+    "reasoning_cost_usd",
+    "batch",
 ]
 
 

@@ -70,7 +70,14 @@ class LedgerRecord:
     error_code: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cache_read_tokens: int = 0  # of the prompt tokens (billing.money.Tokens)
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0  # of the completion tokens
     cost_usd: str = "0"
+    cache_read_cost_usd: str = "0"  # parts of cost_usd
+    cache_write_cost_usd: str = "0"
+    reasoning_cost_usd: str = "0"
+    batch: bool = False  # a Batch API item, billed at batch rates
     price_id: int | None = None
     cache_tier: str = "miss"
     saved_cost_usd: str = "0"
@@ -173,6 +180,9 @@ _CONVERT = {
     "id": _uuid,
     "created_at": _moment,
     "cost_usd": _amount,
+    "cache_read_cost_usd": _amount,
+    "cache_write_cost_usd": _amount,
+    "reasoning_cost_usd": _amount,
     "saved_cost_usd": _amount,
 }
 

@@ -8,6 +8,10 @@ from django.db import models
 from django.utils import timezone
 
 
+def _kind_price(help_text: str) -> models.DecimalField:
+    return models.DecimalField(max_digits=20, decimal_places=15, null=True, blank=True, help_text=help_text)
+
+
 class Price(models.Model):
     """USD per token for one model, effective from a moment on. Never edited in place once used:
     a price change is a new row, so every ledger row keeps pointing at the version it was billed at."""
@@ -15,6 +19,19 @@ class Price(models.Model):
     model = models.CharField(max_length=200, db_index=True, help_text="Model as litellm's price map names it.")
     input_per_token = models.DecimalField(max_digits=20, decimal_places=15)
     output_per_token = models.DecimalField(max_digits=20, decimal_places=15)
+    # The other kinds of token (docs/billing.md, "Every kind of token"): empty means the kind is
+    # billed at the rate it falls back to.
+    cache_read_per_token = _kind_price("Prompt tokens read from the provider's prompt cache. Empty: the input price.")
+    cache_write_per_token = _kind_price("Prompt tokens written to the provider's prompt cache. Empty: the input price.")
+    reasoning_per_token = _kind_price("Reasoning tokens (part of the completion). Empty: the output price.")
+    batch_input_per_token = _kind_price("Prompt tokens of a batch request. Empty: the input price.")
+    batch_output_per_token = _kind_price("Completion tokens of a batch request. Empty: the output price.")
+    batch_cache_read_per_token = _kind_price(
+        "Cache reads of a batch request. Empty: the cache read price, else the batch input price."
+    )
+    batch_cache_write_per_token = _kind_price(
+        "Cache writes of a batch request. Empty: the cache write price, else the batch input price."
+    )
     effective_from = models.DateTimeField(default=timezone.now)
     source = models.CharField(max_length=40, default="manual")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -53,7 +70,17 @@ class LedgerEntry(models.Model):
     error_code = models.CharField(max_length=60, blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
+    # Of the prompt tokens, those read from and written to the provider's prompt cache; of the
+    # completion tokens, the reasoning ones; and what each of those kinds cost (part of cost_usd).
+    # db_default: rows inserted by a version without the columns (a rolling deploy's old workers).
+    cache_read_tokens = models.PositiveIntegerField(default=0, db_default=0)
+    cache_write_tokens = models.PositiveIntegerField(default=0, db_default=0)
+    reasoning_tokens = models.PositiveIntegerField(default=0, db_default=0)
     cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0)
+    cache_read_cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0, db_default=0)
+    cache_write_cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0, db_default=0)
+    reasoning_cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0, db_default=0)
+    batch = models.BooleanField(default=False, db_default=False, help_text="A Batch API item, billed at batch rates.")
     price = models.ForeignKey(Price, null=True, on_delete=models.PROTECT, related_name="+")
     cache_tier = models.CharField(max_length=16, choices=CacheTier.choices, default=CacheTier.MISS)
     saved_cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0)
@@ -159,7 +186,13 @@ class DailyRollup(models.Model):
     successful_requests = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
     completion_tokens = models.PositiveBigIntegerField(default=0)
+    cache_read_tokens = models.PositiveBigIntegerField(default=0)
+    cache_write_tokens = models.PositiveBigIntegerField(default=0)
+    reasoning_tokens = models.PositiveBigIntegerField(default=0)
     cost_usd = models.DecimalField(max_digits=24, decimal_places=10, default=0)
+    cache_read_cost_usd = models.DecimalField(max_digits=24, decimal_places=10, default=0)
+    cache_write_cost_usd = models.DecimalField(max_digits=24, decimal_places=10, default=0)
+    reasoning_cost_usd = models.DecimalField(max_digits=24, decimal_places=10, default=0)
     exact_hits = models.PositiveIntegerField(default=0)
     semantic_hits = models.PositiveIntegerField(default=0)
     saved_cost_usd = models.DecimalField(max_digits=24, decimal_places=10, default=0)

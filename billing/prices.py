@@ -5,7 +5,7 @@ soon as a price changes anywhere (sentinel.localstate)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -13,7 +13,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from billing.models import Price
-from billing.money import to_price
+from billing.money import Rates, to_price
 from sentinel.localstate import TTLCache
 
 # The moment bundled prices take effect: before any request this installation can have served.
@@ -30,9 +30,26 @@ def litellm_price_map() -> dict:
     return json.loads(path.read_text())
 
 
-def seeded_prices(price_map: dict) -> list[tuple[str, Decimal, Decimal]]:
-    """(model, input, output) for every chat/completion model that has both token prices, and every
-    embedding model with an input price (an embedding has no output tokens: 0 when the map has none)."""
+# Price columns and the keys of litellm's map they are read from.
+MAP_KEYS = {
+    "input_per_token": "input_cost_per_token",
+    "output_per_token": "output_cost_per_token",
+    "cache_read_per_token": "cache_read_input_token_cost",
+    "cache_write_per_token": "cache_creation_input_token_cost",
+    "reasoning_per_token": "output_cost_per_reasoning_token",
+    "batch_input_per_token": "input_cost_per_token_batches",
+    "batch_output_per_token": "output_cost_per_token_batches",
+    "batch_cache_read_per_token": "cache_read_input_token_cost_batches",
+    "batch_cache_write_per_token": "cache_creation_input_token_cost_batches",
+}
+# The columns for kinds of token other than plain input and output: empty falls back (PriceVersion.rates).
+KIND_COLUMNS = tuple(MAP_KEYS)[2:]
+
+
+def seeded_prices(price_map: dict) -> list[tuple[str, dict[str, Decimal]]]:
+    """(model, {column: price}) for every chat/completion model that has both token prices, and
+    every embedding model with an input price (an embedding has no output tokens: 0 when the map has
+    none); the other kinds' prices where the map has them."""
     rows = []
     for model, entry in price_map.items():
         if not isinstance(entry, dict) or entry.get("mode") not in ("chat", "completion", "embedding"):
@@ -42,21 +59,27 @@ def seeded_prices(price_map: dict) -> list[tuple[str, Decimal, Decimal]]:
             out = 0
         if inp is None or out is None:
             continue
-        rows.append((model, to_price(inp), to_price(out)))
+        columns = {"input_per_token": to_price(inp), "output_per_token": to_price(out)}
+        for column in KIND_COLUMNS:
+            value = entry.get(MAP_KEYS[column])
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                columns[column] = to_price(value)
+        rows.append((model, columns))
     return rows
 
 
 def seed_from_litellm(price_model=Price) -> int:
-    """Insert the bundled prices that are not in the table yet; returns how many were added."""
+    """Insert the bundled prices that are not in the table yet; returns how many were added. Only
+    the columns `price_model` has are filled (a migration's historical model may lack later ones)."""
+    known = {field.name for field in price_model._meta.get_fields()}
     rows = [
         price_model(
             model=model,
-            input_per_token=inp,
-            output_per_token=out,
             effective_from=SEED_EFFECTIVE_FROM,
             source="litellm",
+            **{column: value for column, value in columns.items() if column in known},
         )
-        for model, inp, out in seeded_prices(litellm_price_map())
+        for model, columns in seeded_prices(litellm_price_map())
     ]
     before = price_model.objects.count()
     price_model.objects.bulk_create(rows, ignore_conflicts=True, batch_size=1000)
@@ -73,12 +96,89 @@ def price_key(litellm_model: str) -> list[str]:
 
 @dataclass(frozen=True)
 class PriceVersion:
+    """One price version as the request path uses it (or a deployment's own prices: id None)."""
+
     id: int | None
     input_per_token: Decimal
     output_per_token: Decimal
+    cache_read_per_token: Decimal | None = None
+    cache_write_per_token: Decimal | None = None
+    reasoning_per_token: Decimal | None = None
+    batch_input_per_token: Decimal | None = None
+    batch_output_per_token: Decimal | None = None
+    batch_cache_read_per_token: Decimal | None = None
+    batch_cache_write_per_token: Decimal | None = None
+
+    def rates(self, *, batch: bool = False) -> Rates:
+        """The rate of each kind of token, an empty kind falling back as litellm's cost calculator
+        falls back: cache reads and writes to the input rate, reasoning to the output rate; in a
+        batch, input and output to their batch rates, cache reads and writes to their batch rates,
+        else their ordinary ones, else the batch input rate, and reasoning to the batch output rate."""
+        cache_read, cache_write = self.cache_read_per_token, self.cache_write_per_token
+        if not batch:
+            return Rates(
+                input=self.input_per_token,
+                output=self.output_per_token,
+                cache_read=_first(cache_read, self.input_per_token),
+                cache_write=_first(cache_write, self.input_per_token),
+                reasoning=_first(self.reasoning_per_token, self.output_per_token),
+            )
+        batch_input = _first(self.batch_input_per_token, self.input_per_token)
+        batch_output = self.batch_output_per_token
+        return Rates(
+            input=batch_input,
+            output=_first(batch_output, self.output_per_token),
+            cache_read=_first(self.batch_cache_read_per_token, cache_read, batch_input),
+            cache_write=_first(self.batch_cache_write_per_token, cache_write, batch_input),
+            reasoning=_first(batch_output, self.reasoning_per_token, self.output_per_token),
+        )
+
+    def highest(self) -> tuple[Decimal, Decimal]:
+        """The most a prompt token and a completion token can cost (admission's worst case)."""
+        rates = self.rates()
+        return max(rates.input, rates.cache_write, rates.cache_read), max(rates.output, rates.reasoning)
+
+
+def _first(*values: Decimal | None) -> Decimal:
+    return next(value for value in values if value is not None)
 
 
 UNPRICED = PriceVersion(None, Decimal(0), Decimal(0))
+_COLUMNS = ("id", *MAP_KEYS)
+
+
+@dataclass(frozen=True)
+class PriceOverrides:
+    """A deployment's own prices. With both the input and the output price it is off the price
+    table altogether: its other kinds fall back to its own input and output prices, never to the
+    table's (whose cache and batch rates go with the table's base rates). A kind price alone
+    replaces that kind's price from the table and keeps the rest."""
+
+    input_per_token: Decimal | None = None
+    output_per_token: Decimal | None = None
+    cache_read_per_token: Decimal | None = None
+    cache_write_per_token: Decimal | None = None
+    reasoning_per_token: Decimal | None = None
+    batch_input_per_token: Decimal | None = None
+    batch_output_per_token: Decimal | None = None
+    batch_cache_read_per_token: Decimal | None = None
+    batch_cache_write_per_token: Decimal | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Enough to bill without the price table."""
+        return self.input_per_token is not None and self.output_per_token is not None
+
+    def over(self, version: PriceVersion) -> PriceVersion:
+        """The prices a request to the deployment is billed at: these over the table's `version`."""
+        if self.complete:
+            version = PriceVersion(None, self.input_per_token, self.output_per_token)
+        kinds = {column: getattr(self, column) for column in KIND_COLUMNS if getattr(self, column) is not None}
+        return replace(version, **kinds) if kinds else version
+
+
+NO_OVERRIDES = PriceOverrides()
+
 
 # litellm model -> [(effective_from, version)], newest first.
 _cache = TTLCache(ttl=CACHE_SECONDS, maxsize=10_000)
@@ -91,12 +191,10 @@ def clear_cache() -> None:
 def _versions(names: list[str]) -> list[tuple[datetime, PriceVersion]]:
     for name in names:
         rows = list(
-            Price.objects.filter(model=name)
-            .order_by("-effective_from")
-            .values_list("id", "input_per_token", "output_per_token", "effective_from")
+            Price.objects.filter(model=name).order_by("-effective_from").values_list(*_COLUMNS, "effective_from")
         )
         if rows:
-            return [(eff, PriceVersion(pk, inp, out)) for pk, inp, out, eff in rows]
+            return [(row[-1], PriceVersion(*row[:-1])) for row in rows]
     return []
 
 

@@ -31,8 +31,18 @@ METRICS = (
     "exact_hits",
     "semantic_hits",
     "saved_cost_usd",
+    # Added later, so last (exports' columns keep their places): the kinds of token within the
+    # prompt and completion tokens, and what each kind cost within cost_usd.
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "cache_read_cost_usd",
+    "cache_write_cost_usd",
+    "reasoning_cost_usd",
 )
-MONEY_METRICS = frozenset({"cost_usd", "saved_cost_usd"})
+MONEY_METRICS = frozenset(
+    {"cost_usd", "saved_cost_usd", "cache_read_cost_usd", "cache_write_cost_usd", "reasoning_cost_usd"}
+)
 
 _LEDGER_METRICS = {
     "requests": Count("id"),
@@ -43,6 +53,7 @@ _LEDGER_METRICS = {
     "exact_hits": Count("id", filter=Q(cache_tier=LedgerEntry.CacheTier.EXACT)),
     "semantic_hits": Count("id", filter=Q(cache_tier=LedgerEntry.CacheTier.SEMANTIC)),
     "saved_cost_usd": Sum("saved_cost_usd"),
+    **{name: Sum(name) for name in METRICS[8:]},
 }
 _ROLLUP_METRICS = {name: Sum(name) for name in METRICS}
 # Where each dimension lives in the rollups and in the ledger.

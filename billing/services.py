@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import date, datetime
 from decimal import Decimal
 
@@ -54,8 +55,10 @@ def price_create(
     output_per_token: Decimal,
     effective_from: datetime | None = None,
     source: str = "manual",
+    kind_prices: Mapping[str, Decimal | None] | None = None,
 ) -> Price:
-    """A new price version for `model`, in force from `effective_from` (now by default)."""
+    """A new price version for `model`, in force from `effective_from` (now by default), with the
+    other kinds' prices (`kind_prices`, by column: prices.KIND_COLUMNS) where given."""
     effective_from = effective_from or timezone.now()
     price_validate_effective_from(model=model, effective_from=effective_from)
     price = Price.objects.create(
@@ -64,9 +67,19 @@ def price_create(
         output_per_token=output_per_token,
         effective_from=effective_from,
         source=source,
+        **_kinds(kind_prices),
     )
     _announce()
     return price
+
+
+def _kinds(kind_prices: Mapping[str, Decimal | None] | None) -> dict[str, Decimal | None]:
+    """Every kind's column: the given price, else none (the kind falls back)."""
+    kind_prices = kind_prices or {}
+    unknown = set(kind_prices) - set(prices.KIND_COLUMNS)
+    if unknown:
+        raise ValueError(f"not kinds of price: {', '.join(sorted(unknown))}")
+    return {column: kind_prices.get(column) for column in prices.KIND_COLUMNS}
 
 
 def price_is_used(*, price: Price) -> bool:
@@ -81,10 +94,14 @@ def price_change(
     input_per_token: Decimal,
     output_per_token: Decimal,
     effective_from: datetime,
+    kind_prices: Mapping[str, Decimal | None] | None = None,
 ) -> Price:
     """Edit a price. While no ledger row refers to it, in place; once one does, the edit becomes a
     new version (from now, unless a later moment is given) and the old one stays as it was.
-    Returns the version that now holds the edit."""
+    Returns the version that now holds the edit. Without `kind_prices`, the other kinds' prices
+    stay as they were."""
+    if kind_prices is None:
+        kind_prices = {column: getattr(price, column) for column in prices.KIND_COLUMNS}
     if price_is_used(price=price):
         if effective_from == price.effective_from:
             effective_from = timezone.now()
@@ -94,6 +111,7 @@ def price_change(
             output_per_token=output_per_token,
             effective_from=effective_from,
             source="manual",
+            kind_prices=kind_prices,
         )
     if (model, effective_from) != (price.model, price.effective_from):
         price_validate_effective_from(model=model, effective_from=effective_from)
@@ -102,6 +120,7 @@ def price_change(
         input_per_token=input_per_token,
         output_per_token=output_per_token,
         effective_from=effective_from,
+        **_kinds(kind_prices),
     )
     price.refresh_from_db()
     _announce()

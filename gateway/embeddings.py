@@ -198,11 +198,11 @@ async def create(headers, raw_body: bytes) -> Reply:
         if hit is not None:
             return await serve_from_cache(call, hit)
         response = await call_chain(call, chain, stream=False, complete=embed)
-        usage = response["usage"]
-        cost, price_id = await charge(call, usage)
-        await finish(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
-        remember(call, response, cost)
-        return Reply(200, response_headers(call, cost), orjson.dumps(encoded(response, call.request.encoding_format)))
+        charged = await charge(call, response["usage"])
+        await finish(call, ledger_record(call, 200, charged=charged))
+        remember(call, response, charged.cost)
+        headers = response_headers(call, charged.cost)
+        return Reply(200, headers, orjson.dumps(encoded(response, call.request.encoding_format)))
     except GatewayError as error:
         return await error_reply(call, error)
     except Exception:

@@ -365,13 +365,12 @@ async def create(headers, raw_body: bytes) -> Reply:
 async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
     response = await call_chain(call, chain, stream=False)
     await screening.screen_response(call, response)
-    usage = response.get("usage") or {}
-    cost, price_id = await charge(call, usage)
+    charged = await charge(call, response.get("usage") or {})
     answer = answer_from_response(response)
     call.answer_text = (answer or {}).get("content")
-    await finish(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
-    remember(call, answer, cost)
-    return Reply(200, _headers(call, cost), orjson.dumps(message_from(response)))
+    await finish(call, ledger_record(call, 200, charged=charged))
+    remember(call, answer, charged.cost)
+    return Reply(200, _headers(call, charged.cost), orjson.dumps(message_from(response)))
 
 
 def message_from(response: dict) -> dict:

@@ -108,8 +108,14 @@ class Faults:
     slow_ms: float = 0.0  # extra latency added to every answer (a slow but healthy provider)
     drop_after: int | None = None  # stream: close the connection after this many content tokens
     refuses: bool = True  # answer a prompt containing [[refuse]] with a refusal (False: a model that does not)
-    cache_read_tokens: int = 0  # Anthropic/Gemini: prompt tokens reported as read from the provider's cache
+    # Prompt tokens reported as read from the provider's cache (OpenAI: prompt_tokens_details.cached_tokens,
+    # within prompt_tokens; Anthropic: cache_read_input_tokens, besides input_tokens; Gemini:
+    # cachedContentTokenCount, within promptTokenCount).
+    cache_read_tokens: int = 0
     cache_creation_tokens: int = 0  # Anthropic: prompt tokens reported as written to its cache
+    # OpenAI: reasoning tokens reported on top of the answer's (completion_tokens_details.reasoning_tokens,
+    # within completion_tokens), as a reasoning model's hidden thinking.
+    reasoning_tokens: int = 0
     # What its vLLM-style /metrics reports on top of the requests really in flight (a busy GPU server).
     load_running: int = 0  # vllm:num_requests_running
     load_waiting: int = 0  # vllm:num_requests_waiting

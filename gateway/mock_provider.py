@@ -202,6 +202,7 @@ class MockProvider:
                 tool_call = {"id": "call_mock_1", "type": "function", "function": {"name": name, "arguments": "{}"}}
                 tokens, finish_reason = [], "tool_calls"
                 usage = {**usage, "completion_tokens": 5, "total_tokens": usage["prompt_tokens"] + 5}
+            usage = _token_kinds(usage, faults)
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 return await self._stream(
@@ -323,6 +324,18 @@ class MockProvider:
         await response.write_eof()
         state.completed += 1
         return response
+
+
+def _token_kinds(usage: dict, faults: Faults) -> dict:
+    """OpenAI's usage details, when the provider's switches ask for them: cached prompt tokens
+    (part of prompt_tokens) and reasoning tokens (added to completion_tokens, of which they are part)."""
+    if faults.cache_read_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": min(faults.cache_read_tokens, usage["prompt_tokens"])}
+    if faults.reasoning_tokens:
+        completion = usage["completion_tokens"] + faults.reasoning_tokens
+        usage = {**usage, "completion_tokens": completion, "total_tokens": usage["prompt_tokens"] + completion}
+        usage["completion_tokens_details"] = {"reasoning_tokens": faults.reasoning_tokens}
+    return usage
 
 
 def _error(status: int, kind: str, message: str, headers: dict | None = None, code: str | None = None) -> web.Response:

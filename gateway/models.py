@@ -115,6 +115,16 @@ class BreakerPolicy(models.Model):
         return self.name
 
 
+def _price_override(help_text: str) -> models.DecimalField:
+    return models.DecimalField(
+        max_digits=20,
+        decimal_places=15,
+        null=True,
+        blank=True,
+        help_text=help_text + " Empty: the fallback in docs/billing.md (its input or output override, else the table).",
+    )
+
+
 class Deployment(models.Model):
     """One model at one provider, as litellm names it (e.g. `openai/gpt-4o-mini`)."""
 
@@ -220,6 +230,16 @@ class Deployment(models.Model):
         blank=True,
         help_text="USD per completion token, instead of the price table.",
     )
+    # The other kinds of token (docs/billing.md). With both prices above set, the deployment is off
+    # the price table: an empty one below falls back to them. Without them, one set below replaces
+    # that kind's price from the table.
+    cache_read_price_override = _price_override("USD per prompt token read from the provider's cache.")
+    cache_write_price_override = _price_override("USD per prompt token written to the provider's cache.")
+    reasoning_price_override = _price_override("USD per reasoning token.")
+    batch_input_price_override = _price_override("USD per prompt token of a batch request.")
+    batch_output_price_override = _price_override("USD per completion token of a batch request.")
+    batch_cache_read_price_override = _price_override("USD per cache-read prompt token of a batch request.")
+    batch_cache_write_price_override = _price_override("USD per cache-write prompt token of a batch request.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

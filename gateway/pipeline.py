@@ -30,8 +30,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from billing.ledger import LedgerRecord, hand_off
-from billing.money import ZERO, format_usd, request_cost
-from billing.prices import aprice_at
+from billing.money import ZERO, Bill, Tokens, bill, format_usd
+from billing.prices import UNPRICED, aprice_at
 from gateway import metrics, requestlog, sse
 from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_blocked
 from gateway.cache import engine as cache
@@ -455,9 +455,8 @@ async def verify_in_shadow(served: Call, hit: cache.Hit, route: ModelRoute) -> N
             await settle_and_hand_off(call, ledger_record(call, error.status, error_code=error.code))
             await sync_to_async(shadow.check_record)(**check, outcome=shadow.Outcome.FAILED, reason=error.code)
             return
-        usage = response.get("usage") or {}
-        cost, price_id = await charge(call, usage)
-        await settle_and_hand_off(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
+        charged = await charge(call, response.get("usage") or {})
+        await settle_and_hand_off(call, ledger_record(call, 200, charged=charged))
         if is_refusal(response):  # no answer to compare with: the provider's mood, not the cache's error
             await sync_to_async(shadow.check_record)(**check, outcome=shadow.Outcome.FAILED, reason="refusal")
             return
@@ -673,28 +672,21 @@ async def answer_from_chain(call: Call, chain: list[Target]) -> tuple[dict, dict
     cached: OpenAI's chat completion and the response headers, for the dialect to render."""
     response = await call_chain(call, chain, stream=False)
     await screening.screen_response(call, response)
-    usage = response.get("usage") or {}
-    cost, price_id = await charge(call, usage)
+    charged = await charge(call, response.get("usage") or {})
     if call.key.escalate_refusals and is_refusal(response):
         escalated = await escalate(call)
         if escalated is not None:
             # The refused answer was paid for too: the record bills both calls.
             response = escalated
             await screening.screen_response(call, response)
-            first_usage, usage = usage, escalated.get("usage") or {}
-            more, price_id = await charge(call, usage)
-            cost += more
-            usage = {name: int(usage.get(name) or 0) + int(first_usage.get(name) or 0) for name in TOKEN_FIELDS}
-    headers = response_headers(call, cost)
+            charged += await charge(call, escalated.get("usage") or {})
+    headers = response_headers(call, charged.cost)
     answer = answer_from_response(response)
     call.answer_text = (answer or {}).get("content")
-    await finish(call, ledger_record(call, 200, usage=usage, cost=cost, price_id=price_id))
+    await finish(call, ledger_record(call, 200, charged=charged))
     if call.escalated_from is None:  # an escalated answer is not the asked-for model's to cache
-        remember(call, answer, cost)
+        remember(call, answer, charged.cost)
     return response, headers
-
-
-TOKEN_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
 
 def is_refusal(response: dict) -> bool:
@@ -863,8 +855,7 @@ async def finish_disconnected(call: Call, usage: dict, answer: Answer) -> None:
 
 
 async def stream_record(call: Call, status: int, error_code: str, usage: dict) -> LedgerRecord:
-    cost, price_id = await charge(call, usage)
-    return ledger_record(call, status, error_code=error_code, usage=usage, cost=cost, price_id=price_id)
+    return ledger_record(call, status, error_code=error_code, charged=await charge(call, usage))
 
 
 def as_client_error(error: UpstreamError) -> GatewayError:
@@ -931,24 +922,27 @@ async def settle_and_hand_off(call: Call, record: LedgerRecord) -> None:
 # --- money and records -------------------------------------------------------------------------
 
 
-async def charge(call: Call, usage: dict) -> tuple[Decimal, int | None]:
-    """The cost of what the deployment that answered used, also counted against its provider's
-    daily spend cap (at settle)."""
-    cost, price_id = await cost_of(call.target, usage)
-    if cost:
+async def charge(call: Call, usage: dict) -> Bill:
+    """What the deployment that answered used, billed by kind of token (a batch item at batch
+    rates), also counted against its provider's daily spend cap (at settle)."""
+    charged = await bill_for(call.target, usage, batch=call.queued is not None)
+    if charged.cost:
         provider = call.target.provider_id
-        call.paid[provider] = call.paid.get(provider, ZERO) + cost
-    return cost, price_id
+        call.paid[provider] = call.paid.get(provider, ZERO) + charged.cost
+    return charged
 
 
-async def cost_of(target: Target, usage: dict) -> tuple[Decimal, int | None]:
-    prompt = int(usage.get("prompt_tokens") or 0)
-    completion = int(usage.get("completion_tokens") or 0)
-    if target.input_price_override is not None and target.output_price_override is not None:
-        return request_cost(prompt, completion, target.input_price_override, target.output_price_override), None
-    with database_required():
-        price = await aprice_at(target.litellm_model)
-    return request_cost(prompt, completion, price.input_per_token, price.output_per_token), price.id
+async def bill_for(target: Target, usage: dict, *, batch: bool = False) -> Bill:
+    """The provider's usage priced at the deployment's prices: its own where it has them, over the
+    price table's version in force (billing.prices.PriceOverrides)."""
+    overrides = target.price_overrides
+    if overrides.complete:
+        version = UNPRICED
+    else:
+        with database_required():
+            version = await aprice_at(target.litellm_model)
+    priced = overrides.over(version)
+    return bill(Tokens.from_usage(usage), priced.rates(batch=batch), priced.id)
 
 
 def response_headers(call: Call, cost: Decimal | None) -> dict[str, str]:
@@ -980,11 +974,13 @@ def ledger_record(
     *,
     error_code: str = "",
     usage: dict | None = None,
-    cost: Decimal = ZERO,
-    price_id: int | None = None,
+    charged: Bill | None = None,
     saved: Decimal = ZERO,
 ) -> LedgerRecord:
-    usage = usage or {}
+    """The request's ledger record: billed (`charged`), or only its `usage` noted at no cost (a
+    cache hit's tokens), or neither (a request that used nothing)."""
+    charged = charged or Bill(Tokens.from_usage(usage or {}))
+    tokens = charged.tokens
     target = call.target
     record = LedgerRecord(
         request_id=call.request_id,
@@ -997,10 +993,17 @@ def ledger_record(
         provider=target.provider if target else ("cache" if call.cache_tier.startswith("hit") else ""),
         stream=bool(call.request and call.request.stream),
         error_code=error_code,
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-        cost_usd=format_usd(cost),
-        price_id=price_id,
+        prompt_tokens=tokens.prompt,
+        completion_tokens=tokens.completion,
+        cache_read_tokens=tokens.cache_read,
+        cache_write_tokens=tokens.cache_write,
+        reasoning_tokens=tokens.reasoning,
+        cost_usd=format_usd(charged.cost),
+        cache_read_cost_usd=format_usd(charged.cache_read_cost),
+        cache_write_cost_usd=format_usd(charged.cache_write_cost),
+        reasoning_cost_usd=format_usd(charged.reasoning_cost),
+        batch=call.queued is not None,
+        price_id=charged.price_id,
         cache_tier=call.cache_tier,
         saved_cost_usd=format_usd(saved),
         latency_ms=call.elapsed_ms(),

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from itertools import groupby
 
+from billing.prices import MAP_KEYS, NO_OVERRIDES, UNPRICED, PriceOverrides, price_at, price_key
 from gateway.errors import GatewayError, database_required
-from gateway.models import ChainEntry, ModelAlias, Provider
+from gateway.models import ChainEntry, Deployment, ModelAlias, Provider
 from gateway.upstream import transport
 from gateway.upstream.balancing import balancer
 from gateway.upstream.breakers import Policy
@@ -36,8 +37,6 @@ class Target:
     weight: int
     position: int
     litellm_params: tuple[tuple[str, object], ...]
-    input_price_override: Decimal | None
-    output_price_override: Decimal | None
     fast: transport.FastRoute | None  # set when the fast path serves this deployment
     policy: Policy  # its circuit breaker's
     forced_state: str  # "" | "open" | "closed": an operator's override of its breaker
@@ -49,6 +48,7 @@ class Target:
     saturation_queue_limit: int = 0  # requests that may wait for it at once while it is saturated
     fallback_on: frozenset[str] = DEFAULT_FALLBACK_ON  # failure kinds of its chain that fail over
     context_window: int | None = None  # prompt tokens it takes, from litellm's model map
+    price_overrides: PriceOverrides = NO_OVERRIDES  # its own prices, over the price table's
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,6 @@ class ModelRoute:
 def _max_output_tokens(litellm_model: str) -> int:
     import litellm
 
-    from billing.prices import price_key
-
     for name in price_key(litellm_model):
         info = litellm.model_cost.get(name)
         if info:
@@ -87,16 +85,12 @@ def _max_output_tokens(litellm_model: str) -> int:
 
 
 def _load_route(alias: str) -> ModelRoute | None:
-    from billing.prices import price_at
-
     model = ModelAlias.objects.filter(name=alias).first()
     if model is None:
         return None
     targets = _load_chain(model)
     prices = [
-        (t.input_price_override, t.output_price_override)
-        if t.input_price_override is not None and t.output_price_override is not None
-        else (price_at(t.litellm_model).input_per_token, price_at(t.litellm_model).output_per_token)
+        t.price_overrides.over(UNPRICED if t.price_overrides.complete else price_at(t.litellm_model)).highest()
         for t in targets
     ]
     limits = {
@@ -119,13 +113,18 @@ def _load_route(alias: str) -> ModelRoute | None:
 def _context_window(litellm_model: str) -> int | None:
     import litellm
 
-    from billing.prices import price_key
-
     for name in price_key(litellm_model):
         info = litellm.model_cost.get(name)
         if info and (info.get("max_input_tokens") or info.get("max_tokens")):
             return int(info.get("max_input_tokens") or info["max_tokens"])
     return None
+
+
+def price_overrides(deployment: Deployment) -> PriceOverrides:
+    """A deployment's own prices: each `<kind>_price_override` field as the price column it overrides."""
+    return PriceOverrides(
+        **{column: getattr(deployment, column.replace("per_token", "price_override")) for column in MAP_KEYS}
+    )
 
 
 def fallback_kinds(model: ModelAlias) -> frozenset[str]:
@@ -168,8 +167,6 @@ def _load_chain(model: ModelAlias) -> tuple[Target, ...]:
                 weight=deployment.weight,
                 position=entry.position,
                 litellm_params=tuple(sorted(provider.litellm_params.items())),
-                input_price_override=deployment.input_price_override,
-                output_price_override=deployment.output_price_override,
                 fast=fast,
                 policy=Policy.from_model(deployment.breaker_policy),
                 forced_state=deployment.forced_state,
@@ -181,6 +178,7 @@ def _load_chain(model: ModelAlias) -> tuple[Target, ...]:
                 saturation_queue_limit=deployment.saturation_queue_limit,
                 fallback_on=fallback_on,
                 context_window=_context_window(deployment.litellm_model),
+                price_overrides=price_overrides(deployment),
             )
         )
     return tuple(targets)

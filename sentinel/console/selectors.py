@@ -360,9 +360,10 @@ class ModelOffer:
 def models_offered(tenant: Tenant) -> list[ModelOffer]:
     """What `tenant`'s keys may call (its allowlist, or every alias), each with the context window and
     the prices of the deployment that serves it first (its override, else the price table)."""
-    from billing.prices import litellm_price_map, price_at, price_key
+    from billing.prices import UNPRICED, litellm_price_map, price_at, price_key
     from gateway.models import ModelAlias
     from gateway.upstream.autoroute import AUTO_MODEL
+    from gateway.upstream.routing import price_overrides
 
     sizes = litellm_price_map()
     aliases = ModelAlias.objects.prefetch_related("chain__deployment").order_by("name")
@@ -374,9 +375,9 @@ def models_offered(tenant: Tenant) -> list[ModelOffer]:
         if not chain or alias.name == AUTO_MODEL:
             continue
         first = chain[0]
-        price = price_at(first.litellm_model)
-        inp = first.input_price_override if first.input_price_override is not None else price.input_per_token
-        out = first.output_price_override if first.output_price_override is not None else price.output_per_token
+        overrides = price_overrides(first)
+        price = overrides.over(UNPRICED if overrides.complete else price_at(first.litellm_model))
+        inp, out = price.input_per_token, price.output_per_token
         size = next((sizes[n] for n in price_key(first.litellm_model) if isinstance(sizes.get(n), dict)), {})
         offers.append(
             ModelOffer(

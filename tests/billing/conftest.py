@@ -140,6 +140,13 @@ def spend_data(tenancy, make_virtual_key, empty_queue) -> SpendData:
                             status=200 if i % 7 else 503,
                             prompt_tokens=i,
                             completion_tokens=2 * i,
+                            # Of them, cached and reasoning tokens and their part of the cost.
+                            cache_read_tokens=i // 2,
+                            cache_write_tokens=i // 3,
+                            reasoning_tokens=i % 5,
+                            cache_read_cost_usd="0" if hit else varied_cost(i + 2)[:6],
+                            cache_write_cost_usd="0" if hit else varied_cost(i + 3)[:6],
+                            reasoning_cost_usd="0" if hit else varied_cost(i + 4)[:6],
                             request_id=f"spend-{i}",
                         )
                     )

@@ -15,6 +15,7 @@ from django.db.models import Sum
 from django.test import Client
 
 from billing.models import LedgerEntry
+from billing.prices import KIND_COLUMNS
 from tests.billing.conftest import DAYS
 
 REPORT = "/api/v1/reports/spend"
@@ -54,7 +55,20 @@ def test_finance_gets_its_tenants_report_as_json(spend_data):
     assert body["totals"]["requests"] == LedgerEntry.objects.filter(tenant=a).count()
     assert b.slug not in str(body)
     priced = next(row for row in body["rows"] if row["price"])
-    assert set(priced["price"]) == {"id", "model", "effective_from", "input_per_token", "output_per_token"}
+    assert set(priced["price"]) == {
+        "id",
+        "model",
+        "effective_from",
+        "input_per_token",
+        "output_per_token",
+        *KIND_COLUMNS,
+    }
+    assert body["totals"]["cache_read_tokens"] == sum(
+        LedgerEntry.objects.filter(tenant=a).values_list("cache_read_tokens", flat=True)
+    )
+    assert Decimal(body["totals"]["reasoning_cost_usd"]) == sum(
+        LedgerEntry.objects.filter(tenant=a).values_list("reasoning_cost_usd", flat=True)
+    )
 
 
 def test_group_by_and_tenant_filter(spend_data):

@@ -33,7 +33,7 @@ from openai import AsyncOpenAI
 
 from billing.ledger import COLUMNS, GROUP, OLD_DEAD_LETTERS, STREAM, drain, hand_off, hand_off_encoded
 from billing.models import DailyRollup, LedgerDeadLetter, LedgerEntry, RollupDue
-from billing.selectors import ledger_totals, spend_in_period, spend_report
+from billing.selectors import METRICS, ledger_totals, spend_in_period, spend_report
 from billing.services import spend_roll_up
 from sentinel.celery import app as celery_app
 from sentinel.redis_clients import async_redis, sync_redis
@@ -64,16 +64,7 @@ def rollups_match_ledger(tenant) -> None:
         )
     }
     rollups = {
-        (r.day, r.key_id, r.model, r.price_id): {
-            "requests": r.requests,
-            "successful_requests": r.successful_requests,
-            "prompt_tokens": r.prompt_tokens,
-            "completion_tokens": r.completion_tokens,
-            "cost_usd": r.cost_usd,
-            "exact_hits": r.exact_hits,
-            "semantic_hits": r.semantic_hits,
-            "saved_cost_usd": r.saved_cost_usd,
-        }
+        (r.day, r.key_id, r.model, r.price_id): {name: getattr(r, name) for name in METRICS}
         for r in DailyRollup.objects.filter(tenant=tenant)
     }
     assert rollups == ledger

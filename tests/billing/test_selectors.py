@@ -95,6 +95,12 @@ def assert_reconciles(report, tenants) -> None:
             exact_hits=Count("id", filter=Q(cache_tier="hit-exact")),
             semantic_hits=Count("id", filter=Q(cache_tier="hit-semantic")),
             saved_cost_usd=Sum("saved_cost_usd"),
+            cache_read_tokens=Sum("cache_read_tokens"),
+            cache_write_tokens=Sum("cache_write_tokens"),
+            reasoning_tokens=Sum("reasoning_tokens"),
+            cache_read_cost_usd=Sum("cache_read_cost_usd"),
+            cache_write_cost_usd=Sum("cache_write_cost_usd"),
+            reasoning_cost_usd=Sum("reasoning_cost_usd"),
         )
         assert row.metrics == expected, (row, filters)
 

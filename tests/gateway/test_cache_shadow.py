@@ -15,7 +15,6 @@ from openai import OpenAI
 
 from billing.ledger import drain
 from billing.models import LedgerEntry
-from billing.money import request_cost
 from gateway.cache import shadow
 from gateway.models import CacheEntry, ShadowCheck
 from tenants.models import Budget, Tenant, WebhookDelivery, WebhookEndpoint
@@ -172,9 +171,8 @@ def test_a_false_hit_measured_in_the_shadow_tightens_the_tier(
         ]
         for row in rows:
             price = row.price
-            assert row.cost_usd == request_cost(
-                row.prompt_tokens, row.completion_tokens, price.input_per_token, price.output_per_token
-            )
+            exact = row.prompt_tokens * price.input_per_token + row.completion_tokens * price.output_per_token
+            assert row.cost_usd == exact.quantize(Decimal("1e-10"))
             assert row.cost_usd > 0
         hits = LedgerEntry.objects.filter(request_id__in=[agreeing, differing], cache_tier="hit-semantic")
         assert sorted(hits.values_list("cost_usd", flat=True)) == [Decimal(0), Decimal(0)]

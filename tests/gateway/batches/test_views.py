@@ -18,6 +18,7 @@ from gateway.batches.models import Batch, BatchFile, BatchItem
 from gateway.mock_provider import answer_text
 from gateway.models import Deployment
 from tenants.models import Budget
+from tests.gateway import test_token_pricing
 from tests.gateway.batches.conftest import finished, jsonl, output_lines, stored_batch, wait_for
 from tests.servers import start_gateway
 
@@ -515,3 +516,43 @@ def test_file_content_is_served_as_a_download_the_browser_may_not_sniff(gateway,
     assert response.headers["content-disposition"] == 'attachment; filename="report <1>.html"'
     assert response.headers.get_list("x-content-type-options") == ["nosniff"]
     assert sdk(gateway, api_key).files.content(uploaded.id).content == page  # the SDK reads it as before
+
+
+priced_model = test_token_pricing.priced_model
+
+
+def test_batch_items_are_billed_at_the_batch_rates(gateway, batch_worker, make_tenant, make_key, priced_model):
+    """The Batch API's half price where litellm's map has one, for each kind of token: o4-mini's
+    batch input and output rates (its cached tokens at the cached rate: the map has no batch one;
+    reasoning at the batch output rate), Claude Haiku 4.5's batch rates for cache reads and writes."""
+    cases = test_token_pricing.CASES
+    client = sdk(gateway, make_key(make_tenant()))
+    prompt_text = test_token_pricing.MESSAGES[0]["content"]
+    lines = [
+        {**orjson.loads(jsonl(priced_model(cases[name]), [prompt_text])), "custom_id": name}
+        for name in ("openai-cached-and-reasoning", "anthropic-cache-read-and-write")
+    ]
+    content = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+    uploaded = client.files.create(file=("input.jsonl", content), purpose="batch")
+    created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = finished(client, created.id)
+    assert batch.request_counts.model_dump() == {"total": 2, "completed": 2, "failed": 0}
+
+    o4, haiku = drained_rows([f"{batch.id}:1", f"{batch.id}:2"])
+    prompt, answer = test_token_pricing.PROMPT, test_token_pricing.ANSWER
+    assert (o4.batch, o4.cache_read_tokens, o4.reasoning_tokens) == (True, 6, 12)
+    assert o4.cost_usd == (
+        (prompt - 6) * Decimal("0.00000055") + 6 * Decimal("0.000000275") + (answer + 12) * Decimal("0.0000022")
+    )
+    assert o4.reasoning_cost_usd == 12 * Decimal("0.0000022")
+    assert (haiku.batch, haiku.cache_read_tokens, haiku.cache_write_tokens) == (True, 5, 7)
+    assert haiku.cost_usd == (
+        (prompt - 12) * Decimal("0.0000005")
+        + 5 * Decimal("0.00000005")
+        + 7 * Decimal("0.000000625")
+        + answer * Decimal("0.0000025")
+    )
+    assert (haiku.cache_read_cost_usd, haiku.cache_write_cost_usd) == (
+        5 * Decimal("0.00000005"),
+        7 * Decimal("0.000000625"),
+    )

@@ -295,8 +295,6 @@ def target(litellm_model: str, api_base: str | None, api_key: str | None) -> Tar
         weight=1,
         position=0,
         litellm_params=(),
-        input_price_override=None,
-        output_price_override=None,
         fast=None,
         policy=DEFAULT_POLICY,
         forced_state="",
