@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('gateway', '0011_shadow_verification'),
+        ('gateway', '0012_deployment_load_sources'),
     ]
 
     operations = [
