@@ -15,6 +15,7 @@ DIMENSION_COLUMNS = {
     "day": ["day"],
     "tenant": ["tenant", "tenant_name"],
     "key": ["key_id", "key_name", "key_prefix"],
+    "end_user": ["end_user"],
     "model": ["model"],
     "price": ["price_id", "price_model", "price_effective_from", "input_usd_per_token", "output_usd_per_token"],
 }
@@ -24,6 +25,7 @@ COLUMN_LABELS = {
     "key_id": "key id",
     "key_name": "key",
     "key_prefix": "key prefix",
+    "end_user": "end user",
     "price_id": "price id",
     "price_model": "priced as",
     "price_effective_from": "price from",
@@ -58,6 +60,8 @@ def _dimension_values(name: str, row: SpendRow) -> list:
         return [row.key.pk, row.key.name, row.key.prefix] if row.key else [None, None, None]
     if name == "model":
         return [row.model]
+    if name == "end_user":
+        return [row.end_user]
     price = row.price
     if price is None:
         return [None, None, None, None, None]
