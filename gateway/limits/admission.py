@@ -560,7 +560,7 @@ def audience_refusal(
         429,
         "rate_limit_exceeded",
         f"Token cap reached: each {who} of this key may use {hold.limit_units} tokens {hold.period} "
-        f"({hold.policy}); {hold.limit_units - remaining} are used or held, and this request could take "
+        f"({hold.policy}); {taken} are used or held, and this request could take "
         f"{ticket.tokens}. It resets at {resets}.",
         headers={
             **headers,
