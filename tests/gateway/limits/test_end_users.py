@@ -13,6 +13,7 @@ import time
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -127,20 +128,42 @@ def test_the_ledger_and_the_spend_report_carry_the_end_user(gateway, capped):
             **ask(model, 0, max_tokens=5), user=user, extra_headers={SESSION: session} if session else {}
         )
     client.chat.completions.create(**ask(model, 1, max_tokens=5), metadata={"session_id": "m-1"})
+    # Anthropic's Messages API names its end user in metadata.user_id.
+    anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0).messages.create(
+        model=model,
+        max_tokens=5,
+        messages=[{"role": "user", "content": "request 2"}],
+        metadata={"user_id": "carol"},
+        extra_headers={SESSION: "c-1"},
+    )
     time.sleep(0.5)
     drain()
     rows = list(LedgerEntry.objects.filter(key_id=limit.key_id).order_by("created_at"))
-    assert [(r.end_user, r.session_id) for r in rows] == [("alice", "a-1"), ("alice", ""), ("bob", "b-1"), ("", "m-1")]
+    assert [(r.end_user, r.session_id) for r in rows] == [
+        ("alice", "a-1"),
+        ("alice", ""),
+        ("bob", "b-1"),
+        ("", "m-1"),
+        ("carol", "c-1"),
+    ]
 
     today = datetime.now(UTC).date()
     report = spend_report(tenants=[rows[0].tenant], start=today, end=today, group_by=["end_user"])
     by_user = {r.end_user: (r.metrics["requests"], r.metrics["cost_usd"]) for r in report.rows}
-    cost = {user: sum((r.cost_usd for r in rows if r.end_user == user), Decimal(0)) for user in ("alice", "bob", "")}
-    assert by_user == {"": (1, cost[""]), "alice": (2, cost["alice"]), "bob": (1, cost["bob"])}
+    users = ("", "alice", "bob", "carol")
+    cost = {user: sum((r.cost_usd for r in rows if r.end_user == user), Decimal(0)) for user in users}
+    assert all(cost[user] > 0 for user in users)
+    assert by_user == {
+        "": (1, cost[""]),
+        "alice": (2, cost["alice"]),
+        "bob": (1, cost["bob"]),
+        "carol": (1, cost["carol"]),
+    }
     exported = list(csv.DictReader(io.StringIO(report_csv(report).decode())))
     assert [(line["end_user"], line["requests"]) for line in exported] == [
         ("", "1"),
         ("alice", "2"),
         ("bob", "1"),
-        ("TOTAL", "4"),
+        ("carol", "1"),
+        ("TOTAL", "5"),
     ]
