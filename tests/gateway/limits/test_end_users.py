@@ -27,6 +27,7 @@ from sentinel import redis_keys
 from sentinel.redis_clients import sync_redis
 from tenants.models import EndUserLimit, VirtualKey
 from tenants.periods import period_bounds
+from tenants.services import key_rotate
 from tests.gateway.limits.test_admission import ask, redis_number, structured
 
 SESSION = "x-sentinel-session"
@@ -167,3 +168,29 @@ def test_the_ledger_and_the_spend_report_carry_the_end_user(gateway, capped):
         ("carol", "1"),
         ("TOTAL", "5"),
     ]
+
+
+def test_a_counter_redis_lost_starts_again_from_the_ledger_across_a_rotation(gateway, capped):
+    """The key is rotated (its limits move to the successor, with their counters) and Redis loses
+    the session's counter: the next request is held to what the ledger says the session used under
+    the old key."""
+    model, _, key, limit = capped
+    old = OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+    used = sum(
+        old.chat.completions.create(**ask(model, i, max_tokens=300), extra_headers={SESSION: "s"}).usage.total_tokens
+        for i in range(2)
+    )
+    time.sleep(0.5)
+    drain()
+    successor, secret = key_rotate(key=VirtualKey.objects.get(pk=limit.key_id))
+    assert EndUserLimit.objects.get(pk=limit.pk).key_id == successor.pk
+    start, _ = period_bounds("daily", datetime.now(UTC))
+    counter = redis_keys.audience_period(limit.pk, "s", "daily", start, "tok")
+    sync_redis().delete(counter + ":spent", counter + ":res", counter + ":res:sum")
+
+    new = OpenAI(base_url=gateway.base_url, api_key=secret, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as refused:
+        new.chat.completions.create(**ask(model, 3, max_tokens=1000 - used), extra_headers={SESSION: "s"})
+    state = structured(refused.value.response.headers["ratelimit"])["session-daily-tokens"]
+    assert state["r"] == str(1000 - used)
+    assert redis_number(counter + ":spent") == used
