@@ -28,7 +28,7 @@ from billing.exports import (
 from billing.ledger import record_text
 from billing.models import LedgerDeadLetter, LedgerEntry, Price, SpendReport
 from billing.prices import KIND_COLUMNS
-from billing.selectors import DIMENSIONS, spend_report
+from billing.selectors import DEFAULT_DIMENSIONS, DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
 from billing.statements import parse_month, statement, statement_csv, statement_pdf
 from sentinel.console.scoping import OperatorOnlyAdmin, ReportAdmin, TenantFilter, TenantScopedAdmin, ViewOnly
@@ -228,7 +228,7 @@ class SpendReportAdmin(ReportAdmin):
 
     def report(self, request):
         today = timezone.now().date()
-        initial = {"start": today.replace(day=1), "end": today, "group_by": list(DIMENSIONS)}
+        initial = {"start": today.replace(day=1), "end": today, "group_by": list(DEFAULT_DIMENSIONS)}
         form = SpendReportForm(request.GET if "start" in request.GET else None, user=request.user, initial=initial)
         report = None
         if form.is_valid():

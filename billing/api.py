@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 
 from billing.exports import report_csv, report_filename, report_xlsx
 from billing.models import LedgerEntry
-from billing.selectors import DIMENSIONS, ledger_entries, spend_report
+from billing.selectors import DEFAULT_DIMENSIONS, DIMENSIONS, ledger_entries, spend_report
 from sentinel.text import no_control_characters
 from tenants.audit import audit_export
 from tenants.models import Tenant
@@ -125,6 +125,9 @@ class SpendRowSerializer(SpendTotalsSerializer):
     day = serializers.DateField(allow_null=True)
     tenant = TenantRefSerializer(allow_null=True)
     key = KeyRefSerializer(allow_null=True)
+    end_user = serializers.CharField(
+        allow_null=True, allow_blank=True, help_text="The end user (OpenAI's `user` field); empty: none named."
+    )
     model = serializers.CharField(allow_null=True)
     price = PriceRefSerializer(allow_null=True, help_text="The price version the requests were billed at.")
 
@@ -146,7 +149,7 @@ API_ERRORS = {
 
 
 class SpendReportApi(APIView):
-    """Spend for a date range, grouped by any of day, tenant, key, model and price version, with
+    """Spend for a date range, grouped by any of day, tenant, key, end user, model and price version, with
     totals. `format=csv` or `format=xlsx` (or the matching Accept header) downloads it as a file."""
 
     renderer_classes = [JSONRenderer, BrowsableAPIRenderer, CSVRenderer, XLSXRenderer]
@@ -156,7 +159,7 @@ class SpendReportApi(APIView):
         end = serializers.DateField(help_text="Last UTC day, YYYY-MM-DD (included).")
         group_by = serializers.CharField(
             required=False,
-            default=",".join(DIMENSIONS),
+            default=",".join(DEFAULT_DIMENSIONS),
             help_text=f"Comma-separated, any of: {', '.join(DIMENSIONS)}. Empty: totals only.",
             allow_blank=True,
             validators=[no_control_characters],

@@ -16,6 +16,7 @@ DIMENSION_COLUMNS = {
     "day": ["day"],
     "tenant": ["tenant", "tenant_name"],
     "key": ["key_id", "key_name", "key_prefix"],
+    "end_user": ["end_user"],
     "model": ["model"],
     "price": [
         "price_id",
@@ -33,6 +34,7 @@ COLUMN_LABELS = {
     "key_id": "key id",
     "key_name": "key",
     "key_prefix": "key prefix",
+    "end_user": "end user",
     "price_id": "price id",
     "price_model": "priced as",
     "price_effective_from": "price from",
@@ -80,6 +82,8 @@ def _dimension_values(name: str, row: SpendRow) -> list:
         return [row.key.pk, row.key.name, row.key.prefix] if row.key else [None, None, None]
     if name == "model":
         return [row.model]
+    if name == "end_user":
+        return [row.end_user]
     price = row.price
     if price is None:
         return [None] * len(DIMENSION_COLUMNS["price"])

@@ -89,6 +89,8 @@ class LedgerRecord:
     route_reason: str = ""
     escalated_from: str = ""
     screening: dict | None = None  # checks that ran, fired and what was done (gateway.screening), never text
+    end_user: str = ""  # the client's `user` field, as sent (gateway.audience)
+    session_id: str = ""  # x-sentinel-session or metadata.session_id, as sent
 
     def encode(self) -> bytes:
         # orjson serializes dataclasses itself, much faster than through asdict(): this is on the request path.

@@ -102,12 +102,29 @@ class LedgerEntry(models.Model):
     screening = models.JSONField(
         null=True, blank=True, help_text="Safety screening: checks that ran, what fired and what was done (no text)."
     )
+    # Rows inserted by a version without these columns (a rolling deploy's old workers) get "".
+    end_user = models.CharField(
+        max_length=256, blank=True, db_default="", help_text="The end user the app named (OpenAI's `user` field)."
+    )
+    session_id = models.CharField(
+        max_length=256, blank=True, db_default="", help_text="The session the app named (x-sentinel-session)."
+    )
 
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "ledger entry"
         verbose_name_plural = "ledger entries"
-        indexes = [models.Index(fields=["tenant", "created_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "created_at"]),
+            # An end user's or session's spend in a period (admission starts its counters from it);
+            # partial, so rows that name neither cost nothing.
+            models.Index(
+                fields=["key", "end_user", "created_at"], name="ledger_end_user", condition=~models.Q(end_user="")
+            ),
+            models.Index(
+                fields=["key", "session_id", "created_at"], name="ledger_session", condition=~models.Q(session_id="")
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.model_requested} {self.status_code}"

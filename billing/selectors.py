@@ -20,8 +20,10 @@ from billing.money import ZERO
 from tenants.models import Tenant, VirtualKey
 
 ONE_DAY = timedelta(days=1)
-# Report dimensions, in the order columns and sorting use them.
-DIMENSIONS = ("day", "tenant", "key", "model", "price")
+# Report dimensions, in the order columns and sorting use them. A report by end user reads the
+# ledger itself (rollups do not keep end users), so it is not among the defaults.
+DIMENSIONS = ("day", "tenant", "key", "end_user", "model", "price")
+DEFAULT_DIMENSIONS = ("day", "tenant", "key", "model", "price")
 METRICS = (
     "requests",
     "successful_requests",
@@ -58,7 +60,14 @@ _LEDGER_METRICS = {
 _ROLLUP_METRICS = {name: Sum(name) for name in METRICS}
 # Where each dimension lives in the rollups and in the ledger.
 _ROLLUP_FIELDS = {"day": "day", "tenant": "tenant_id", "key": "key_id", "model": "model", "price": "price_id"}
-_LEDGER_FIELDS = {"day": "day", "tenant": "tenant_id", "key": "key_id", "model": "model_requested", "price": "price_id"}
+_LEDGER_FIELDS = {
+    "day": "day",
+    "tenant": "tenant_id",
+    "key": "key_id",
+    "end_user": "end_user",
+    "model": "model_requested",
+    "price": "price_id",
+}
 
 
 def day_bounds(day: date) -> tuple[datetime, datetime]:
@@ -131,6 +140,28 @@ def spend_in_period(*, tenant_id: int, key_id: int | None = None, start: datetim
     return total
 
 
+@dataclass(frozen=True)
+class Usage:
+    cost_usd: Decimal
+    tokens: int  # prompt and completion
+
+
+def audience_usage(*, key_id: int, scope: str, subject: str, start: datetime, end: datetime) -> Usage:
+    """What one end user (`scope` "end_user") or session ("session") of a key spent and used in
+    [start, end), from the ledger (its partial indexes); requests still queued for it are in Redis's
+    counters instead."""
+    column = "end_user" if scope == "end_user" else "session_id"
+    # The key's predecessors too: a rotated key's limits moved to its successor with their spend.
+    key_ids, new = {key_id}, {key_id}
+    while new:
+        new = set(VirtualKey.objects.filter(successor_id__in=new).values_list("pk", flat=True)) - key_ids
+        key_ids |= new
+    totals = LedgerEntry.objects.filter(
+        key_id__in=key_ids, created_at__gte=start, created_at__lt=end, **{column: subject}
+    ).aggregate(cost=Sum("cost_usd"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
+    return Usage(cost_usd=totals["cost"] or ZERO, tokens=(totals["prompt"] or 0) + (totals["completion"] or 0))
+
+
 # --- spend reports -----------------------------------------------------------------------------
 
 
@@ -141,6 +172,7 @@ class SpendRow:
     day: date | None = None
     tenant: Tenant | None = None
     key: VirtualKey | None = None
+    end_user: str | None = None  # "": requests that named none
     model: str | None = None
     price: Price | None = None
     metrics: dict = field(default_factory=lambda: _zeroed({}))
@@ -180,19 +212,26 @@ def spend_report(*, tenants: Sequence[Tenant], start: date, end: date, group_by:
     DIMENSIONS (none: totals only), with totals. The caller decides which tenants the user may see."""
     group_by = [name for name in DIMENSIONS if name in group_by]
     tenant_ids = [tenant.pk for tenant in tenants]
-    due = set(
-        RollupDue.objects.filter(tenant_id__in=tenant_ids, day__gte=start, day__lte=end)
-        .values_list("tenant_id", "day")
-        .distinct()
-    )
-    rollups = (
-        DailyRollup.objects.filter(tenant_id__in=tenant_ids, day__gte=start, day__lte=end)
-        .exclude(_pairs_filter(due, rollups=True))
-        .order_by()
-        .values(*[_ROLLUP_FIELDS[name] for name in group_by])
-        .annotate(**_ROLLUP_METRICS)
-    )
-    entries = LedgerEntry.objects.filter(_pairs_filter(due, rollups=False))
+    if "end_user" in group_by:
+        # The rollups do not keep end users: the ledger serves the whole range.
+        rollups = DailyRollup.objects.none()
+        entries = LedgerEntry.objects.filter(
+            tenant_id__in=tenant_ids, created_at__gte=day_bounds(start)[0], created_at__lt=day_bounds(end)[1]
+        )
+    else:
+        due = set(
+            RollupDue.objects.filter(tenant_id__in=tenant_ids, day__gte=start, day__lte=end)
+            .values_list("tenant_id", "day")
+            .distinct()
+        )
+        rollups = (
+            DailyRollup.objects.filter(tenant_id__in=tenant_ids, day__gte=start, day__lte=end)
+            .exclude(_pairs_filter(due, rollups=True))
+            .order_by()
+            .values(*[_ROLLUP_FIELDS[name] for name in group_by])
+            .annotate(**_ROLLUP_METRICS)
+        )
+        entries = LedgerEntry.objects.filter(_pairs_filter(due, rollups=False))
     if "day" in group_by:
         entries = entries.annotate(day=TruncDate("created_at", tzinfo=UTC))
     ledger = ledger_totals(entries, [_LEDGER_FIELDS[name] for name in group_by])
@@ -230,6 +269,7 @@ def _labelled(group_by: list[str], groups: dict[tuple, dict]) -> list[SpendRow]:
             row.day or date.min,
             row.tenant.slug if row.tenant else "",
             row.key.pk if row.key else 0,
+            row.end_user or "",
             row.model or "",
             row.price.effective_from if row.price else datetime.min.replace(tzinfo=UTC),
         )

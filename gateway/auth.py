@@ -31,7 +31,7 @@ from sentinel.localstate import (
     from_database,
 )
 from sentinel.redis_clients import UNREACHABLE, async_redis
-from tenants.models import Budget, Tenant, VirtualKey
+from tenants.models import Budget, EndUserLimit, Tenant, VirtualKey
 from tenants.services import BLOCK_MARKER_SECONDS, key_digest
 
 REDIS_TTL_SECONDS = 60
@@ -55,6 +55,9 @@ class KeyInfo:
     tenant_limits: tuple[tuple[str, int], ...] = ()
     # (budget id, key id or None for the tenant's, period, limit in USD, alert percent, hard)
     budgets: tuple[tuple[int, int | None, str, str, int | None, bool], ...] = ()
+    # What each end user or session of the key may use (tenants.EndUserLimit): (limit id, the key it is
+    # set on, end_user | session, period, limit in USD or None, token cap or None)
+    end_user_limits: tuple[tuple[int, int, str, str, str | None, int | None], ...] = ()
     fail_open: bool = True  # what admission does while Redis is unreachable
     cache_enabled: bool = True
     semantic_cache_enabled: bool = True
@@ -81,7 +84,7 @@ class KeyInfo:
         """Rebuild from the Redis copy (JSON turned the tuples into lists)."""
         if data["allowed_models"] is not None:
             data["allowed_models"] = tuple(data["allowed_models"])
-        for name in ("key_limits", "tenant_limits", "budgets"):
+        for name in ("key_limits", "tenant_limits", "budgets", "end_user_limits"):
             data[name] = tuple(tuple(item) for item in data[name])
         if data.get("screening") is not None:
             data["screening"] = Policy.from_json(data["screening"])
@@ -130,6 +133,17 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         tenant_limits=tuple(sorted(key.tenant.effective_limits().items())),
         budgets=tuple(
             (b.pk, b.key_id, b.period, str(b.limit_usd), b.alert_at_percent, b.hard) for b in budgets.order_by("pk")
+        ),
+        end_user_limits=tuple(
+            (
+                limit.pk,
+                limit.key_id,
+                limit.scope,
+                limit.period,
+                None if limit.limit_usd is None else str(limit.limit_usd),
+                limit.token_cap,
+            )
+            for limit in EndUserLimit.objects.filter(key_id__in=key_ids).order_by("pk")
         ),
         fail_open=key.tenant.on_redis_outage == Tenant.RedisOutage.FAIL_OPEN,
         cache_enabled=key.tenant.cache_enabled,

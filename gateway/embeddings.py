@@ -254,6 +254,8 @@ async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:
                 tokens=tokens,
                 worst_cost=tokens * route.input_price,
                 lease_seconds=settings.CHAIN_DEADLINE_SECONDS,
+                end_user=call.audience.end_user,
+                session=call.audience.session,
             )
         except GatewayError as refused:
             pause = capacity_wait(call, refused, waited)

@@ -152,6 +152,16 @@ _REQUEST_ID_PARAMETER = {
     "description": "Your id for this request (letters, digits and `._:-`, at most 128); replaced when invalid.",
     "schema": {"type": "string"},
 }
+_SESSION_PARAMETER = {
+    "name": "x-sentinel-session",
+    "in": "header",
+    "required": False,
+    "description": (
+        "The session of your app this request belongs to (else `metadata.session_id`), held to the key's "
+        "session limits; at most 256 characters, no control characters. The end user is OpenAI's `user`."
+    ),
+    "schema": {"type": "string", "maxLength": 256},
+}
 _KEY_SECURITY = [{"VirtualKey": []}, {"VirtualKeyHeader": []}]
 
 
@@ -207,7 +217,7 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
                 ),
                 "tags": ["gateway"],
                 "security": _KEY_SECURITY,
-                "parameters": [_REQUEST_ID_PARAMETER],
+                "parameters": [_REQUEST_ID_PARAMETER, _SESSION_PARAMETER],
                 "requestBody": {"required": True, "content": {"application/json": {"schema": chat_request}}},
                 "responses": {
                     "200": {
@@ -337,7 +347,7 @@ def embedding_paths(components: dict[str, Any]) -> dict[str, Any]:
                 ),
                 "tags": ["gateway"],
                 "security": _KEY_SECURITY,
-                "parameters": [_REQUEST_ID_PARAMETER],
+                "parameters": [_REQUEST_ID_PARAMETER, _SESSION_PARAMETER],
                 "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
                 "responses": {
                     "200": {

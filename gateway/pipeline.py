@@ -33,6 +33,7 @@ from billing.ledger import LedgerRecord, hand_off
 from billing.money import ZERO, Bill, Tokens, bill, format_usd
 from billing.prices import UNPRICED, aprice_at
 from gateway import metrics, requestlog, sse
+from gateway.audience import Audience, audience_of
 from gateway.auth import KeyInfo, authenticate, authenticate_digest, ensure_not_blocked
 from gateway.cache import engine as cache
 from gateway.cache import shadow
@@ -118,6 +119,7 @@ class Call:
     answer_text: str | None = None  # what the client was answered (for a tenant that logs prompts)
     fallback_reasons: list[str] = field(default_factory=list)  # "<deployment>=<why it was passed over>"
     queued_ms: int = 0  # waiting for saturated deployments to recover
+    audience: Audience = field(default_factory=Audience)  # the end user and session the app named
 
     def passed_over(self, target: Target, why: str) -> None:
         self.fallback_reasons.append(f"{target.deployment}={why}")
@@ -232,6 +234,7 @@ async def route_and_admit(
     configuration that changed meanwhile drops the caches: the key and the route are read again
     under the new one, three times at most. A tenant's cheaper alias takes the request when a hard
     budget is nearly spent (not for embeddings: `budget_fallback`)."""
+    call.audience = audience_of(call.body, headers)
     for _ in range(3):
         call.model = model_of(call)
         authorize_model(call.key, call.model)
@@ -290,6 +293,8 @@ async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:
                 tokens=tokens,
                 worst_cost=worst_cost,
                 lease_seconds=settings.CHAIN_DEADLINE_SECONDS,
+                end_user=call.audience.end_user,
+                session=call.audience.session,
             )
         except GatewayError as refused:
             pause = capacity_wait(call, refused, waited)
@@ -1014,6 +1019,8 @@ def ledger_record(
         route_reason=call.route.reason if call.route else "",
         escalated_from=call.escalated_from.deployment if call.escalated_from else "",
         screening=screening.summary(call),
+        end_user=call.audience.end_user,
+        session_id=call.audience.session,
     )
     if call.queued is not None:
         record.id = call.queued.record_id

@@ -7,6 +7,7 @@ build a key themselves. The others are plain `sentinel:` keys.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import date
 
 # --- touched by the Lua scripts (hash tag {sentinel}) ----------------------------------------------
@@ -21,6 +22,15 @@ def rate_log(ident: str, kind: str) -> str:
 def budget_period(budget_id: int, start: date) -> str:
     """The prefix of a budget period's keys: + ":spent", ":res" and ":res:sum"."""
     return f"{{sentinel}}:budget:{budget_id}:{start.isoformat()}"
+
+
+def audience_period(limit_id: int, subject: str, period: str, start: date, measure: str) -> str:
+    """The prefix of the keys counting what one end user or session (`subject`) spent (`measure` usd)
+    or used (tok) in a period under an end-user limit (tenants.EndUserLimit, which names the key and
+    the scope): + ":spent", ":res" and ":res:sum", as a budget's. `subject` is the client's string:
+    only its digest goes into the name, so no id can change the key's shape or its hash slot."""
+    digest = hashlib.sha256(subject.encode()).hexdigest()[:32]
+    return f"{{sentinel}}:aud:{limit_id}:{digest}:{period}:{start.isoformat()}:{measure}"
 
 
 def provider_spend(provider_id: int, day: date) -> str:

@@ -35,6 +35,7 @@ from sentinel.console.scoping import (
     TenantScopedInline,
     ViewAndDelete,
     ViewOnly,
+    audit_inline_rows,
     may,
     tenant_ids_with,
 )
@@ -45,6 +46,7 @@ from tenants.models import (
     AuditEntry,
     Budget,
     BudgetAlert,
+    EndUserLimit,
     Membership,
     RateLimitTier,
     SingleSignOnRule,
@@ -268,8 +270,17 @@ class VirtualKeyForm(forms.ModelForm):
         return data
 
 
+class EndUserLimitInline(TenantScopedInline, TabularInline):
+    """What each end user and each session of the app holding the key may spend or use (gateway.audience)."""
+
+    model = EndUserLimit
+    fields = ["scope", "period", "limit_usd", "token_cap"]
+    extra = 0
+    verbose_name_plural = "end-user and session limits (the OpenAI `user` field, the x-sentinel-session header)"
+
+
 @admin.register(VirtualKey)
-class VirtualKeyAdmin(ModelNamesAdmin, TenantScopedAdmin):
+class VirtualKeyAdmin(AnnouncesChanges, ModelNamesAdmin, TenantScopedAdmin):
     audit_additions = False  # key_create records the issue
     form = VirtualKeyForm
     list_filter = ["status", TenantFilter]
@@ -288,6 +299,13 @@ class VirtualKeyAdmin(ModelNamesAdmin, TenantScopedAdmin):
         "max_concurrent",
     ]
     details = ["prefix", "state", "created_at", "created_by", "last_used_at", "revoked_at", "successor"]
+
+    def get_inlines(self, request, obj):
+        return [EndUserLimitInline] if obj is not None else []
+
+    def save_formset(self, request, form, formset, change):
+        super().save_formset(request, form, formset, change)
+        audit_inline_rows(request, formset, tenant_id=form.instance.tenant_id)
 
     def get_list_display(self, request):
         columns = ["name", "prefix", "tenant", "state", "expires_at", "last_used_at", "requests_this_month"]

@@ -320,6 +320,55 @@ class Budget(models.Model):
         return f"{self.get_period_display()} ${self.limit_usd} for {scope}"
 
 
+class EndUserLimit(models.Model):
+    """What each end user (the OpenAI `user` field) or each session (`x-sentinel-session`, or
+    `metadata.session_id`) of an app holding the key may spend or use per UTC day or month: a budget in
+    USD, a cap in tokens (prompt and completion), or both. The same for every end user of the key: an
+    end user Sentinel has never seen is held to it from its first request (docs/governance.md)."""
+
+    class Scope(models.TextChoices):
+        END_USER = "end_user", "Each end user"
+        SESSION = "session", "Each session"
+
+    key = models.ForeignKey(VirtualKey, on_delete=models.CASCADE, related_name="end_user_limits")
+    scope = models.CharField(max_length=8, choices=Scope.choices, default=Scope.END_USER)
+    period = models.CharField(max_length=8, choices=Budget.Period.choices, default=Budget.Period.DAILY)
+    limit_usd = models.DecimalField(
+        max_digits=14,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal(0))],
+        help_text="USD per period (402 past it). Empty: no budget.",
+    )
+    token_cap = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Prompt and completion tokens per period (429 past it). Empty: no cap."
+    )
+
+    class Meta:
+        ordering = ["key", "scope", "period"]
+        verbose_name = "end-user limit"
+        constraints = [
+            models.UniqueConstraint(fields=["key", "scope", "period"], name="one_end_user_limit_per_period"),
+            models.CheckConstraint(
+                condition=models.Q(limit_usd__isnull=False) | models.Q(token_cap__isnull=False),
+                name="end_user_limit_sets_something",
+                violation_error_message="Set a budget, a token cap, or both.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        what = " and ".join(
+            part
+            for part in (
+                f"${self.limit_usd}" if self.limit_usd is not None else "",
+                f"{self.token_cap} tokens" if self.token_cap is not None else "",
+            )
+            if part
+        )
+        return f"{self.get_scope_display()}: {what} {self.period}"
+
+
 class BudgetAlert(models.Model):
     """A soft threshold crossed: one row per budget and period, so the alert fires once."""
 

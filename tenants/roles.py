@@ -20,6 +20,7 @@ _CONFIGURATION = [
     "tenants.view_membership",
     "tenants.view_virtualkey",
     "tenants.view_budget",
+    "tenants.view_enduserlimit",
 ]
 ROLE_PERMISSIONS: dict[str, list[str]] = {
     Membership.Role.VIEWER: _CONFIGURATION,
@@ -41,6 +42,9 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "tenants.add_budget",
         "tenants.change_budget",
         "tenants.delete_budget",
+        "tenants.add_enduserlimit",
+        "tenants.change_enduserlimit",
+        "tenants.delete_enduserlimit",
         "tenants.view_budgetalert",
         "tenants.view_webhookendpoint",
         "tenants.add_webhookendpoint",

@@ -15,7 +15,7 @@ from django.utils import timezone
 from sentinel.localstate import announce_change, blocked_key_marker, blocked_tenant_marker
 from sentinel.redis_clients import sync_redis
 from tenants.audit import audit_record, describe
-from tenants.models import AuditEntry, Budget, Membership, Tenant, VirtualKey
+from tenants.models import AuditEntry, Budget, EndUserLimit, Membership, Tenant, VirtualKey
 from tenants.roles import ROLE_GROUPS, role_group_names
 
 KEY_PREFIX = "sk-sen-"
@@ -92,9 +92,10 @@ def key_rotate(*, key: VirtualKey, created_by=None, grace_seconds: float | None 
         tokens_per_minute=key.tokens_per_minute,
         max_concurrent=key.max_concurrent,
     )
-    # Budget ids name the budgets' counters in Redis, so a moved budget keeps its period's spend;
-    # the old key stays bound by them through its successor (gateway.auth) until it expires.
+    # Budget and end-user limit ids name their counters in Redis, so moved ones keep their period's
+    # spend; the old key stays bound by them through its successor (gateway.auth) until it expires.
     Budget.objects.filter(key=key).update(key=new_key)
+    EndUserLimit.objects.filter(key=key).update(key=new_key)
     grace_end = timezone.now() + timedelta(seconds=grace)
     if key.expires_at is None or key.expires_at > grace_end:
         key.expires_at = grace_end

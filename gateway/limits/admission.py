@@ -80,15 +80,27 @@ class Limit:
 
 @dataclass(frozen=True)
 class BudgetHold:
-    budget_id: int
+    budget_id: int | None  # None: an end user's or session's limit (tenants.EndUserLimit)
     tenant_id: int
     key_id: int | None
-    limit_units: int
+    limit_units: int  # cost units, or tokens for a token cap
     alert_units: int | None
     hard: bool
     period_start: date
     period_end: datetime
     keys: tuple[str, str, str]  # spent, reservations log, reserved sum
+    period: str = ""  # daily | monthly
+    tokens: bool = False  # a token cap: counts prompt and completion tokens, not money
+    scope: str = ""  # end_user | session, for an end user's or session's limit
+    subject: str = ""  # ... the end user or session, as the client named it
+
+    def reserves(self, ticket: Ticket) -> int:
+        return ticket.tokens if self.tokens else ticket.cost_units
+
+    @property
+    def policy(self) -> str:
+        """Its name in errors and RateLimit headers: end-user-daily-budget, session-monthly-tokens, ..."""
+        return f"{self.scope.replace('_', '-')}-{self.period}-{'tokens' if self.tokens else 'budget'}"
 
 
 def limits_for(key: KeyInfo, model: str, model_limits: dict[str, int]) -> list[Limit]:
@@ -111,7 +123,8 @@ def counts_tokens(key: KeyInfo, model_limits: dict[str, int]) -> bool:
     """Whether a request's exact token count can change what admission decides: a hard budget
     (through its cost) or a tokens-per-minute limit applies. Otherwise a cheap bound serves."""
     limits = (dict(key.key_limits), dict(key.tenant_limits), model_limits)
-    return any(budget[5] for budget in key.budgets) or any("tpm" in scope for scope in limits)
+    hard_budget = bool(key.end_user_limits) or any(budget[5] for budget in key.budgets)
+    return hard_budget or any("tpm" in scope for scope in limits)
 
 
 def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:
@@ -133,6 +146,40 @@ def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:
                 keys=(base + ":spent", base + ":res", base + ":res:sum"),
             )
         )
+    return holds
+
+
+def audience_holds(key: KeyInfo, now: datetime, *, end_user: str, session: str) -> list[BudgetHold]:
+    """The key's end-user limits that apply to the end user and session a request names (none for
+    what it does not name): the same limits for every end user, the unknown ones included, whose
+    counters start from the ledger at their first request (admission.lua's init)."""
+    holds = []
+    for limit_id, key_id, scope, period, limit_usd, token_cap in key.end_user_limits:
+        subject = end_user if scope == "end_user" else session
+        if not subject:
+            continue
+        start, end = period_bounds(period, now)
+        for tokens, limit in ((False, limit_usd), (True, token_cap)):
+            if limit is None:
+                continue
+            base = redis_keys.audience_period(limit_id, subject, period, start, "tok" if tokens else "usd")
+            holds.append(
+                BudgetHold(
+                    budget_id=None,
+                    tenant_id=key.tenant_id,
+                    key_id=key_id,
+                    limit_units=int(limit) if tokens else to_units(Decimal(limit)),
+                    alert_units=None,
+                    hard=True,
+                    period_start=start,
+                    period_end=end,
+                    keys=(base + ":spent", base + ":res", base + ":res:sum"),
+                    period=period,
+                    tokens=tokens,
+                    scope=scope,
+                    subject=subject,
+                )
+            )
     return holds
 
 
@@ -258,24 +305,27 @@ async def admit(
     tokens: int,
     worst_cost: Decimal,
     lease_seconds: float,
+    end_user: str = "",
+    session: str = "",
 ) -> Ticket:
     """Admit the request against everything that applies, or raise the GatewayError saying why.
     The same step reads the state of the chain's deployments (`deployments`, in the order the request
     will try them: breakers, spend caps) and takes a concurrency slot on the first that may be called
-    and has one free; when none has, the request is refused with 503 overloaded."""
+    and has one free; when none has, the request is refused with 503 overloaded. `end_user` and
+    `session` (gateway.audience) bring the key's end-user limits in."""
     now = datetime.now(UTC)
     ticket = Ticket(
         request_id=request_id,
         tokens=tokens,
         cost_units=to_units(worst_cost),
         limits=limits_for(key, model, model_limits),
-        budgets=budgets_for(key, now),
+        budgets=budgets_for(key, now) + audience_holds(key, now, end_user=end_user, session=session),
     )
     lease_ms = int(lease_seconds * 1000) + LEASE_MARGIN_MS
     initial: dict[int, int] = {}
     deployment_keys, deployment_args = _deployment_keys_and_args(deployments, now.date())
     try:
-        for _ in range(len(ticket.budgets) + 1):
+        for _ in range(3):
             try:
                 # While Redis is unreachable, each request's admission finds out whether it answers again.
                 with checking_allowed():
@@ -295,15 +345,20 @@ async def admit(
             outcome = result[0].decode()
             if outcome != "init":
                 break
-            # A budget period Redis has no counter for (new period, or Redis lost it): start it
-            # from the ledger, then try again.
-            index = int(result[1]) - 1
-            initial[index] = to_units(await settled_spend(ticket.budgets[index]))
+            # Budget periods Redis has no counter for (a new period, a new end user, or Redis lost
+            # it): start them from the ledger, then try again.
+            missing = [int(i) - 1 for i in result[1]]
+            spent = await settled_spend([ticket.budgets[i] for i in missing])
+            initial.update(zip(missing, spent, strict=True))
     except UNREACHABLE as exc:
         log.debug("admission without Redis (%s): the tenant's policy decides", exc)
         return _admit_without_redis(key, ticket)
 
     observe_generation(result[3] or None)
+    if outcome == "init":  # counters that kept expiring as they were started: nothing was taken
+        raise GatewayError(
+            503, "admission_unavailable", "Budget periods are starting; retry.", headers={"retry-after": "1"}
+        )
     if outcome == "stale":
         raise StaleConfiguration
     if outcome == "blocked":
@@ -316,6 +371,8 @@ async def admit(
     refused_headers = ratelimit_headers(ticket.limits, ticket.used, ticket.resets_ms, tokens, admitted=False)
     if outcome == "budget":
         hold = ticket.budgets[int(result[1]) - 1]
+        if hold.scope:
+            raise audience_refusal(hold, ticket, int(result[2]), now, refused_headers)
         scope = "key" if hold.key_id else "tenant"
         metrics.admission_rejected(f"{scope}-budget")
         raise GatewayError(
@@ -376,7 +433,7 @@ def _admit_args(
     args.append(len(ticket.budgets))
     for i, hold in enumerate(ticket.budgets):
         ttl = int((hold.period_end - datetime.now(UTC)).total_seconds()) + 2 * 86400
-        args.extend((hold.limit_units, initial.get(i, ""), ttl, 1 if hold.hard else 0))
+        args.extend((hold.limit_units, initial.get(i, ""), ttl, 1 if hold.hard else 0, hold.reserves(ticket)))
     args.append(deployments)
     args.extend(deployment_args)
     args.append(current_generation())
@@ -409,6 +466,7 @@ def _void_of(ticket: Ticket, deployments: list[Target]) -> tuple[list[str], list
     args.append(len(ticket.budgets))
     for hold in ticket.budgets:
         keys.extend(hold.keys[1:])
+        args.append(hold.reserves(ticket))
     keys.extend(in_flight_key(t.deployment_id) for t in deployments if t.max_concurrent is not None)
     return keys, args
 
@@ -449,22 +507,68 @@ async def reserve(ticket: Ticket, targets: list[Target]) -> None:
         ticket.slots[taken] = in_flight_key(taken)
 
 
-def _settled_spend_sync(hold: BudgetHold) -> Decimal:
-    from billing.selectors import spend_in_period
+def _settled_sync(holds: list[BudgetHold]) -> list[int]:
+    from billing.selectors import audience_usage, spend_in_period
 
-    return spend_in_period(
-        tenant_id=hold.tenant_id,
-        key_id=hold.key_id,
-        start=datetime.combine(hold.period_start, datetime.min.time(), UTC),
-        end=hold.period_end,
-    )
+    spent = []
+    for hold in holds:
+        start = datetime.combine(hold.period_start, datetime.min.time(), UTC)
+        if hold.scope:
+            used = audience_usage(
+                key_id=hold.key_id, scope=hold.scope, subject=hold.subject, start=start, end=hold.period_end
+            )
+            spent.append(used.tokens if hold.tokens else to_units(used.cost_usd))
+        else:
+            amount = spend_in_period(tenant_id=hold.tenant_id, key_id=hold.key_id, start=start, end=hold.period_end)
+            spent.append(to_units(amount))
+    return spent
 
 
-async def settled_spend(hold: BudgetHold) -> Decimal:
-    """What the ledger holds for a budget's period: needed once per period and process (at its first
-    request); while the database is away, a clear 503."""
+async def settled_spend(holds: list[BudgetHold]) -> list[int]:
+    """What the ledger holds for budgets' periods, in units (tokens for a token cap): needed once per
+    period (and end user or session) when Redis has no counter for it; while the database is away,
+    a clear 503."""
     with database_required():
-        return await from_database(_settled_spend_sync, hold)
+        return await from_database(_settled_sync, holds)
+
+
+def audience_refusal(
+    hold: BudgetHold, ticket: Ticket, taken: int, now: datetime, headers: dict[str, str]
+) -> GatewayError:
+    """402 for an end user's or session's budget, 429 for its token cap: naming the limit, when its
+    period resets, and (for the cap) where it stands in RateLimit headers."""
+    who = "end user" if hold.scope == "end_user" else "session"
+    resets = hold.period_end.strftime("%Y-%m-%dT%H:%M:%SZ")
+    seconds = max(1, math.ceil((hold.period_end - now).total_seconds()))
+    headers = {**headers, "x-sentinel-limit": hold.policy, "x-sentinel-limit-reset": resets}
+    metrics.admission_rejected(hold.policy)
+    if not hold.tokens:
+        return GatewayError(
+            402,
+            "budget_exceeded",
+            f"This request could exceed the {hold.period} budget of ${from_units(hold.limit_units)} each {who} "
+            f"of this key has ({hold.policy}); it resets at {resets}. Until it is answered it holds up to "
+            f"${from_units(ticket.cost_units)}, its prompt and the most output it may produce: set max_tokens "
+            "to hold less.",
+            headers=headers,
+        )
+    window = int((hold.period_end - datetime.combine(hold.period_start, datetime.min.time(), UTC)).total_seconds())
+    remaining = max(0, hold.limit_units - taken)
+    policy = f'"{hold.policy}";q={hold.limit_units};w={window};qu="tokens"'
+    state = f'"{hold.policy}";r={remaining};t={seconds}'
+    return GatewayError(
+        429,
+        "rate_limit_exceeded",
+        f"Token cap reached: each {who} of this key may use {hold.limit_units} tokens {hold.period} "
+        f"({hold.policy}); {taken} are used or held, and this request could take "
+        f"{ticket.tokens}. It resets at {resets}.",
+        headers={
+            **headers,
+            "ratelimit-policy": ", ".join(filter(None, (headers.get("ratelimit-policy"), policy))),
+            "ratelimit": ", ".join(filter(None, (headers.get("ratelimit"), state))),
+            "retry-after": str(seconds),
+        },
+    )
 
 
 async def nearly_spent(key: KeyInfo, percent: int) -> BudgetHold | None:
@@ -527,6 +631,9 @@ async def settle(
     keys += [k for hold in ticket.budgets for k in hold.keys]
     breaker_keys, breaker_args = breakers.record_arguments(attempts)
     spent_units = to_units(cost)
+    budget_args = []
+    for hold in ticket.budgets:
+        budget_args.extend((hold.reserves(ticket), tokens_used if hold.tokens else spent_units))
     paid = {provider: units for provider, amount in (paid or {}).items() if (units := to_units(amount)) > 0}
     today = datetime.now(UTC).date() if paid else None
     spend_keys = [provider_spend_key(provider, today) for provider in paid]
@@ -543,8 +650,7 @@ async def settle(
                 len(tpm),
                 len(concurrency) + len(ticket.slots),
                 len(ticket.budgets),
-                ticket.cost_units,
-                spent_units,
+                *budget_args,
                 *breaker_args,
                 *spend_args,
                 ledger_record,

@@ -6,14 +6,18 @@
 --       then per limit: its log (rpm, concurrency) or its log and running sum (tpm),
 --       then per budget: spent, reservations log, reserved sum,
 --       then the breaker of each deployment in the model's chain
--- ARGV: request id, tokens estimate, cost (integer units), lease ms, number of limits,
+-- ARGV: request id, tokens estimate, cost (integer units; each budget says what it reserves), lease ms,
+--       number of limits,
 --       per limit: kind (r|t|c), limit, window ms,
 --       number of budgets, per budget: limit, initial spent ('' when unknown), ttl s, hard (1|0),
+--       amount this request reserves (cost units; tokens, for an end user's or session's token cap),
 --       number of deployments, per deployment: its cap and concurrency limit (see deployments.lua),
 --       the configuration generation the caller's caches reflect
 --       (KEYS end with each deployment's breaker, spend counter and in-flight log, see deployments.lua)
 -- Returns {outcome, index, retry ms, generation, used per limit, reset ms per limit, deployments, slot}
--- whatever the outcome (ok | limit | budget | init | blocked | stale | overloaded | void); stale: the
+-- whatever the outcome (ok | limit | budget | init | blocked | stale | overloaded | void); budget: the
+-- third item is what the refusing budget has spent and reserved; init: the index is the list of every
+-- budget whose period Redis has no counter for (the caller reads them from the ledger); stale: the
 -- configuration changed since the caller cached it, nothing was taken, re-read and ask again;
 -- void: the caller gave up on this step (Redis stalled) and voided it before it ran: nothing was taken;
 -- overloaded: every deployment that may be called is at its concurrency limit, nothing was taken.
@@ -34,7 +38,6 @@ if generation ~= ARGV[#ARGV] then return {'stale', 0, '0', generation, {}, {}} e
 
 local rid = ARGV[1]
 local tokens = tonumber(ARGV[2])
-local cost = ARGV[3]
 local lease = tonumber(ARGV[4])
 local a, k = 6, 5
 
@@ -100,25 +103,30 @@ if violated > 0 then
   return {'limit', violated, string.format('%d', retry), generation, used, resets}
 end
 
-local budgets = {}
+local budgets, missing = {}, {}
 for i = 1, tonumber(ARGV[a]) do
-  local b = {
-    limit = tonumber(ARGV[a + 1]), init = ARGV[a + 2], ttl = ARGV[a + 3], hard = ARGV[a + 4],
+  budgets[i] = {
+    limit = tonumber(ARGV[a + 1]), init = ARGV[a + 2], ttl = ARGV[a + 3], hard = ARGV[a + 4], amount = ARGV[a + 5],
     spent = KEYS[k], log = KEYS[k + 1], sum = KEYS[k + 2],
   }
-  a, k = a + 4, k + 3
+  a, k = a + 5, k + 3
+  if budgets[i].init == '' and redis.call('EXISTS', budgets[i].spent) == 0 then missing[#missing + 1] = i end
+end
+-- Periods with no counter yet (a new period, a new end user, or Redis lost it) are all asked for at
+-- once: the caller reads them from the ledger and asks again. The first answer to arrive starts the
+-- counter; every other request, concurrent or not, is then checked against it.
+if #missing > 0 then return {'init', missing, '0', generation, used, resets} end
+for i, b in ipairs(budgets) do
   local spent = redis.call('GET', b.spent)
   if not spent then
-    if b.init == '' then return {'init', i, '0', generation, used, resets} end
     redis.call('SET', b.spent, b.init, 'EX', b.ttl)
     spent = b.init
   end
   expire_weighted(b.log, b.sum, now)
-  local reserved = tonumber(redis.call('GET', b.sum) or '0')
-  if b.hard == '1' and tonumber(spent) + reserved + tonumber(cost) > b.limit then
-    return {'budget', i, '0', generation, used, resets}
+  local taken = tonumber(spent) + tonumber(redis.call('GET', b.sum) or '0')
+  if b.hard == '1' and taken + tonumber(b.amount) > b.limit then
+    return {'budget', i, string.format('%d', taken), generation, used, resets}
   end
-  budgets[i] = b
 end
 
 local states, slot, slot_log, overloaded = deployment_states(k, a + 2, tonumber(ARGV[a + 1]), now)
@@ -140,7 +148,7 @@ for _, e in ipairs(limits) do
   end
 end
 for _, b in ipairs(budgets) do
-  if redis.call('ZADD', b.log, now + lease, rid .. '|' .. cost) == 1 then redis.call('INCRBY', b.sum, cost) end
+  if redis.call('ZADD', b.log, now + lease, rid .. '|' .. b.amount) == 1 then redis.call('INCRBY', b.sum, b.amount) end
   redis.call('EXPIRE', b.log, b.ttl)
   redis.call('EXPIRE', b.sum, b.ttl)
 end

@@ -8,7 +8,8 @@
 -- KEYS: per tpm limit: log, sum; per concurrency limit: log; per budget: spent, reservations, sum;
 --       per attempt: breaker, breaker window
 -- ARGV: request id, tokens estimated, tokens used, number of tpm limits, number of concurrency
---       limits, number of budgets, cost reserved, cost spent, number of attempts,
+--       limits, number of budgets, per budget: what it reserved and what was spent (cost units, or
+--       tokens for a token cap), number of attempts,
 --       per attempt: outcome (ok | fail | slow), probe (1|0), 7 policy numbers,
 --       number of providers paid, per provider: the cost in units, the counter's ttl s
 --       (KEYS go on with each paid provider's spend counter for today)
@@ -21,7 +22,6 @@
 redis.call('XADD', KEYS[#KEYS], '*', 'r', ARGV[#ARGV])
 local rid, estimated, actual = ARGV[1], ARGV[2], ARGV[3]
 local ntpm, nconc, nbudgets = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local reserved, spent_now = ARGV[7], ARGV[8]
 local k = 1
 for _ = 1, ntpm do
   local log, sum = KEYS[k], KEYS[k + 1]
@@ -38,9 +38,11 @@ for _ = 1, nconc do
   k = k + 1
 end
 local totals = {}
+local a = 7
 for i = 1, nbudgets do
   local spent, log, sum = KEYS[k], KEYS[k + 1], KEYS[k + 2]
-  k = k + 3
+  local reserved, spent_now = ARGV[a], ARGV[a + 1]
+  k, a = k + 3, a + 2
   -- Settling twice must not count twice: spend is added only with the reservation it replaces.
   if redis.call('ZREM', log, rid .. '|' .. reserved) == 1 then
     redis.call('DECRBY', sum, reserved)
@@ -56,8 +58,9 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local transitions, details = {}, {}
-local a = 10
-for i = 1, tonumber(ARGV[9]) do
+local attempts = tonumber(ARGV[a])
+a = a + 1
+for i = 1, attempts do
   local policy = {}
   for j = 1, 7 do policy[j] = tonumber(ARGV[a + 1 + j]) end
   transitions[i], details[i] = breaker_record(KEYS[k], KEYS[k + 1], ARGV[a], ARGV[a + 1], now, policy)

@@ -7,9 +7,9 @@
 --       its reservations log and reserved sum, then the in-flight log of each deployment of the chain
 --       that has a concurrency limit (admission may have taken a slot on one of them)
 -- ARGV: request id, tokens reserved, cost reserved (units), the marker's ttl s, number of limits,
---       per limit: kind (r|t|c), number of budgets
+--       per limit: kind (r|t|c), number of budgets, per budget: the amount it reserved (admission.lua)
 
-local rid, tokens, cost = ARGV[1], ARGV[2], ARGV[3]
+local rid, tokens = ARGV[1], ARGV[2]
 redis.call('SET', KEYS[1], 1, 'EX', ARGV[4])
 local k, a = 2, 6
 for _ = 1, tonumber(ARGV[5]) do
@@ -23,8 +23,9 @@ for _ = 1, tonumber(ARGV[5]) do
     k = k + 1
   end
 end
-for _ = 1, tonumber(ARGV[a]) do
-  if redis.call('ZREM', KEYS[k], rid .. '|' .. cost) == 1 then redis.call('DECRBY', KEYS[k + 1], cost) end
+for i = 1, tonumber(ARGV[a]) do
+  local amount = ARGV[a + i]
+  if redis.call('ZREM', KEYS[k], rid .. '|' .. amount) == 1 then redis.call('DECRBY', KEYS[k + 1], amount) end
   k = k + 2
 end
 for i = k, #KEYS do redis.call('ZREM', KEYS[i], rid) end

@@ -141,6 +141,22 @@ class AuditsChanges:
         return super().log_deletions(request, queryset)
 
 
+def audit_inline_rows(request, formset, *, tenant_id: int | None) -> None:
+    """Record the rows an inline formset added, changed and deleted, as AuditsChanges records the
+    page's own object (call after the formset is saved)."""
+    before = {form.instance.pk: form.initial for form in formset.initial_forms}
+    for obj in formset.new_objects:
+        changes = {name: [None, value] for name, value in snapshot(obj).items() if value not in (None, "")}
+        audit_record(action=AuditEntry.Action.ADDED, tenant=tenant_id, target=describe(obj), changes=changes)
+    for obj, names in formset.changed_objects:
+        after = snapshot(obj)
+        changes = {name: [plain(before.get(obj.pk, {}).get(name)), after.get(name)] for name in names}
+        audit_record(action=AuditEntry.Action.CHANGED, tenant=tenant_id, target=describe(obj), changes=changes)
+    for obj in formset.deleted_objects:
+        changes = {name: [value, None] for name, value in snapshot(obj).items()}
+        audit_record(action=AuditEntry.Action.DELETED, tenant=tenant_id, target=describe(obj), changes=changes)
+
+
 class TenantScopedAdmin(AuditsChanges, PlainTextAdmin, ModelAdmin):
     """A ModelAdmin whose rows each belong to one tenant, reached from the model by `tenant_lookup`.
     Members holding one of `view_roles` see a tenant's rows; `manage_roles` add, change and delete."""

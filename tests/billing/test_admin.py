@@ -53,6 +53,13 @@ def test_finance_finds_the_report_and_sees_its_tenant_only(spend_data):
     assert Decimal(total["cost_usd"]) == ledger_cost(t.tenant)
     assert "Download CSV" in html
 
+    # By end user (#21): read from the ledger; these requests named none.
+    by_user = finance.get(PAGE, {**RANGE, "group_by": ["end_user"]})
+    assert by_user.context["labels"][0] == "end user"
+    rows = [dict(zip(by_user.context["columns"], row, strict=True)) for row in by_user.context["rows"]]
+    assert [row["end_user"] for row in rows] == ["", "TOTAL"]
+    assert Decimal(rows[0]["cost_usd"]) == Decimal(rows[1]["cost_usd"]) == ledger_cost(t.tenant)
+
 
 def test_finance_cannot_pick_another_tenant(spend_data):
     t = spend_data.tenancy

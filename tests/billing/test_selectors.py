@@ -69,6 +69,7 @@ LEDGER_FILTER = {
     "day": lambda v: {"created_at__gte": at(v), "created_at__lt": at(v) + timedelta(days=1)},
     "tenant": lambda v: {"tenant": v},
     "key": lambda v: {"key": v},
+    "end_user": lambda v: {"end_user": v},
     "model": lambda v: {"model_requested": v},
     "price": lambda v: {"price": v},
 }

@@ -294,3 +294,57 @@ def test_allowlists_are_chosen_from_the_models_that_exist(tenancy):
     ]
     tenant.refresh_from_db()
     assert tenant.allowed_models == [real.name]
+
+
+def end_user_limits_post(web, url: str, rows: list[dict]) -> dict:
+    """The key's page as shown, with `rows` as its end-user limits."""
+    page = web.get(url)
+    data = filled(page.context["adminform"].form)
+    (inline,) = page.context["inline_admin_formsets"]
+    prefix = inline.formset.prefix
+    data.update({f"{prefix}-TOTAL_FORMS": str(len(rows)), f"{prefix}-INITIAL_FORMS": "0"})
+    for i, row in enumerate(rows):
+        data.update({f"{prefix}-{i}-{name}": value for name, value in row.items()})
+    return data
+
+
+def test_a_tenant_admin_sets_the_end_user_and_session_limits_on_a_key(tenancy):
+    """On the key's page (#21): each end user and each session held to a budget, a token cap or both;
+    a row setting neither is refused; other tenants' admins and the tenant's viewers change nothing.
+    Saving tells the gateway processes to re-read the key."""
+    from decimal import Decimal
+
+    from sentinel.localstate import GENERATION_KEY
+    from sentinel.redis_clients import sync_redis
+    from tenants.models import AuditEntry, EndUserLimit
+
+    key, _ = key_create(tenant=tenancy.tenant, name=unique("app"))
+    url = reverse("admin:tenants_virtualkey_change", args=[key.pk])
+    owner = as_user(tenancy.owner)
+    rows = [
+        {"scope": "end_user", "period": "daily", "limit_usd": "1.50", "token_cap": "20000"},
+        {"scope": "session", "period": "monthly", "limit_usd": "", "token_cap": "5000"},
+    ]
+    data = end_user_limits_post(owner, url, rows)
+
+    refused = owner.post(url, {**data, "end_user_limits-1-token_cap": ""})
+    assert refused.status_code == 200
+    assert "Set a budget, a token cap, or both." in refused.content.decode()
+    assert not EndUserLimit.objects.filter(key=key).exists()
+    for person, status in ((tenancy.outsider, 404), (tenancy.viewer, 403)):
+        assert as_user(person).post(url, data).status_code == status
+        assert not EndUserLimit.objects.filter(key=key).exists()
+
+    generation = int(sync_redis().get(GENERATION_KEY) or 0)
+    assert owner.post(url, data).status_code == 302
+    saved = EndUserLimit.objects.filter(key=key).order_by("scope")
+    assert [(r.scope, r.period, r.limit_usd, r.token_cap) for r in saved] == [
+        ("end_user", "daily", Decimal("1.5000"), 20000),
+        ("session", "monthly", None, 5000),
+    ]
+    assert int(sync_redis().get(GENERATION_KEY)) > generation
+    trail = AuditEntry.objects.filter(tenant=tenancy.tenant, target__startswith="end-user limit").order_by("pk")
+    assert [(e.action, e.actor_name, e.changes["token_cap"]) for e in trail] == [
+        ("object.added", tenancy.owner.username, [None, 20000]),
+        ("object.added", tenancy.owner.username, [None, 5000]),
+    ]

@@ -37,7 +37,11 @@ def last_id() -> int:
 
 def change_page(web, url: str, **changes) -> dict:
     page = web.get(url)
-    data = filled(page.context["adminform"].form, {"memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"})
+    data = filled(page.context["adminform"].form)
+    for inline in page.context["inline_admin_formsets"]:  # as shown: rows kept, none added
+        data.update(filled(inline.formset.management_form))
+        for form in inline.formset.forms:
+            data.update(filled(form))
     data.update(changes)
     return data
 

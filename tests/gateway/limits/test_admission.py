@@ -9,6 +9,7 @@ import random
 import re
 import threading
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -26,7 +27,7 @@ from gateway.mock_provider import prompt_usage
 from gateway.models import Deployment
 from sentinel import redis_keys
 from sentinel.redis_clients import sync_redis
-from tenants.models import Budget, VirtualKey
+from tenants.models import Budget, EndUserLimit, VirtualKey
 from tenants.periods import period_bounds
 from tests.servers import start_gateway
 
@@ -115,6 +116,55 @@ def test_budget_cannot_be_overrun_by_concurrency(fleet, tenant, make_key, make_m
     rows = LedgerEntry.objects.filter(tenant=tenant, status_code=200)
     assert rows.count() == 100
     assert sum(row.cost_usd for row in rows) == Decimal("1.00")
+
+
+def test_new_end_users_cannot_pass_their_budget_by_arriving_at_once(fleet, tenant, make_key, make_model, live_db):
+    """Each end user's first requests arrive together, spread over four processes: the key's
+    end-user budget ($0.02 a day, two requests) holds for every one of them, which LiteLLM's lazily
+    created end-user rows do not (its issues 34732, 40095)."""
+    model, (provider,) = make_model()
+    # Worst case = actual = $0.01: the mock answers exactly max_tokens=40 tokens at $0.00025 each.
+    Deployment.objects.filter(name=provider).update(input_price_override=0, output_price_override=Decimal("0.00025"))
+    # Failing closed: on a machine too busy for Redis to answer within its timeout, a request is
+    # refused with 503 (and sent again below) rather than admitted by one process's own count.
+    # Its cache off: the users ask the same questions, and a cache hit is free.
+    tenant.on_redis_outage, tenant.cache_enabled = "closed", False
+    tenant.save(update_fields=["on_redis_outage", "cache_enabled"])
+    key = make_key(tenant, requests_per_minute=1000)
+    key_row = VirtualKey.objects.get(tenant=tenant)
+    limit = EndUserLimit.objects.create(key=key_row, scope="end_user", period="daily", limit_usd=Decimal("0.02"))
+    users = [f"{tenant.slug}-user-{i}" for i in range(60)]
+    # Each user's four requests go to the four processes (fire() deals bodies round-robin).
+    bodies = [ask(model, i, max_tokens=40, user=user) for user in users for i in range(4)]
+    results = asyncio.run(fire([g.url for g in fleet], key, bodies))
+    for _ in range(3):
+        again = [i for i, (status, _, _) in enumerate(results) if status == 503]
+        if not again:
+            break
+        retried = asyncio.run(fire([g.url for g in fleet], key, [bodies[i] for i in again]))
+        for i, result in zip(again, retried, strict=True):
+            results[i] = result
+
+    admitted = Counter(body["user"] for body, (status, _, _) in zip(bodies, results, strict=True) if status == 200)
+    assert admitted == dict.fromkeys(users, 2)
+    refused = [(status, headers, body) for status, headers, body in results if status != 200]
+    assert len(refused) == 120
+    start, end = period_bounds("daily", datetime.now(UTC))
+    for status, headers, body in refused:
+        assert (status, body["error"]["code"], headers["x-sentinel-limit"]) == (
+            402,
+            "budget_exceeded",
+            "end-user-daily-budget",
+        )
+        assert f"it resets at {end:%Y-%m-%dT%H:%M:%SZ}" in body["error"]["message"]
+        assert headers["x-sentinel-limit-reset"] == f"{end:%Y-%m-%dT%H:%M:%SZ}"
+    counters = [redis_keys.audience_period(limit.pk, user, "daily", start, "usd") for user in users]
+    assert {redis_number(counter + ":spent") for counter in counters} == {to_units(Decimal("0.02"))}
+    time.sleep(0.5)
+    drain()
+    rows = LedgerEntry.objects.filter(tenant=tenant, status_code=200)
+    assert Counter(rows.values_list("end_user", flat=True)) == dict.fromkeys(users, 2)
+    assert sum(row.cost_usd for row in rows) == Decimal("1.20")
 
 
 # --- reservations that hold for any text --------------------------------------------------------
