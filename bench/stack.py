@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from sentinel.run import Child, stop_all
+from sentinel.run import Child, celery_beat, celery_worker, stop_all
 from sentinel.startup import free_port, wait_until_ready
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -337,25 +337,8 @@ def running_stack(
         )
     )
     if ledger_worker:
-        stack.children.append(
-            _python_child(
-                "worker", "-m", "celery", "-A", "sentinel", "worker", "--loglevel", "WARNING", "--concurrency", "1"
-            )
-        )
-        stack.children.append(
-            _python_child(
-                "beat",
-                "-m",
-                "celery",
-                "-A",
-                "sentinel",
-                "beat",
-                "--loglevel",
-                "WARNING",
-                "--pidfile",
-                str(data_dir / "beat-bench.pid"),
-            )
-        )
+        stack.children.append(_python_child("worker", *celery_worker("WARNING", concurrency=1)))
+        stack.children.append(_python_child("beat", *celery_beat("WARNING", pidfile=data_dir / "beat-bench.pid")))
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         for c in stack.children:
