@@ -35,16 +35,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from bench.report import envelope, table, write_json
-from bench.stack import BASE_DIR
+from bench.report import envelope, percentile, table, write_json
 
-RESULTS_DIR = BASE_DIR / "bench" / "results"
 CAPACITY = 16  # calls a deployment runs before it slows down in proportion
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclass(frozen=True)

@@ -16,37 +16,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
 from decimal import Decimal
 from pathlib import Path
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-RESULTS = BASE_DIR / "bench" / "results"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def setup_django(data_dir: Path | None = None) -> None:
-    if data_dir is not None:
-        os.environ["SENTINEL_DATA_DIR"] = str(data_dir)
-    os.environ.setdefault("SENTINEL_DATA_DIR", str(BASE_DIR / ".data" / "bench"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
-    import django
-
-    from sentinel.embedded import ensure_environment
-
-    ensure_environment()  # starts (or reuses) the embedded servers when the URLs are unset
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+from bench.report import percentile
+from bench.stack import RESULTS_DIR, start_django
 
 
 def bench_tenant():
@@ -207,13 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=50_000, help="records queued for (b)")
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="smoke test: 2,000 hand-offs, 5,000 records")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where results go (default bench/results)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where results go (default bench/results)")
     parser.add_argument("--data-dir", type=Path, default=None, help="embedded servers' folder (default .data/bench)")
     args = parser.parse_args(argv)
     if args.quick:
         args.handoffs, args.records = 2_000, 5_000
 
-    setup_django(args.data_dir)
+    start_django(args.data_dir)
     from billing.ledger import drain, pending_count
 
     while drain():  # start from an empty queue: whatever is left from earlier runs goes in first

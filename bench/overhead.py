@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -335,32 +336,38 @@ def plot(path: Path, rows: dict, samples: dict, all_loads: list[Load], targets: 
     fig, grid = plt.subplots(2, 2, figsize=(15, 10))
     axes = grid.flatten()
 
-    c32 = [ld for ld in all_loads if ld.concurrency == 32]
-    ax = axes[0]
     width = 0.8 / len(targets)
-    for t_i, target in enumerate(targets):
-        values = [(rows.get((ld.name, target)) or {}).get("rps") or 0 for ld in c32]
-        xs = [i + (t_i - (len(targets) - 1) / 2) * width for i in range(len(c32))]
-        bars = ax.bar(xs, values, width, label=LABELS[target], color=colors[target])
-        ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=8)
-    ax.set_xticks(range(len(c32)), [ld.title for ld in c32])
-    ax.set_yscale("log")
-    ax.set_ylabel("requests / s (log)")
-    ax.set_title("Throughput at 32 concurrent requests")
-    ax.legend()
 
-    ax = axes[1]
+    def bars(ax, groups: list[str], value: Callable[[int, str], float], fmt: str, ylabel: str, title: str) -> None:
+        """A group of bars per x label, one bar per target, on a log scale."""
+        for t_i, target in enumerate(targets):
+            values = [value(i, target) for i in range(len(groups))]
+            xs = [i + (t_i - (len(targets) - 1) / 2) * width for i in range(len(groups))]
+            drawn = ax.bar(xs, values, width, label=LABELS[target], color=colors[target])
+            ax.bar_label(drawn, labels=[format(v, fmt) for v in values], fontsize=8)
+        ax.set_xticks(range(len(groups)), groups)
+        ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+
+    def at_c32(field: str) -> Callable[[int, str], float]:
+        return lambda i, target: (rows.get((c32[i].name, target)) or {}).get(field) or 0
+
+    c32 = [ld for ld in all_loads if ld.concurrency == 32]
+    titles = [ld.title for ld in c32]
+    bars(axes[0], titles, at_c32("rps"), ",.0f", "requests / s (log)", "Throughput at 32 concurrent requests")
+    axes[0].legend()
+
     c1 = [("c1-nonstream", "p50_ms", "non-stream\np50"), ("c1-nonstream", "p99_ms", "non-stream\np99")]
     c1 += [("c1-stream", "ttft_p50_ms", "stream\n1st token p50"), ("c1-stream", "ttft_p99_ms", "stream\n1st token p99")]
-    for t_i, target in enumerate(targets):
-        values = [(rows.get((load, target)) or {}).get(field) or 0 for load, field, _ in c1]
-        xs = [i + (t_i - (len(targets) - 1) / 2) * width for i in range(len(c1))]
-        bars = ax.bar(xs, values, width, label=LABELS[target], color=colors[target])
-        ax.bar_label(bars, labels=[f"{v:.1f}" for v in values], fontsize=8)
-    ax.set_xticks(range(len(c1)), [label for _, _, label in c1])
-    ax.set_yscale("log")
-    ax.set_ylabel("ms (log)")
-    ax.set_title("One request at a time (zero-latency mock)")
+    bars(
+        axes[1],
+        [label for _, _, label in c1],
+        lambda i, target: (rows.get((c1[i][0], target)) or {}).get(c1[i][1]) or 0,
+        ".1f",
+        "ms (log)",
+        "One request at a time (zero-latency mock)",
+    )
 
     ax = axes[2]
     for target in targets:
@@ -379,16 +386,14 @@ def plot(path: Path, rows: dict, samples: dict, all_loads: list[Load], targets: 
     ax.grid(alpha=0.3)
     ax.legend()
 
-    ax = axes[3]
-    for t_i, target in enumerate(targets):
-        values = [(rows.get((ld.name, target)) or {}).get("server_cpu_ms_per_request") or 0 for ld in c32]
-        xs = [i + (t_i - (len(targets) - 1) / 2) * width for i in range(len(c32))]
-        bars = ax.bar(xs, values, width, label=LABELS[target], color=colors[target])
-        ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=8)
-    ax.set_xticks(range(len(c32)), [ld.title for ld in c32])
-    ax.set_yscale("log")
-    ax.set_ylabel("CPU ms per request (log)")
-    ax.set_title("Server CPU per request at c=32 (mock / Sentinel web workers / proxy)")
+    bars(
+        axes[3],
+        titles,
+        at_c32("server_cpu_ms_per_request"),
+        ".2f",
+        "CPU ms per request (log)",
+        "Server CPU per request at c=32 (mock / Sentinel web workers / proxy)",
+    )
 
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -17,16 +17,10 @@ from pathlib import Path
 
 import orjson
 
-from bench.report import envelope, table, write_json
-from bench.stack import BASE_DIR
+from bench.report import envelope, percentile, table, write_json
+from bench.stack import BASE_DIR, RESULTS_DIR
 
 DATA = BASE_DIR / "tests" / "data" / "routing_eval.jsonl"
-RESULTS_DIR = BASE_DIR / "bench" / "results"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def measure(prompts: list[str], rounds: int) -> dict:

@@ -18,35 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-RESULTS = BASE_DIR / "bench" / "results"
+from bench.report import percentile
+from bench.stack import BASE_DIR, RESULTS_DIR, start_django
+
 DATA = BASE_DIR / "tests" / "data" / "screening_eval.jsonl"
 PERSONAL_DATA = ("email", "phone", "payment_card", "iban", "national_id", "ip_address", "secret")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def setup_django(data_dir: Path | None = None) -> None:
-    if data_dir is not None:
-        os.environ["SENTINEL_DATA_DIR"] = str(data_dir)
-    os.environ.setdefault("SENTINEL_DATA_DIR", str(BASE_DIR / ".data" / "bench"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
-    import django
-
-    from sentinel.embedded import ensure_environment
-
-    ensure_environment()  # starts (or reuses) the embedded servers when the URLs are unset
-
-    django.setup()
 
 
 def run_to_end(coro) -> None:
@@ -145,11 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="Times each prompt is screened.")
     parser.add_argument("--quick", action="store_true", help="One round, fewer long conversations.")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where results go (default bench/results)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="where results go (default bench/results)")
     parser.add_argument("--data-dir", type=Path, default=None, help="settings' data folder (default .data/bench)")
     args = parser.parse_args(argv)
     rounds = 1 if args.quick else args.rounds
-    setup_django(args.data_dir)
+    start_django(args.data_dir, migrate=False)
     examples = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
     texts = [example["text"] for example in examples]
     rng = random.Random(7)

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from sentinel.run import Child, stop_all
+from sentinel.run import Child, celery_beat, celery_worker, stop_all
 from sentinel.startup import free_port, wait_until_ready
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -81,6 +81,26 @@ def wait_quiet(processes: list[psutil.Process], timeout: float = 60.0) -> None:
             return
 
 
+def start_django(data_dir: Path | None = None, *, migrate: bool = True) -> None:
+    """Django in this process, on storage that is the embedded servers' (under data_dir, by default
+    .data/bench) unless DATABASE_URL / REDIS_URL are set; migrated unless told not to."""
+    if data_dir is not None:
+        os.environ["SENTINEL_DATA_DIR"] = str(data_dir)
+    os.environ.setdefault("SENTINEL_DATA_DIR", str(DEFAULT_DATA_DIR))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
+    import django
+
+    from sentinel.embedded import ensure_environment
+
+    ensure_environment()  # starts (or reuses) the embedded servers when the URLs are unset
+
+    django.setup()
+    if migrate:
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+
+
 def setup_django(data_dir: Path) -> dict[str, bool]:
     """Settings, storage (embedded unless the URLs are set) and migrations, in this process; the
     embedded servers live as long as it does and are shared by every scenario of one run.
@@ -90,19 +110,9 @@ def setup_django(data_dir: Path) -> dict[str, bool]:
     if _storage is not None:
         return _storage
     embedded = {"postgres": not os.environ.get("DATABASE_URL"), "valkey": not os.environ.get("REDIS_URL")}
-    os.environ["SENTINEL_DATA_DIR"] = str(data_dir)
     os.environ["DJANGO_SETTINGS_MODULE"] = "sentinel.settings"
     os.environ.setdefault("SENTINEL_LOG_LEVEL", "WARNING")
-    import django
-
-    from sentinel.embedded import ensure_environment
-
-    ensure_environment()  # starts (or reuses) the embedded servers when the URLs are unset
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    start_django(data_dir)
     from gateway.cache.engine import shared_embedder
 
     shared_embedder()  # as `make run` does: the embedding model is exported once, before web workers load it
@@ -327,25 +337,8 @@ def running_stack(
         )
     )
     if ledger_worker:
-        stack.children.append(
-            _python_child(
-                "worker", "-m", "celery", "-A", "sentinel", "worker", "--loglevel", "WARNING", "--concurrency", "1"
-            )
-        )
-        stack.children.append(
-            _python_child(
-                "beat",
-                "-m",
-                "celery",
-                "-A",
-                "sentinel",
-                "beat",
-                "--loglevel",
-                "WARNING",
-                "--pidfile",
-                str(data_dir / "beat-bench.pid"),
-            )
-        )
+        stack.children.append(_python_child("worker", *celery_worker("WARNING", concurrency=1)))
+        stack.children.append(_python_child("beat", *celery_beat("WARNING", pidfile=data_dir / "beat-bench.pid")))
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
         for c in stack.children:

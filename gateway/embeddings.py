@@ -20,14 +20,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import logging
 import struct
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 import litellm
 import orjson
-from django.conf import settings
 from pydantic import Field, ValidationError
 
 from billing.money import ZERO
@@ -39,27 +37,25 @@ from gateway.limits import admission
 from gateway.limits import tokens as prompt_tokens
 from gateway.limits.admission import Ticket
 from gateway.pipeline import (
-    INTERNAL_ERROR,
     Call,
     Reply,
+    admit_at,
+    answered,
     call_chain,
-    capacity_wait,
     charge,
-    error_reply,
     finish,
     identify,
     ledger_record,
     request_id_from,
     response_headers,
     route_and_admit,
-    spawn,
+    store_answer,
 )
 from gateway.schemas import _Strict, integer, json_object, validation_error
 from gateway.upstream import transport
 from gateway.upstream.failures import UpstreamError, classify
 from gateway.upstream.routing import ModelRoute, Target
 
-log = logging.getLogger(__name__)
 # Retries are the chain's (gateway.pipeline.call_chain), never litellm's: its OpenAI and Azure
 # embedding handlers read `max_retries or DEFAULT_MAX_RETRIES`, so a 0 passed in became 2 and a
 # failing deployment was called three times per attempt before the chain could fail over.
@@ -187,31 +183,25 @@ def check_input(value: Any) -> None:
 
 async def create(headers, raw_body: bytes) -> Reply:
     call = Call(request_id=request_id_from(headers.get("x-sentinel-request-id")))
-    try:
-        call.key = await identify(headers, None)
-        call.request, call.body = parse_embedding_request(raw_body)
-        call.cache_controls = cache.controls_from(call.body, headers)
-        route, chain = await route_and_admit(
-            call, headers, None, model_of=lambda c: c.request.model, admit_with=admit, budget_fallback=False
-        )
-        hit = await consult_cache(call, route)
-        if hit is not None:
-            return await serve_from_cache(call, hit)
-        response = await call_chain(call, chain, stream=False, complete=embed)
-        charged = await charge(call, response["usage"])
-        await finish(call, ledger_record(call, 200, charged=charged))
-        remember(call, response, charged.cost)
-        headers = response_headers(call, charged.cost)
-        return Reply(200, headers, orjson.dumps(encoded(response, call.request.encoding_format)))
-    except GatewayError as error:
-        return await error_reply(call, error)
-    except Exception:
-        log.exception("request %s failed unexpectedly", call.request_id)
-        return await error_reply(call, INTERNAL_ERROR)
-    except asyncio.CancelledError:
-        if call.key is not None:
-            spawn(finish(call, ledger_record(call, 499, error_code="client_disconnected")))
-        raise
+    return await answered(call, lambda: _create(call, headers, raw_body))
+
+
+async def _create(call: Call, headers, raw_body: bytes) -> Reply:
+    call.key = await identify(headers, None)
+    call.request, call.body = parse_embedding_request(raw_body)
+    call.cache_controls = cache.controls_from(call.body, headers)
+    route, chain = await route_and_admit(
+        call, headers, None, model_of=lambda c: c.request.model, admit_with=admit, budget_fallback=False
+    )
+    hit = await consult_cache(call, route)
+    if hit is not None:
+        return await serve_from_cache(call, hit)
+    response = await call_chain(call, chain, stream=False, complete=embed)
+    charged = await charge(call, response["usage"])
+    await finish(call, ledger_record(call, 200, charged=charged))
+    remember(call, response, charged.cost)
+    body = orjson.dumps(encoded(response, call.request.encoding_format))
+    return Reply(200, response_headers(call, charged.cost), body)
 
 
 def _texts(value: Any) -> list[str]:
@@ -242,27 +232,7 @@ async def input_token_bound(call: Call, route: ModelRoute) -> int:
 
 async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:
     tokens = await input_token_bound(call, route)
-    waited = 0.0
-    while True:
-        try:
-            return await admission.admit(
-                key=call.key,
-                model=call.model,
-                model_limits=dict(route.limits),
-                deployments=chain,
-                request_id=admission.hold_id(call.request_id),
-                tokens=tokens,
-                worst_cost=tokens * route.input_price,
-                lease_seconds=settings.CHAIN_DEADLINE_SECONDS,
-                end_user=call.audience.end_user,
-                session=call.audience.session,
-            )
-        except GatewayError as refused:
-            pause = capacity_wait(call, refused, waited)
-            if pause is None:
-                raise
-            waited += pause
-            await asyncio.sleep(pause)
+    return await admit_at(call, route, chain, tokens=tokens, worst_cost=tokens * route.input_price)
 
 
 # --- the exact cache -----------------------------------------------------------------------------
@@ -311,19 +281,7 @@ def remember(call: Call, response: dict, cost: Decimal) -> None:
         return
     if len(orjson.dumps(response)) > MAX_CACHED_BYTES:
         return
-    key = call.key
-    spawn(
-        cache.store(
-            call.cache_key,
-            tenant_id=key.tenant_id,
-            model=call.model,
-            answer=response,
-            cost_usd=cost,
-            ttl=call.cache_controls.ttl or key.cache_ttl_seconds,
-            max_entries=key.cache_max_entries,
-            semantic=False,
-        )
-    )
+    store_answer(call, response, cost, semantic=False)  # exact only: call.cache_embedding stays None
 
 
 # --- the provider call and the answer ------------------------------------------------------------

@@ -45,11 +45,11 @@ from gateway.pipeline import (
     Call,
     Reply,
     admit,
+    answered,
     authorize_model,
     call_chain,
     charge,
     consult_cache,
-    error_reply,
     finish,
     finish_disconnected,
     identify,
@@ -60,6 +60,8 @@ from gateway.pipeline import (
     response_headers,
     route_and_admit,
     spawn,
+    stream_broke,
+    stream_completed,
     stream_record,
 )
 from gateway.schemas import CHAT_PARAMETERS, ChatRequest, _Strict, integer, json_object, validation_error
@@ -338,28 +340,22 @@ def render_error(error: GatewayError) -> bytes:
 
 async def create(headers, raw_body: bytes) -> Reply:
     call = Call(request_id=request_id_from(headers.get("x-sentinel-request-id")))
-    try:
-        call.key = await identify(headers, None)
-        _, anthropic = parse_messages_request(raw_body)
-        call.request, call.body = chat_request_from(anthropic)
-        call.cache_controls = cache.controls_from(call.body, headers)
-        route, chain = await route_and_admit(call, headers, None, model_of=pick_model, admit_with=admit)
-        await screening.screen_input(call)
-        hit = await consult_cache(call, route)
-        if hit is not None:
-            return await serve_from_cache(call, hit)
-        if call.request.stream:
-            return await stream_from_chain(call, chain)
-        return await complete_from_chain(call, chain)
-    except GatewayError as error:
-        return anthropic_error(await error_reply(call, error))
-    except Exception:
-        log.exception("request %s failed unexpectedly", call.request_id)
-        return anthropic_error(await error_reply(call, INTERNAL_ERROR))
-    except asyncio.CancelledError:
-        if call.key is not None:
-            spawn(finish(call, ledger_record(call, 499, error_code="client_disconnected")))
-        raise
+    return await answered(call, lambda: _create(call, headers, raw_body), error_shape=anthropic_error)
+
+
+async def _create(call: Call, headers, raw_body: bytes) -> Reply:
+    call.key = await identify(headers, None)
+    _, anthropic = parse_messages_request(raw_body)
+    call.request, call.body = chat_request_from(anthropic)
+    call.cache_controls = cache.controls_from(call.body, headers)
+    route, chain = await route_and_admit(call, headers, None, model_of=pick_model, admit_with=admit)
+    await screening.screen_input(call)
+    hit = await consult_cache(call, route)
+    if hit is not None:
+        return await serve_from_cache(call, hit)
+    if call.request.stream:
+        return await stream_from_chain(call, chain)
+    return await complete_from_chain(call, chain)
 
 
 async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
@@ -460,15 +456,10 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event]) -> AsyncIt
         async for frame in _anthropic_events(chunks(), first.data.get("model", "")):
             yield frame
         recorded = True
-        record = await stream_record(call, 200, "", usage)
-        stored = answer.stored(usage, first.data.get("model", ""))
-        call.answer_text = stored["content"]
-        await finish(call, record)
+        record, stored = await stream_completed(call, usage, answer, first.data.get("model", ""))
         remember(call, stored, Decimal(record.cost_usd))
     except UpstreamError as error:
-        call.attempts[-1].outcome = "fail"
-        message = f"The provider's stream broke off after it started: {error.message}"
-        yield anthropic_sse_frame(error_payload(502, message))
+        yield anthropic_sse_frame(error_payload(502, stream_broke(call, error).message))
         recorded = True
         await finish(call, await stream_record(call, 502, "stream_interrupted", usage))
     finally:

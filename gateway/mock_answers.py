@@ -155,6 +155,12 @@ class ProviderState:
     moderation_calls: int = 0
     _error_accumulator: float = 0.0
 
+    def note(self, auth: str, request_id: str | None, raw: bytes) -> None:
+        """What the tests read back of the latest call (its key only as a digest)."""
+        self.last_key_digest = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else None
+        self.last_request_id = request_id
+        self.last_body = raw.decode(errors="replace")
+
     def should_fail(self) -> bool:
         """Deterministic error spacing: rate 0.25 fails exactly every 4th call."""
         rate = self.faults.error_rate

@@ -55,10 +55,8 @@ def _handler(mock: MockProvider, serve: Callable[..., Awaitable[web.StreamRespon
         state.calls += 1
         auth = request.headers.get("x-api-key") or request.headers.get("x-goog-api-key") or ""
         auth = auth or request.headers.get("Authorization", "")
-        state.last_key_digest = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else None
-        state.last_request_id = request.headers.get("x-request-id")
         raw = await request.read()
-        state.last_body = raw.decode(errors="replace")
+        state.note(auth, request.headers.get("x-request-id"), raw)
         try:
             body = orjson.loads(raw)
             if not isinstance(body, dict):

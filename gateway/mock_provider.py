@@ -55,23 +55,19 @@ class MockProvider:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_post("/p/{provider}/v1/chat/completions", self.chat)
-        app.router.add_post("/v1/moderations", self.moderations)
-        app.router.add_post("/p/{provider}/v1/moderations", self.moderations)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/p/{provider}/v1/models", self.models)
+        for at in ("", "/p/{provider}"):  # one mock provider, or a virtual one per name
+            app.router.add_post(f"{at}/v1/chat/completions", self.chat)
+            app.router.add_post(f"{at}/v1/moderations", self.moderations)
+            app.router.add_get(f"{at}/v1/models", self.models)
+            app.router.add_get(f"{at}/metrics", self.load_metrics)
         from gateway import mock_dialects  # Anthropic, Gemini and embeddings: their own module
 
         mock_dialects.routes(self, app)
-        app.router.add_get("/metrics", self.load_metrics)
-        app.router.add_get("/p/{provider}/metrics", self.load_metrics)
         app.router.add_get("/p/{provider}/api/ps", self.ollama_ps)
         app.router.add_get("/p/{provider}/load", self.queue_depth)
-        app.router.add_get("/_control", self.control_get)
-        app.router.add_get("/_control/{provider}", self.control_get)
-        app.router.add_post("/_control", self.control_set)
-        app.router.add_post("/_control/{provider}", self.control_set)
+        for at in ("", "/{provider}"):
+            app.router.add_get(f"/_control{at}", self.control_get)
+            app.router.add_post(f"/_control{at}", self.control_set)
         app.router.add_post("/_reset", self.reset)
         app.router.add_get("/health", self.health)
         return app
@@ -151,11 +147,8 @@ class MockProvider:
         state = self.state(request.match_info.get("provider", DEFAULT_PROVIDER))
         faults = state.faults
         state.calls += 1
-        auth = request.headers.get("Authorization", "")
-        state.last_key_digest = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else None
-        state.last_request_id = request.headers.get("x-request-id")
         raw = await request.read()
-        state.last_body = raw.decode(errors="replace")
+        state.note(request.headers.get("Authorization", ""), request.headers.get("x-request-id"), raw)
         try:
             body = orjson.loads(raw)
             messages = body["messages"]

@@ -47,10 +47,7 @@ def _component(model: type[BaseModel], prefix: str, components: dict[str, Any]) 
     """Add the model's JSON Schema (and its nested models) under prefixed names; returns a $ref."""
     template = "#/components/schemas/" + prefix + "{model}"
     schema = model.model_json_schema(ref_template=template, mode="validation")
-    for name, nested in schema.pop("$defs", {}).items():
-        components[prefix + name] = nested
-    components[prefix + model.__name__] = schema
-    return {"$ref": template.format(model=model.__name__)}
+    return _add(schema, model.__name__, prefix, components)
 
 
 def _typed_component(kind: Any, name: str, prefix: str, components: dict[str, Any]) -> dict[str, str]:
@@ -59,10 +56,14 @@ def _typed_component(kind: Any, name: str, prefix: str, components: dict[str, An
     with warnings.catch_warnings():  # litellm's typed dicts mark fields ReadOnly, which pydantic remarks on
         warnings.simplefilter("ignore", UserWarning)
         schema = TypeAdapter(kind).json_schema(ref_template=template, mode="serialization")
+    return _add(schema, name, prefix, components)
+
+
+def _add(schema: dict[str, Any], name: str, prefix: str, components: dict[str, Any]) -> dict[str, str]:
     for nested_name, nested in schema.pop("$defs", {}).items():
         components[prefix + nested_name] = nested
     components[prefix + name] = schema
-    return {"$ref": template.format(model=name)}
+    return _ref(prefix + name)
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -163,17 +164,25 @@ _SESSION_PARAMETER = {
     "schema": {"type": "string", "maxLength": 256},
 }
 _KEY_SECURITY = [{"VirtualKey": []}, {"VirtualKeyHeader": []}]
+# The refusals of an endpoint that calls a provider (chat, embeddings, responses: each changes some).
+_CALL_ERRORS = {
+    400: "Malformed body: `invalid_json`, `missing_required_parameter`, `unknown_parameter`, "
+    "`invalid_type`, `invalid_value`; or a request the provider refused as invalid.",
+    401: "`invalid_api_key`: missing, unknown, revoked or expired key.",
+    402: "`budget_exceeded`: a budget that applies is spent.",
+    403: "`model_not_allowed` or `tenant_suspended`.",
+    404: "`model_not_found`: no such model.",
+    405: "`method_not_allowed`.",
+    413: "`request_too_large`: the body is over the configured limit.",
+    429: "`rate_limit_exceeded`, or the provider's rate limit.",
+    502: "The provider failed in a way no fallback could fix.",
+    503: "`all_providers_unavailable`, or `overloaded` (with Retry-After).",
+    504: "The provider did not answer in time.",
+}
 
 
-def _error_responses(statuses: dict[int, str]) -> dict[str, Any]:
-    return {
-        str(status): {
-            "description": description,
-            "headers": _ID_HEADER,
-            "content": {"application/json": {"schema": _ref("Error")}},
-        }
-        for status, description in statuses.items()
-    }
+def _error_responses(statuses: dict[int, str], schema: str = "Error") -> dict[str, Any]:
+    return {str(status): _json(_ref(schema), description) for status, description in statuses.items()}
 
 
 def _stream_event(chunk: dict[str, str]) -> dict[str, Any]:
@@ -230,23 +239,15 @@ def gateway_paths(components: dict[str, Any]) -> dict[str, Any]:
                     },
                     **_error_responses(
                         {
+                            **_CALL_ERRORS,
                             400: "Malformed body: `invalid_json`, `missing_required_parameter`, `unknown_parameter`, "
                             "`invalid_type`, `invalid_value`; `unsupported_parameter`: an OpenAI parameter the "
                             "model's provider has no equivalent for; or a request the provider refused as invalid; "
                             "`content_policy_violation`: the tenant's screening policy blocked it.",
-                            401: "`invalid_api_key`: missing, unknown, revoked or expired key.",
-                            402: "`budget_exceeded`: a budget that applies is spent.",
-                            403: "`model_not_allowed` or `tenant_suspended`.",
-                            404: "`model_not_found`: no such model.",
-                            405: "`method_not_allowed`.",
-                            413: "`request_too_large`: the body is over the configured limit.",
-                            429: "`rate_limit_exceeded`, or the provider's rate limit.",
-                            502: "The provider failed in a way no fallback could fix.",
                             503: "`all_providers_unavailable`: every deployment in the chain failed; "
                             "`overloaded`: every deployment is at its concurrency limit (with Retry-After); "
                             "`screening_unavailable`: the tenant's moderation provider or guardrail could not "
                             "screen the request.",
-                            504: "The provider did not answer in time.",
                         }
                     ),
                 },
@@ -355,22 +356,7 @@ def embedding_paths(components: dict[str, Any]) -> dict[str, Any]:
                         "headers": {k: v for k, v in _COMPLETION_HEADERS.items() if k not in _CHAT_ONLY_HEADERS},
                         "content": {"application/json": {"schema": answer}},
                     },
-                    **_error_responses(
-                        {
-                            400: "Malformed body: `invalid_json`, `missing_required_parameter`, `unknown_parameter`, "
-                            "`invalid_type`, `invalid_value`; or a request the provider refused as invalid.",
-                            401: "`invalid_api_key`: missing, unknown, revoked or expired key.",
-                            402: "`budget_exceeded`: a budget that applies is spent.",
-                            403: "`model_not_allowed` or `tenant_suspended`.",
-                            404: "`model_not_found`: no such model.",
-                            405: "`method_not_allowed`.",
-                            413: "`request_too_large`: the body is over the configured limit.",
-                            429: "`rate_limit_exceeded`, or the provider's rate limit.",
-                            502: "The provider failed in a way no fallback could fix.",
-                            503: "`all_providers_unavailable`, or `overloaded` (with Retry-After).",
-                            504: "The provider did not answer in time.",
-                        }
-                    ),
+                    **_error_responses(_CALL_ERRORS),
                 },
             }
         }
@@ -412,20 +398,12 @@ def responses_paths(components: dict[str, Any]) -> dict[str, Any]:
                     },
                     **_error_responses(
                         {
+                            **_CALL_ERRORS,
                             400: "Malformed body: `invalid_json`, `missing_required_parameter`, `unknown_parameter`, "
                             "`unsupported_parameter`, `invalid_type`, `invalid_value`; or a request the provider "
                             "refused as invalid.",
-                            401: "`invalid_api_key`: missing, unknown, revoked or expired key.",
-                            402: "`budget_exceeded`: a budget that applies is spent.",
-                            403: "`model_not_allowed` or `tenant_suspended`.",
                             404: "`model_not_found`, or `response_not_found`: no such `previous_response_id` in "
                             "your tenant.",
-                            405: "`method_not_allowed`.",
-                            413: "`request_too_large`: the body is over the configured limit.",
-                            429: "`rate_limit_exceeded`, or the provider's rate limit.",
-                            502: "The provider failed in a way no fallback could fix.",
-                            503: "`all_providers_unavailable`, or `overloaded` (with Retry-After).",
-                            504: "The provider did not answer in time.",
                         }
                     ),
                 },
@@ -549,17 +527,6 @@ _ANTHROPIC_HEADERS = [
 ]
 
 
-def _anthropic_errors(statuses: dict[int, str]) -> dict[str, Any]:
-    return {
-        str(status): {
-            "description": description,
-            "headers": _ID_HEADER,
-            "content": {"application/json": {"schema": _ref("AnthropicError")}},
-        }
-        for status, description in statuses.items()
-    }
-
-
 def messages_paths(components: dict[str, Any]) -> dict[str, Any]:
     """/v1/messages and its count_tokens: Anthropic's Messages API (gateway.messages)."""
     request = _component(MessagesRequest, "Messages", components)
@@ -626,7 +593,7 @@ def messages_paths(components: dict[str, Any]) -> dict[str, Any]:
                             "text/event-stream": {"schema": event},
                         },
                     },
-                    **_anthropic_errors(errors),
+                    **_error_responses(errors, "AnthropicError"),
                 },
             }
         },
@@ -656,7 +623,9 @@ def messages_paths(components: dict[str, Any]) -> dict[str, Any]:
                             }
                         },
                     },
-                    **_anthropic_errors({k: v for k, v in errors.items() if k not in (402, 429, 502, 503, 504)}),
+                    **_error_responses(
+                        {k: v for k, v in errors.items() if k not in (402, 429, 502, 503, 504)}, "AnthropicError"
+                    ),
                 },
             }
         },

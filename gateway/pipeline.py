@@ -172,26 +172,38 @@ async def follow_ups_done() -> None:
 async def chat_completions(headers, raw_body: bytes, *, queued: Queued | None = None) -> Reply:
     request_id = queued.request_id if queued else request_id_from(headers.get("x-sentinel-request-id"))
     call = Call(request_id=request_id, queued=queued)
+    return await answered(call, lambda: _chat_completion(call, headers, raw_body, queued))
+
+
+async def _chat_completion(call: Call, headers, raw_body: bytes, queued: Queued | None) -> Reply:
+    call.key = await identify(headers, queued)
+    call.request, call.body = parse_chat_request(raw_body)
+    call.cache_controls = cache.controls_from(call.body, headers)
+    route, chain = await route_and_admit(call, headers, queued, model_of=pick_model, admit_with=admit)
+    await screening.screen_input(call)  # may block, or redact call.body before the cache sees it
+    hit = await consult_cache(call, route)
+    if hit is not None:
+        return await serve_from_cache(call, hit, route)
+    if queued is not None and queued.start is not None and not await queued.start():
+        raise BATCH_CANCELLED
+    if call.request.stream:
+        return await stream_from_chain(call, chain)
+    return await complete_from_chain(call, chain)
+
+
+async def answered(
+    call: Call, handle: Callable[[], Awaitable[Reply]], error_shape: Callable[[Reply], Reply] = lambda reply: reply
+) -> Reply:
+    """Run an endpoint's stages for `call`: a refusal answers through error_reply (in the endpoint's
+    error shape), as does a bug (logged), and a client that goes away is recorded."""
     try:
-        call.key = await identify(headers, queued)
-        call.request, call.body = parse_chat_request(raw_body)
-        call.cache_controls = cache.controls_from(call.body, headers)
-        route, chain = await route_and_admit(call, headers, queued, model_of=pick_model, admit_with=admit)
-        await screening.screen_input(call)  # may block, or redact call.body before the cache sees it
-        hit = await consult_cache(call, route)
-        if hit is not None:
-            return await serve_from_cache(call, hit, route)
-        if queued is not None and queued.start is not None and not await queued.start():
-            raise BATCH_CANCELLED
-        if call.request.stream:
-            return await stream_from_chain(call, chain)
-        return await complete_from_chain(call, chain)
+        return await handle()
     except GatewayError as error:
-        return await error_reply(call, error)
+        return error_shape(await error_reply(call, error))
     except Exception:
-        # A bug must still answer in OpenAI's shape and release what the request held.
+        # A bug must still answer in the endpoint's shape and release what the request held.
         log.exception("request %s failed unexpectedly", call.request_id)
-        return await error_reply(call, INTERNAL_ERROR)
+        return error_shape(await error_reply(call, INTERNAL_ERROR))
     except asyncio.CancelledError:
         # The client went away before an answer: release what it held, record it, off this task.
         if call.key is not None:
@@ -281,6 +293,11 @@ async def cheaper_when_budget_nearly_spent(call: Call) -> None:
 
 async def admit(call: Call, route: ModelRoute, chain: list[Target]) -> Ticket:
     tokens, worst_cost = await worst_case(call, route)
+    return await admit_at(call, route, chain, tokens=tokens, worst_cost=worst_cost)
+
+
+async def admit_at(call: Call, route: ModelRoute, chain: list[Target], *, tokens: int, worst_cost: Decimal) -> Ticket:
+    """Admit the request at its worst case, asking again while capacity_wait says to wait."""
     waited = 0.0
     while True:
         try:
@@ -484,18 +501,24 @@ def remember(call: Call, answer: dict | None, cost: Decimal) -> None:
     broken streams, or what the client asked not to store)."""
     if call.cache_key is None or call.cache_controls.no_store or answer is None or not storable(answer):
         return
+    stored = {k: v for k, v in answer.items() if k != "tool_calls"}
+    store_answer(call, stored, cost, semantic=call.key.semantic_cache_enabled)
+
+
+def store_answer(call: Call, answer: dict, cost: Decimal, *, semantic: bool) -> None:
+    """File the answer under call.cache_key, off this task, for the key's cache settings."""
     key = call.key
     spawn(
         cache.store(
             call.cache_key,
             tenant_id=key.tenant_id,
             model=call.model,
-            answer={k: v for k, v in answer.items() if k != "tool_calls"},
+            answer=answer,
             cost_usd=cost,
             ttl=call.cache_controls.ttl or key.cache_ttl_seconds,
             max_entries=key.cache_max_entries,
             embedding=call.cache_embedding,
-            semantic=key.semantic_cache_enabled,
+            semantic=semantic,
         )
     )
 
@@ -791,18 +814,11 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event], dialect: S
             answer.add(chunk)
             yield dialect.chunk(event)
         recorded = True
-        record = await stream_record(call, 200, "", usage)
-        stored = answer.stored(usage, first.data.get("model", ""))
-        call.answer_text = stored["content"]
-        await finish(call, record)
+        record, stored = await stream_completed(call, usage, answer, first.data.get("model", ""))
         yield await dialect.end(Decimal(record.cost_usd), stored)
         remember(call, stored, Decimal(record.cost_usd))
     except UpstreamError as error:
-        # After the first token there is no failing over: end with an error event, and let the
-        # breaker count the broken stream against the deployment.
-        call.attempts[-1].outcome = "fail"
-        message = f"The provider's stream broke off after it started: {error.message}"
-        yield dialect.broken(GatewayError(502, "stream_interrupted", message))
+        yield dialect.broken(stream_broke(call, error))
         recorded = True
         await finish(call, await stream_record(call, 502, "stream_interrupted", usage))
     finally:
@@ -810,6 +826,22 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event], dialect: S
             # The client went away (this task is being cancelled): record what it got, separately.
             spawn(finish_disconnected(call, usage, answer))
         await rest.aclose()
+
+
+async def stream_completed(call: Call, usage: dict, answer: Answer, model: str) -> tuple[LedgerRecord, dict]:
+    """A relayed stream that ended well: its ledger record written, its answer put together to cache."""
+    record = await stream_record(call, 200, "", usage)
+    stored = answer.stored(usage, model)
+    call.answer_text = stored["content"]
+    await finish(call, record)
+    return record, stored
+
+
+def stream_broke(call: Call, error: UpstreamError) -> GatewayError:
+    """After the first token there is no failing over: the stream ends with this error, and the
+    breaker counts the broken stream against the deployment."""
+    call.attempts[-1].outcome = "fail"
+    return GatewayError(502, "stream_interrupted", f"The provider's stream broke off after it started: {error.message}")
 
 
 class Answer:

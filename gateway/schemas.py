@@ -21,6 +21,10 @@ from gateway.errors import GatewayError, invalid_request
 # Integers are bounded as the providers' APIs bound them.
 MAX_INT32 = 2**31 - 1
 MAX_INT64 = 2**63 - 1
+# OpenAI's `metadata`: at most 16 pairs, keys of 64 characters, values of 512.
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
+]
 
 
 def _integral(value: Any) -> Any:
@@ -160,13 +164,7 @@ class ChatRequest(_Strict):
     service_tier: str | None = None
     store: bool | None = None
     # OpenAI's bounds. litellm keeps a `metadata` of its own: on its path the client's is not passed.
-    metadata: (
-        Annotated[
-            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
-            Field(max_length=16),
-        ]
-        | None
-    ) = None
+    metadata: Metadata | None = None
     prompt_cache_key: str | None = None
     prompt_cache_options: dict[str, Any] | None = None
     prompt_cache_retention: str | None = None

@@ -10,7 +10,12 @@ DONE = b"data: [DONE]\n\n"
 
 def event(payload: dict) -> bytes:
     """One event carrying `payload` as JSON."""
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
+    return frame(orjson.dumps(payload))
+
+
+def frame(payload: bytes) -> bytes:
+    """One event carrying `payload`, JSON already encoded (a provider's, relayed as it came)."""
+    return b"data: " + payload + b"\n\n"
 
 
 def chunk(completion_id: str, created: int, model: str, delta: dict, finish: str | None = None) -> bytes:

@@ -159,6 +159,15 @@ Models: gpt-4o-mini, gpt-4o, fast, smart. Press Ctrl-C to stop everything; the d
 """
 
 
+def celery_worker(loglevel: str, *, concurrency: int) -> list[str]:
+    """The Celery worker's arguments to Python (here and in bench/stack.py)."""
+    return ["-m", "celery", "-A", "sentinel", "worker", "--loglevel", loglevel, "--concurrency", str(concurrency)]
+
+
+def celery_beat(loglevel: str, *, pidfile: Path) -> list[str]:
+    return ["-m", "celery", "-A", "sentinel", "beat", "--loglevel", loglevel, "--pidfile", str(pidfile)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run Sentinel with everything it needs.")
     parser.add_argument("--host", default=os.environ.get("SENTINEL_HOST", "127.0.0.1"))
@@ -233,22 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         ),
         Child(
             "worker",
-            [python, "-m", "celery", "-A", "sentinel", "worker", "--loglevel", "INFO", "--concurrency", "2"],
+            [python, *celery_worker("INFO", concurrency=2)],
         ),
         Child(
             "beat",
-            [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "sentinel",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "--pidfile",
-                str(settings.DATA_DIR / "beat.pid"),
-            ],
+            [python, *celery_beat("INFO", pidfile=settings.DATA_DIR / "beat.pid")],
         ),
     ]
     env = dict(os.environ)

@@ -553,13 +553,9 @@ def duration_text(seconds: int) -> str:
 
 
 @admin.register(RateLimitTier)
-class RateLimitTierAdmin(OperatorOnlyAdmin):
+class RateLimitTierAdmin(AnnouncesChanges, OperatorOnlyAdmin):
     list_display = ["name", "requests_per_minute", "tokens_per_minute", "max_concurrent"]
     search_fields = ["name"]
-
-    def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        announce_change()
 
 
 # --- budgets -------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from django.db import connection
 from hypothesis.configuration import set_hypothesis_home_dir
 from openai import OpenAI
 
-from tests.servers import GatewayServer, MockProviderServer, start_gateway, start_mock_provider
+from tests.servers import GatewayServer, Listener, MockProviderServer, start_gateway, start_mock_provider
 
 # Tests write nothing into the tree: hypothesis keeps its example database and caches under the
 # temporary directory instead of .hypothesis/ at the root.
@@ -36,6 +36,15 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 # browser): a test that uses one, directly or through another fixture, is marked `servers`, and
 # `make test-fast` (`-m "not servers"`) leaves it out. Tests that reach a server without a fixture
 # carry `pytest.mark.servers` themselves.
+# A breaker that opens within a test's few calls (a test adds minimum_calls and half_open_probes).
+TEST_BREAKER = {
+    "window_seconds": 30,
+    "failure_rate_percent": 50,
+    "slow_call_seconds": 5,
+    "slow_rate_percent": 50,
+    "open_seconds": 30,
+    "max_open_seconds": 60,
+}
 SERVER_FIXTURES = {"django_db_setup", "mock_provider", "gateway", "browser"}
 
 
@@ -215,6 +224,14 @@ def make_key(live_db) -> Callable:
 @pytest.fixture
 def api_key(tenant, make_key) -> str:
     return make_key(tenant)
+
+
+@pytest.fixture
+def internal() -> Iterator[Listener]:
+    """A listener on 127.0.0.1, internal to the egress guard: what must never be reached."""
+    listener = Listener("127.0.0.1")
+    yield listener
+    listener.close()
 
 
 @pytest.fixture

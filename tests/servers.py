@@ -290,6 +290,25 @@ class Listener:
         self.server.server_close()
 
 
+# The egress guard's tests: 127.0.0.2 plays a public host (a process under test is started with it on
+# SENTINEL_EGRESS_ALLOW); 127.0.0.1, where the listeners that must hear nothing are, is internal.
+PUBLIC_HOST = "127.0.0.2"
+# URLs every form that takes one refuses, with the guard's reason.
+INTERNAL_URLS = [
+    ("http://169.254.169.254/latest/", "the host 169.254.169.254 is a link-local address 169.254.169.254"),
+    ("http://127.0.0.1:8000/admin/", "the host 127.0.0.1 is a loopback address 127.0.0.1"),
+    ("http://[::1]:6379/", "the host ::1 is a loopback address ::1"),
+]
+
+
+def egress_refusal(reason: str) -> str:
+    """What the console says of a URL the egress guard refuses."""
+    return (
+        f"Sentinel does not send requests here: {reason}. An operator can allow a deliberate internal target "
+        "with SENTINEL_EGRESS_ALLOW."
+    )
+
+
 @dataclass
 class Scrape:
     """One scrape of /metrics: sample values by name and labels."""

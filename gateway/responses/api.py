@@ -15,7 +15,6 @@ GET /v1/responses/{id}, DELETE it, and its input_items are Django views (gateway
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -23,23 +22,18 @@ import orjson
 
 from billing.money import ZERO
 from gateway.cache import engine as cache
-from gateway.errors import GatewayError
 from gateway.pipeline import (
-    INTERNAL_ERROR,
     Call,
     Reply,
     admit,
     answer_from_chain,
+    answered,
     consult_cache,
-    error_reply,
-    finish,
     identify,
-    ledger_record,
     pick_model,
     record_hit,
     request_id_from,
     route_and_admit,
-    spawn,
     stream_from_chain,
 )
 from gateway.responses import store
@@ -94,39 +88,33 @@ class Turn:
 
 async def create(headers, raw_body: bytes) -> Reply:
     call = Call(request_id=request_id_from(headers.get("x-sentinel-request-id")))
-    try:
-        call.key = await identify(headers, None)
-        request, body = parse_responses_request(raw_body)
-        history: list[dict] = []
-        if request.previous_response_id:
-            previous = await store.response_get(
-                tenant_id=call.key.tenant_id, response_id=request.previous_response_id, param="previous_response_id"
-            )
-            history = previous.conversation
-        messages, params = turn_messages(request, body)
-        call.request, call.body = chat_request(request, body, history, messages, params)
-        call.cache_controls = cache.controls_from(call.body, headers)
-        route, chain = await route_and_admit(call, headers, None, model_of=pick_model, admit_with=admit)
-        await screening.screen_input(call)  # may block, or redact call.body before the cache sees it
-        turn = Turn(call, request, body)
-        hit = await consult_cache(call, route)
-        if hit is not None:
-            return await serve_from_cache(call, hit, turn)
-        if request.stream:
-            return await stream_from_chain(call, chain, ResponsesEvents(turn.shape, turn.keep))
-        completion, headers = await answer_from_chain(call, chain)
-        response = response_from_completion(turn.shape, completion)
-        await turn.keep(response)
-        return Reply(200, headers, orjson.dumps(response))
-    except GatewayError as error:
-        return await error_reply(call, error)
-    except Exception:
-        log.exception("request %s failed unexpectedly", call.request_id)
-        return await error_reply(call, INTERNAL_ERROR)
-    except asyncio.CancelledError:
-        if call.key is not None:
-            spawn(finish(call, ledger_record(call, 499, error_code="client_disconnected")))
-        raise
+    return await answered(call, lambda: _create(call, headers, raw_body))
+
+
+async def _create(call: Call, headers, raw_body: bytes) -> Reply:
+    call.key = await identify(headers, None)
+    request, body = parse_responses_request(raw_body)
+    history: list[dict] = []
+    if request.previous_response_id:
+        previous = await store.response_get(
+            tenant_id=call.key.tenant_id, response_id=request.previous_response_id, param="previous_response_id"
+        )
+        history = previous.conversation
+    messages, params = turn_messages(request, body)
+    call.request, call.body = chat_request(request, body, history, messages, params)
+    call.cache_controls = cache.controls_from(call.body, headers)
+    route, chain = await route_and_admit(call, headers, None, model_of=pick_model, admit_with=admit)
+    await screening.screen_input(call)  # may block, or redact call.body before the cache sees it
+    turn = Turn(call, request, body)
+    hit = await consult_cache(call, route)
+    if hit is not None:
+        return await serve_from_cache(call, hit, turn)
+    if request.stream:
+        return await stream_from_chain(call, chain, ResponsesEvents(turn.shape, turn.keep))
+    completion, headers = await answer_from_chain(call, chain)
+    response = response_from_completion(turn.shape, completion)
+    await turn.keep(response)
+    return Reply(200, headers, orjson.dumps(response))
 
 
 async def serve_from_cache(call: Call, hit: cache.Hit, turn: Turn) -> Reply:

@@ -18,7 +18,7 @@ from pydantic import Discriminator, Field, Tag, ValidationError
 
 from gateway.bodies import check_body
 from gateway.errors import invalid_request
-from gateway.schemas import MAX_INT32, _Strict, integer, json_object, validation_error
+from gateway.schemas import MAX_INT32, Metadata, _Strict, integer, json_object, validation_error
 
 # Strings keyed on, stored or passed on as ids (gateway.bodies.CHAT_IDENTIFIERS, and the id of
 # the response a request continues).
@@ -160,13 +160,7 @@ class ResponsesRequest(_Strict):
     reasoning: Reasoning | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
-    metadata: (
-        Annotated[
-            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
-            Field(max_length=16),
-        ]
-        | None
-    ) = None
+    metadata: Metadata | None = None
     moderation: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
     prompt_cache_options: dict[str, Any] | None = None

@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from gateway import sse
 from gateway.schemas import forwarded
 from gateway.upstream.failures import (
     UpstreamError,
@@ -236,7 +237,7 @@ async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[Event]:
                 if "error" in data and not data.get("choices"):
                     message, _ = error_body(payload)
                     raise UpstreamError(502, "provider_stream_error", message, True, False)
-                yield Event(data, b"data: " + payload + b"\n\n")
+                yield Event(data, sse.frame(payload))
     raise UpstreamError(502, "provider_stream_truncated", "The provider's stream ended without [DONE].", True, False)
 
 

@@ -16,7 +16,7 @@ from billing.models import LedgerEntry
 from gateway.mock_provider import answer_text, prompt_usage
 from gateway.models import BreakerPolicy, ChainEntry, Deployment, ModelAlias, Provider
 from gateway.upstream.breakers import breaker_snapshot
-from tests.conftest import unique, wait_for
+from tests.conftest import TEST_BREAKER, unique, wait_for
 from tests.gateway.test_cache import wait_stored
 
 MODELS = {
@@ -241,18 +241,7 @@ def test_a_translated_answer_is_billed_then_served_from_the_cache(
 
 @pytest.mark.parametrize("kind", ["anthropic", "gemini"])
 def test_a_translated_deployments_failures_open_its_breaker(gateway, api_key, dialect_chain, mock_provider, kind):
-    model, (failing, healthy) = dialect_chain(
-        kind,
-        "openai",
-        window_seconds=30,
-        minimum_calls=3,
-        failure_rate_percent=50,
-        slow_call_seconds=5,
-        slow_rate_percent=50,
-        open_seconds=30,
-        max_open_seconds=60,
-        half_open_probes=1,
-    )
+    model, (failing, healthy) = dialect_chain(kind, "openai", **TEST_BREAKER, minimum_calls=3, half_open_probes=1)
     client = OpenAI(base_url=gateway.base_url, api_key=api_key, max_retries=0, timeout=30, default_headers=NO_CACHE)
     mock_provider.control(failing, error_rate=1.0, error_status=503)
     served = [

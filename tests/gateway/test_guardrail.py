@@ -17,15 +17,12 @@ from gateway.screening.models import ScreeningPolicy
 from sentinel.egress import Allowlist
 from tests.console.conftest import as_user
 from tests.gateway.test_screening_admin import policy_form
-from tests.servers import Listener, scrape_metrics, start_gateway
-
-# 127.0.0.2 plays a public host; 127.0.0.1 (where the listeners that must hear nothing are) is internal.
-PUBLIC = "127.0.0.2"
+from tests.servers import INTERNAL_URLS, PUBLIC_HOST, Listener, egress_refusal, scrape_metrics, start_gateway
 
 
 @pytest.fixture(scope="module")
 def egress_gateway(test_database_name, mock_provider, embedding_model):
-    server = start_gateway(test_database_name, env={"SENTINEL_EGRESS_ALLOW": PUBLIC})
+    server = start_gateway(test_database_name, env={"SENTINEL_EGRESS_ALLOW": PUBLIC_HOST})
     yield server
     server.stop()
 
@@ -45,13 +42,6 @@ def guarded(egress_gateway, make_tenant, make_key, make_model, mock_provider):
         return client, alias, provider, tenant
 
     return make
-
-
-@pytest.fixture
-def internal():
-    listener = Listener("127.0.0.1")
-    yield listener
-    listener.close()
 
 
 def ask(client, alias, prompt: str, *, stream: bool) -> str:
@@ -114,7 +104,7 @@ def test_no_spelling_of_an_internal_guardrail_is_called(guarded, internal, egres
 
 
 def test_an_allowed_guardrails_redirect_to_an_internal_address_is_not_followed(guarded, internal, mock_provider):
-    public = Listener(PUBLIC, status=307, headers={"location": internal.url("/check")})
+    public = Listener(PUBLIC_HOST, status=307, headers={"location": internal.url("/check")})
     try:
         client, alias, provider, _tenant = guarded(public.url("/check"), "closed")
         with pytest.raises(openai.InternalServerError):
@@ -128,7 +118,7 @@ def test_an_allowed_guardrails_redirect_to_an_internal_address_is_not_followed(g
 
 def test_an_allowed_guardrail_is_consulted(guarded, internal, mock_provider):
     """The control: the same gateway does reach a guardrail the guard allows."""
-    public = Listener(PUBLIC)
+    public = Listener(PUBLIC_HOST)
     try:
         client, alias, provider, _ = guarded(public.url("/check"), "closed")
         assert ask(client, alias, "hello there", stream=True)
@@ -145,9 +135,7 @@ def test_an_allowed_guardrail_is_consulted(guarded, internal, mock_provider):
 @pytest.mark.parametrize(
     ("url", "reason"),
     [
-        ("http://169.254.169.254/latest/", "the host 169.254.169.254 is a link-local address 169.254.169.254"),
-        ("http://127.0.0.1:8000/admin/", "the host 127.0.0.1 is a loopback address 127.0.0.1"),
-        ("http://[::1]:6379/", "the host ::1 is a loopback address ::1"),
+        *INTERNAL_URLS,
         ("http://[::ffff:7f00:1]:5432/", "the host ::ffff:7f00:1 is an IPv4-mapped IPv6 address ::ffff:7f00:1"),
         ("http://10.0.0.5/check", "the host 10.0.0.5 is a private address 10.0.0.5"),
         ("http://localhost:8000/check", "localhost is an internal host name"),
@@ -158,10 +146,7 @@ def test_the_console_refuses_an_internal_guardrail_url_naming_why(tenancy, setti
     page = as_user(tenancy.owner).post("/admin/screening/screeningpolicy/add/", policy_form(tenancy.tenant, url))
 
     assert page.status_code == 200
-    assert page.context["adminform"].form.errors["guardrail_url"] == [
-        f"Sentinel does not send requests here: {reason}. An operator can allow a deliberate internal target "
-        "with SENTINEL_EGRESS_ALLOW."
-    ]
+    assert page.context["adminform"].form.errors["guardrail_url"] == [egress_refusal(reason)]
     assert not ScreeningPolicy.objects.filter(tenant=tenancy.tenant).exists()
 
 

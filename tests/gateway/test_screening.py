@@ -246,6 +246,12 @@ PERSONAL_KINDS = ("email", "phone", "payment_card", "iban", "national_id", "ip_a
 LIVE = settings(max_examples=40, deadline=None, derandomize=True, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 
 
+def draw_value(data) -> tuple[str, str]:
+    """A value of some kind, and a context to carry it (`{v}` marks where)."""
+    kind = data.draw(st.sampled_from(sorted(VALUES)), label="kind")
+    return data.draw(VALUES[kind], label="value"), data.draw(screening_values.CONTEXTS, label="context")
+
+
 def messages_with(text: str, where: str) -> list[dict]:
     """A conversation carrying `text` in one place: a user turn, the system prompt, a tool result,
     or an earlier assistant turn's tool-call arguments."""
@@ -283,9 +289,7 @@ def test_nothing_of_a_value_reaches_the_provider(screened, mock_provider):
     @LIVE
     @given(data=st.data())
     def check(data):
-        kind = data.draw(st.sampled_from(sorted(VALUES)), label="kind")
-        value = data.draw(VALUES[kind], label="value")
-        context = data.draw(screening_values.CONTEXTS, label="context")
+        value, context = draw_value(data)
         where = data.draw(st.sampled_from(["user", "system", "tool", "arguments"]), label="where")
         stream = data.draw(st.booleans(), label="stream")
         text = context.format(v=value)
@@ -311,9 +315,7 @@ def test_nothing_of_a_value_reaches_the_client(screened, mock_provider):
     @LIVE
     @given(data=st.data())
     def check(data):
-        kind = data.draw(st.sampled_from(sorted(VALUES)), label="kind")
-        value = data.draw(VALUES[kind], label="value")
-        context = data.draw(screening_values.CONTEXTS, label="context")
+        value, context = draw_value(data)
         text = context.format(v=value)
         prompt = f"[[echo]] {text} (answer {unique('n')})"  # a fresh prompt: never a cache hit
         surrounding = context.replace("{v}", " ")

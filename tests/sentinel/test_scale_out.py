@@ -143,20 +143,10 @@ def test_a_rate_limit_counts_every_gateways_requests_together(fleet, tenant, mak
 
 def test_a_breaker_opened_through_one_gateway_is_open_on_all(fleet, tenant, make_key, make_model, mock_provider):
     from gateway.models import BreakerPolicy, Deployment
-    from tests.conftest import unique
+    from tests.conftest import TEST_BREAKER, unique
 
     alias, (primary, secondary) = make_model(chain_length=2)
-    policy = BreakerPolicy.objects.create(
-        name=unique("policy"),
-        window_seconds=30,
-        minimum_calls=4,
-        failure_rate_percent=50,
-        slow_call_seconds=5,
-        slow_rate_percent=50,
-        open_seconds=30,
-        max_open_seconds=60,
-        half_open_probes=2,
-    )
+    policy = BreakerPolicy.objects.create(name=unique("policy"), **TEST_BREAKER, minimum_calls=4, half_open_probes=2)
     Deployment.objects.filter(name__in=(primary, secondary)).update(breaker_policy=policy)
     key = make_key(tenant)
     mock_provider.control(primary, error_rate=1.0, error_status=503)

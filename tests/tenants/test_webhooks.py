@@ -14,24 +14,14 @@ from sentinel.egress import Allowlist
 from tenants.models import WebhookDelivery, WebhookEndpoint
 from tenants.webhooks import sign, webhook_publish
 from tests.console.conftest import as_user
-from tests.servers import Listener, start_celery_worker
-
-# 127.0.0.2 plays a public host; 127.0.0.1 (where the listeners that must hear nothing are) is internal.
-PUBLIC = "127.0.0.2"
+from tests.servers import INTERNAL_URLS, PUBLIC_HOST, Listener, egress_refusal, start_celery_worker
 
 
 @pytest.fixture(scope="module")
 def egress_worker(test_database_name):
-    worker = start_celery_worker(test_database_name, env={"SENTINEL_EGRESS_ALLOW": PUBLIC}, name="egress")
+    worker = start_celery_worker(test_database_name, env={"SENTINEL_EGRESS_ALLOW": PUBLIC_HOST}, name="egress")
     yield worker
     worker.stop()
-
-
-@pytest.fixture
-def internal():
-    listener = Listener("127.0.0.1")
-    yield listener
-    listener.close()
 
 
 def endpoint_at(tenant, url: str) -> WebhookEndpoint:
@@ -76,7 +66,7 @@ def test_a_webhook_to_an_internal_address_is_never_sent(egress_worker, tenant, i
 
 
 def test_an_allowed_endpoints_redirect_to_an_internal_address_is_not_followed(egress_worker, tenant, internal):
-    public = Listener(PUBLIC, status=302, headers={"location": internal.url("/hook")})
+    public = Listener(PUBLIC_HOST, status=302, headers={"location": internal.url("/hook")})
     endpoint = endpoint_at(tenant, public.url("/hook"))
     try:
         delivery = delivery_after_first_attempt(endpoint)
@@ -91,7 +81,7 @@ def test_an_allowed_endpoints_redirect_to_an_internal_address_is_not_followed(eg
 
 def test_an_allowed_endpoint_gets_the_signed_delivery(egress_worker, tenant, internal):
     """The control: the same worker does deliver where the guard allows."""
-    public = Listener(PUBLIC)
+    public = Listener(PUBLIC_HOST)
     endpoint = endpoint_at(tenant, public.url("/hook"))
     try:
         delivery = delivery_after_first_attempt(endpoint)
@@ -111,9 +101,7 @@ def test_an_allowed_endpoint_gets_the_signed_delivery(egress_worker, tenant, int
 @pytest.mark.parametrize(
     ("url", "reason"),
     [
-        ("http://169.254.169.254/latest/", "the host 169.254.169.254 is a link-local address 169.254.169.254"),
-        ("http://127.0.0.1:8000/admin/", "the host 127.0.0.1 is a loopback address 127.0.0.1"),
-        ("http://[::1]:6379/", "the host ::1 is a loopback address ::1"),
+        *INTERNAL_URLS,
         ("http://192.168.1.20:9000/hook", "the host 192.168.1.20 is a private address 192.168.1.20"),
         ("http://100.64.0.7/hook", "the host 100.64.0.7 is a shared (CGNAT) address 100.64.0.7"),
         ("http://metadata.google.internal/", "metadata.google.internal is an internal host name"),
@@ -127,10 +115,7 @@ def test_the_console_refuses_an_internal_webhook_url_naming_why(tenancy, setting
     page = as_user(tenancy.owner).post("/admin/tenants/webhookendpoint/add/", form)
 
     assert page.status_code == 200
-    assert page.context["adminform"].form.errors["url"] == [
-        f"Sentinel does not send requests here: {reason}. An operator can allow a deliberate internal target "
-        "with SENTINEL_EGRESS_ALLOW."
-    ]
+    assert page.context["adminform"].form.errors["url"] == [egress_refusal(reason)]
     assert not WebhookEndpoint.objects.filter(tenant=tenancy.tenant).exists()
 
 

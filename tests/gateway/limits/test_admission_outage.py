@@ -27,6 +27,13 @@ def own_redis(tmp_path):
         server.stop()
 
 
+def tenants_by_outage_policy(make_tenant, make_key) -> tuple[Tenant, Tenant, str, str]:
+    """A tenant that fails open (its key: 3 requests a minute) and one that fails closed, and their keys."""
+    open_tenant = make_tenant(on_redis_outage=Tenant.RedisOutage.FAIL_OPEN)
+    closed_tenant = make_tenant(on_redis_outage=Tenant.RedisOutage.FAIL_CLOSED)
+    return open_tenant, closed_tenant, make_key(open_tenant, requests_per_minute=3), make_key(closed_tenant)
+
+
 def test_redis_outage_follows_each_tenants_policy(
     test_database_name, own_redis, make_tenant, make_key, make_model, live_db
 ):
@@ -34,10 +41,7 @@ def test_redis_outage_follows_each_tenants_policy(
     gateway = start_gateway(test_database_name, env={"REDIS_URL": f"redis://127.0.0.1:{port}/0"})
     try:
         model, _ = make_model()
-        open_tenant = make_tenant(on_redis_outage=Tenant.RedisOutage.FAIL_OPEN)
-        closed_tenant = make_tenant(on_redis_outage=Tenant.RedisOutage.FAIL_CLOSED)
-        open_key = make_key(open_tenant, requests_per_minute=3)
-        closed_key = make_key(closed_tenant)
+        open_tenant, closed_tenant, open_key, closed_key = tenants_by_outage_policy(make_tenant, make_key)
         url = f"{gateway.base_url}/chat/completions"
 
         def ask(key: str, i: int) -> httpx.Response:
@@ -124,10 +128,7 @@ def test_a_stalled_redis_is_not_waited_for_and_recovery_is_immediate(
         gateway = start_gateway(test_database_name, env={"REDIS_URL": proxy.url})
         try:
             model, _ = make_model()
-            open_tenant = make_tenant(on_redis_outage=Tenant.RedisOutage.FAIL_OPEN)
-            closed_tenant = make_tenant(on_redis_outage=Tenant.RedisOutage.FAIL_CLOSED)
-            open_key = make_key(open_tenant, requests_per_minute=3)
-            closed_key = make_key(closed_tenant)
+            open_tenant, closed_tenant, open_key, closed_key = tenants_by_outage_policy(make_tenant, make_key)
             open_log = redis_keys.rate_log(f"key:{VirtualKey.objects.get(tenant=open_tenant).pk}", "rpm")
             url = f"{gateway.base_url}/chat/completions"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import replace
 
 import httpx
 
@@ -13,6 +12,7 @@ from gateway.models import ChainEntry
 from gateway.upstream.balancing import Balancer, Estimate
 from gateway.upstream.routing import Target
 from sentinel.localstate import announce_change
+from tests.gateway.upstream.targets import target as plain_target
 
 
 def served_by(gateway, key: str, model: str, count: int, prompt: str) -> list[str]:
@@ -46,7 +46,7 @@ def test_traffic_follows_the_faster_deployment(gateway, api_key, make_model, moc
 
 
 def target(deployment_id: int, weight: int = 1) -> Target:
-    return replace(TEMPLATE, deployment_id=deployment_id, deployment=f"d{deployment_id}", weight=weight)
+    return plain_target(deployment_id=deployment_id, deployment=f"d{deployment_id}", weight=weight)
 
 
 def test_weights_stay_the_priors_among_equally_fast_deployments():
@@ -63,23 +63,3 @@ def test_weights_stay_the_priors_among_equally_fast_deployments():
     assert {balancer.order([heavy, light], rng)[0].deployment_id for _ in range(50)} == {2}
     balancer.estimates[2].in_flight = 20  # fast, but busy: 20 calls of this process in flight
     assert balancer.cost(light, now=now) > balancer.cost(heavy, now=now)
-
-
-TEMPLATE = Target(
-    deployment_id=0,
-    deployment="d",
-    provider="p",
-    provider_kind="openai",
-    litellm_model="openai/gpt-4o-mini",
-    api_base=None,
-    api_key=None,
-    timeout=60.0,
-    first_token_timeout=20.0,
-    weight=1,
-    position=0,
-    litellm_params=(),
-    fast=None,
-    policy=None,  # type: ignore[arg-type]
-    forced_state="",
-    max_retries=1,
-)

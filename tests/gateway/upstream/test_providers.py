@@ -23,6 +23,7 @@ from gateway.schemas import CHAT_PARAMETERS
 from gateway.upstream import providers
 from gateway.upstream.routing import Target
 from tests.conftest import unique
+from tests.gateway.upstream.targets import target as plain_target
 from tests.servers import Listener
 
 ANTHROPIC_MODEL = "anthropic/claude-3-5-haiku-20241022"
@@ -280,24 +281,14 @@ def test_litellm_fetches_no_image_from_an_internal_address(gateway, tenant, make
 
 
 def target(litellm_model: str, api_base: str | None, api_key: str | None) -> Target:
-    from gateway.upstream.breakers import DEFAULT_POLICY
-
-    return Target(
+    return plain_target(
         deployment_id=1,
-        deployment="d",
-        provider="p",
         provider_kind="anthropic",
         litellm_model=litellm_model,
         api_base=api_base,
         api_key=api_key,
         timeout=10.0,
         first_token_timeout=5.0,
-        weight=1,
-        position=0,
-        litellm_params=(),
-        fast=None,
-        policy=DEFAULT_POLICY,
-        forced_state="",
         max_retries=0,
     )
 
