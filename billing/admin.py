@@ -13,6 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html
+from unfold.contrib.filters.admin import TextFilter
 
 from billing.exports import (
     cell_text,
@@ -98,6 +99,18 @@ class PriceAdmin(OperatorOnlyAdmin):
         return super().has_delete_permission(request, obj)
 
 
+class EndUserFilter(TextFilter):
+    """One end user's requests (the request's `user`, exactly as the app sent it): an exact match,
+    which the ledger's end-user index answers at any size, where a substring search would scan."""
+
+    title = "user"
+    parameter_name = "end_user"
+
+    def queryset(self, request, queryset):
+        value = (self.value() or "").strip()
+        return queryset.filter(end_user=value) if value else queryset
+
+
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
     """The request log: a tenant's admins and finance see their tenant's requests, filter them and
@@ -109,6 +122,7 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
         "request_id",
         "tenant",
         "model_requested",
+        "end_user",
         "provider",
         "status_code",
         "prompt_tokens",
@@ -122,6 +136,7 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
         "cache_tier",
         ("key", admin.RelatedOnlyFieldListFilter),
         "model_requested",
+        EndUserFilter,
         "provider",
         TenantFilter,
     ]

@@ -82,6 +82,7 @@ class LedgerRecord:
     route_reason: str = ""
     escalated_from: str = ""
     screening: dict | None = None  # checks that ran, fired and what was done (gateway.screening), never text
+    end_user: str = ""  # the request's `user`: the app's own name for whom it asked (gateway.pipeline)
 
     def encode(self) -> bytes:
         # orjson serializes dataclasses itself, much faster than through asdict(): this is on the request path.

@@ -5,7 +5,10 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
+
+END_USER_LENGTH = 256
 
 
 class Price(models.Model):
@@ -75,12 +78,25 @@ class LedgerEntry(models.Model):
     screening = models.JSONField(
         null=True, blank=True, help_text="Safety screening: checks that ran, what fired and what was done (no text)."
     )
+    end_user = models.CharField(
+        "user",
+        max_length=END_USER_LENGTH,
+        blank=True,
+        db_default="",
+        help_text="The request's `user`: the app's identifier of whom it asked for (as the app sent it, cut at 256).",
+    )
 
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "ledger entry"
         verbose_name_plural = "ledger entries"
-        indexes = [models.Index(fields=["tenant", "created_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "created_at"]),
+            # The request log filtered by one user; most requests name none, so those stay out of it.
+            models.Index(
+                fields=["tenant", "end_user", "created_at"], name="ledger_end_user", condition=~Q(end_user="")
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.model_requested} {self.status_code}"

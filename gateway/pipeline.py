@@ -30,6 +30,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from billing.ledger import LedgerRecord, hand_off
+from billing.models import END_USER_LENGTH
 from billing.money import ZERO, format_usd, request_cost
 from billing.prices import aprice_at
 from gateway import metrics, requestlog, sse
@@ -945,6 +946,8 @@ def ledger_record(
         route_reason=call.route.reason if call.route else "",
         escalated_from=call.escalated_from.deployment if call.escalated_from else "",
         screening=screening.summary(call),
+        # Every dialect's request has OpenAI's `user` (Messages' metadata.user_id becomes it).
+        end_user=(getattr(call.request, "user", None) or "")[:END_USER_LENGTH],
     )
     if call.queued is not None:
         record.id = call.queued.record_id
