@@ -22,6 +22,7 @@ from sentinel.console.live import live_publish
 from tenants.models import Budget, VirtualKey
 from tests.billing.conftest import drain_all, hand_off_all, record
 from tests.conftest import CHROMIUM, off_the_browser_loop, require_chromium, screenshot, unique
+from tests.console.conftest import sign_in
 
 pytestmark = pytest.mark.browser
 
@@ -34,14 +35,6 @@ def test_without_chromium_browser_tests_skip_or_in_ci_fail(tmp_path):
         require_chromium(missing, required=True)
     if CHROMIUM.exists():
         require_chromium(CHROMIUM, required=True)  # present: neither
-
-
-def sign_in(page, gateway, user, password: str) -> None:
-    page.goto(f"{gateway.url}/admin/login/")
-    page.fill("#id_username", user.get_username())
-    page.fill("#id_password", password)
-    page.click("[type=submit]")  # Unfold: a <button>
-    page.wait_for_selector("#nav-sidebar-inner")  # signed in: the sidebar
 
 
 def chat(gateway, secret: str, model: str) -> httpx.Response:
