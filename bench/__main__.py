@@ -37,6 +37,7 @@ REGISTRY = [
     Scenario("balancing", "bench.balancing", "two deployments, one slowing: round-robin vs weighted vs P2C peak-EWMA"),
     Scenario("tokens", "bench.tokens", "prompt bounds for reservations: short chat, 3,000 characters a script, tools"),
     Scenario("redis_stall", "bench.redis_stall", "Valkey stalls mid-run: added latency, fail open/closed, recovery"),
+    Scenario("console", "bench.console", "console lists and dashboard at 1M keys and 1M ledger rows: server time"),
     Scenario("profile", "bench.profile", "py-spy flame graphs of a web worker at c=32 (on demand)", in_all=False),
 ]
 BY_NAME = {s.name: s for s in REGISTRY}

@@ -255,6 +255,12 @@ class VirtualKey(Limits):
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "virtual key"
+        # The key list's order (the admin adds -id), for one tenant's admin and for operators: a page
+        # is read from the index instead of sorting every key (seconds at a million).
+        indexes = [
+            models.Index(fields=["tenant", "-created_at", "-id"], name="key_list_by_tenant"),
+            models.Index(fields=["-created_at", "-id"], name="key_list"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
@@ -387,6 +393,7 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [models.Index(fields=["-created_at", "-id"], name="delivery_list")]  # the delivery log's order
         verbose_name_plural = "webhook deliveries"
 
     def __str__(self) -> str:
