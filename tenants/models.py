@@ -6,8 +6,10 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex, OpClass
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models.functions import Upper
 from django.utils import timezone
 
 
@@ -260,6 +262,9 @@ class VirtualKey(Limits):
         indexes = [
             models.Index(fields=["tenant", "-created_at", "-id"], name="key_list_by_tenant"),
             models.Index(fields=["-created_at", "-id"], name="key_list"),
+            # The key list's search (Django's icontains: UPPER(column) LIKE '%...%'), by trigrams.
+            GinIndex(OpClass(Upper("name"), name="gin_trgm_ops"), name="key_name_search"),
+            GinIndex(OpClass(Upper("prefix"), name="gin_trgm_ops"), name="key_prefix_search"),
         ]
 
     def __str__(self) -> str:

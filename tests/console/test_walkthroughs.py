@@ -1,12 +1,14 @@
 """Issue #20's acceptance, in a real browser (Debian's chromium, driven by Playwright) against a real
 gateway process: a tenant admin from an empty tenant to a working key that shows in the dashboard's
-charts, and a finance user from the request log (filtered, exported) to a monthly statement whose
-total is the sum of what the requests cost, as the gateway told the client."""
+charts (its secret shown once, then revoked), and a finance user from the request log (filtered,
+exported) to a monthly statement whose total is the sum of what the requests cost, as the gateway
+told the client."""
 
 from __future__ import annotations
 
 import csv
 import io
+import time
 from decimal import Decimal
 
 import openai
@@ -33,6 +35,7 @@ def ask(gateway, secret: str, model: str, user: str, text: str = "hello"):
 
 
 def test_a_tenant_admin_goes_from_an_empty_tenant_to_a_working_key_in_the_charts(browser, gateway, tenancy, make_model):
+    """...and on to its revocation, which every gateway process honours within a second."""
     t = tenancy
     offered, _ = make_model()
     other, _ = make_model()
@@ -54,6 +57,11 @@ def test_a_tenant_admin_goes_from_an_empty_tenant_to_a_working_key_in_the_charts
         page.click("#copy-secret")
         page.wait_for_selector("#copy-status:has-text('Copied.')")
         assert page.evaluate("navigator.clipboard.readText()") == secret
+        screenshot(page, "console-key-secret")
+        page.reload()  # a reload shows the secret no more and makes no second key
+        page.wait_for_selector("#key-secret-gone")
+        assert secret not in page.content()
+        assert off_the_browser_loop(VirtualKey.objects.filter(tenant=t.tenant).count) == 1
 
         answered = ask(gateway, secret, offered, end_user)
         assert answered.http_response.status_code == 200 and answered.parse().choices[0].message.content
@@ -80,10 +88,31 @@ def test_a_tenant_admin_goes_from_an_empty_tenant_to_a_working_key_in_the_charts
         assert lines("chart-keys") == [[name, float(cost)]]
         screenshot(page, "console-walkthrough-admin")
 
+        page.goto(f"{gateway.url}/admin/tenants/virtualkey/")
+        page.click(f"#result_list a:has-text('{name}')")
+        page.wait_for_selector("#revoke-key")
+        assert secret not in page.content()  # shown once: never again
+        page.click("#revoke-key")
+        page.click("#confirm-revoke")
+        revoked = time.monotonic()
+        page.wait_for_selector("text=is revoked")
+        while True:
+            try:
+                ask(gateway, secret, offered, end_user)
+            except openai.AuthenticationError as refused_key:
+                assert refused_key.code == "invalid_api_key"
+                break
+            assert time.monotonic() - revoked < 1.0, "the gateway still accepts a revoked key"
+            time.sleep(0.05)
+        assert time.monotonic() - revoked < 1.0
+        page.goto(f"{gateway.url}/admin/tenants/virtualkey/")
+        assert name in page.content() and secret not in page.content()
+        screenshot(page, "console-keys")
+
     key = VirtualKey.objects.get(tenant=t.tenant)
-    assert (key.name, key.allowed_models, key.created_by_id) == (name, [offered], t.owner.pk)
-    entry = LedgerEntry.objects.get(key=key, status_code=200)
-    assert (entry.end_user, entry.model_requested, entry.cost_usd) == (end_user, offered, cost)
+    assert (key.name, key.allowed_models, key.created_by_id, key.status) == (name, [offered], t.owner.pk, "revoked")
+    entry = LedgerEntry.objects.get(request_id=answered.headers["x-sentinel-request-id"])
+    assert (entry.key_id, entry.end_user, entry.model_requested, entry.cost_usd) == (key.pk, end_user, offered, cost)
 
 
 def downloaded(page, selector: str) -> list[list[str]]:
