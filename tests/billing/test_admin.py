@@ -340,6 +340,21 @@ def test_the_request_log_filters_by_utc_days_and_reads_the_ledger_only_for_its_r
     assert not [sql for sql in ledger_reads if "DISTINCT" in sql]
 
 
+def test_the_request_log_counts_its_rows_only_up_to_a_cap(spend_data, monkeypatch):
+    """Past the cap the list says "more than" instead of counting every row of a big ledger."""
+    from sentinel.console.scoping import CappedCountPaginator
+
+    finance = as_user(spend_data.tenancy.finance)
+    mine = LedgerEntry.objects.filter(tenant=spend_data.tenancy.tenant).count()
+    assert finance.get(LOG).context["cl"].result_count == mine  # under the cap: exact
+    monkeypatch.setattr(CappedCountPaginator, "CAP", mine - 1)
+    page = finance.get(LOG)
+    assert page.context["cl"].result_count == mine  # counted to the cap and one more
+    assert f"more than {mine - 1}" in " ".join(page.content.decode().split())
+    monkeypatch.setattr(CappedCountPaginator, "CAP", mine)
+    assert "more than" not in as_user(spend_data.tenancy.finance).get(LOG).content.decode()
+
+
 # --- monthly statements ---------------------------------------------------------------------------
 
 STATEMENT = "/admin/billing/spendreport/statement/"
