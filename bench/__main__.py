@@ -39,6 +39,7 @@ REGISTRY = [
     Scenario("tokens", "bench.tokens", "prompt bounds for reservations: short chat, 3,000 characters a script, tools"),
     Scenario("capacity", "bench.capacity", "CPU, Valkey commands, PostgreSQL writes a request; parts for 1k-100k/s"),
     Scenario("redis_stall", "bench.redis_stall", "Valkey stalls mid-run: added latency, fail open/closed, recovery"),
+    Scenario("console", "bench.console", "console lists and dashboard at 1M keys and 1M ledger rows: server time"),
     Scenario("profile", "bench.profile", "py-spy flame graphs of a web worker at c=32 (on demand)", in_all=False),
 ]
 BY_NAME = {s.name: s for s in REGISTRY}

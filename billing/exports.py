@@ -186,6 +186,7 @@ REQUEST_LOG_COLUMNS = [
     "tenant",
     "key_id",
     "key_name",
+    "end_user",
     "model_requested",
     "model_served",
     "provider",

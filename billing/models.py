@@ -5,7 +5,10 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
+
+END_USER_LENGTH = 256
 
 
 def _kind_price(help_text: str) -> models.DecimalField:
@@ -104,7 +107,11 @@ class LedgerEntry(models.Model):
     )
     # Rows inserted by a version without these columns (a rolling deploy's old workers) get "".
     end_user = models.CharField(
-        max_length=256, blank=True, db_default="", help_text="The end user the app named (OpenAI's `user` field)."
+        "user",
+        max_length=END_USER_LENGTH,
+        blank=True,
+        db_default="",
+        help_text="The end user the app named (OpenAI's `user` field; Messages' metadata.user_id).",
     )
     session_id = models.CharField(
         max_length=256, blank=True, db_default="", help_text="The session the app named (x-sentinel-session)."
@@ -123,6 +130,10 @@ class LedgerEntry(models.Model):
             ),
             models.Index(
                 fields=["key", "session_id", "created_at"], name="ledger_session", condition=~models.Q(session_id="")
+            ),
+            # The request log filtered by one user, across the tenant's keys.
+            models.Index(
+                fields=["tenant", "end_user", "created_at"], name="ledger_tenant_end_user", condition=~Q(end_user="")
             ),
         ]
 

@@ -115,6 +115,7 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
 INSTALLED_APPS = [
     # Unfold (the console's theme) before the admin: its templates and widgets take precedence.
     "unfold.apps.BasicAppConfig",  # templates and widgets only: the site stays ConsoleSite
+    "unfold.contrib.filters",  # its text filter's template (the request log's user)
     "sentinel.console.apps.ConsoleAdminConfig",  # Django's admin, on the console's own site (dashboard, circuits)
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -6,8 +6,10 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex, OpClass
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models.functions import Upper
 from django.utils import timezone
 
 
@@ -272,6 +274,15 @@ class VirtualKey(Limits):
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "virtual key"
+        # The key list's order (the admin adds -id), for one tenant's admin and for operators: a page
+        # is read from the index instead of sorting every key (seconds at a million).
+        indexes = [
+            models.Index(fields=["tenant", "-created_at", "-id"], name="key_list_by_tenant"),
+            models.Index(fields=["-created_at", "-id"], name="key_list"),
+            # The key list's search (Django's icontains: UPPER(column) LIKE '%...%'), by trigrams.
+            GinIndex(OpClass(Upper("name"), name="gin_trgm_ops"), name="key_name_search"),
+            GinIndex(OpClass(Upper("prefix"), name="gin_trgm_ops"), name="key_prefix_search"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
@@ -453,6 +464,7 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [models.Index(fields=["-created_at", "-id"], name="delivery_list")]  # the delivery log's order
         verbose_name_plural = "webhook deliveries"
 
     def __str__(self) -> str:

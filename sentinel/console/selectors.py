@@ -30,6 +30,7 @@ WINDOWS = {
 }
 STEPS = {"minute": timedelta(minutes=1), "hour": timedelta(hours=1), "day": timedelta(days=1)}
 TOP = 10
+DRAWN = 5  # keys and models drawn over time: the busiest of the top ones
 DEFAULT_WINDOW = "24h"
 PERCENTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 
@@ -123,6 +124,10 @@ class Dashboard:
     spend: list[TenantSpend] | None = None  # None: the user may not see spend here
     top_keys: list[dict] = field(default_factory=list)  # name, tenant, requests, errors, cost_usd
     top_models: list[dict] = field(default_factory=list)
+    top_users: list[dict] = field(default_factory=list)  # the requests' `user`, as apps name their users
+    # The busiest keys' and models' requests and cost per bucket: [{name, requests: [...], cost_usd: [...]}]
+    keys_over_time: list[dict] = field(default_factory=list)
+    models_over_time: list[dict] = field(default_factory=list)
     spend_totals: dict = field(default_factory=dict)
 
     @property
@@ -143,26 +148,65 @@ def _entries(tenant_ids: Sequence[int] | None, since: datetime, until: datetime)
     return entries.order_by()
 
 
-def _series(entries: QuerySet[LedgerEntry], since: datetime, until: datetime, unit: str) -> list[dict]:
-    """Requests and failures per minute or hour, every bucket present (zeros included)."""
-    rows = {
-        row["bucket"]: row
-        for row in entries.annotate(bucket=Trunc("created_at", unit, tzinfo=UTC))
-        .values("bucket")
-        .annotate(requests=Count("id"), errors=Count("id", filter=FAILED))
-    }
-    step = STEPS[unit]
+def _buckets(since: datetime, until: datetime, unit: str) -> list[datetime]:
+    """Every bucket of the window, from the one holding `since` (UTC minutes, hours or days)."""
     bucket = since.astimezone(UTC).replace(second=0, microsecond=0)
     if unit in ("hour", "day"):
         bucket = bucket.replace(minute=0)
     if unit == "day":
         bucket = bucket.replace(hour=0)
-    series = []
+    buckets = []
     while bucket < until:
+        buckets.append(bucket)
+        bucket += STEPS[unit]
+    return buckets
+
+
+def _series(entries: QuerySet[LedgerEntry], since: datetime, until: datetime, unit: str) -> list[dict]:
+    """Requests, failures and cost per bucket, every bucket present (zeros included)."""
+    rows = {
+        row["bucket"]: row
+        for row in entries.annotate(bucket=Trunc("created_at", unit, tzinfo=UTC))
+        .values("bucket")
+        .annotate(requests=Count("id"), errors=Count("id", filter=FAILED), cost_usd=Sum("cost_usd"))
+    }
+    series = []
+    for bucket in _buckets(since, until, unit):
         row = rows.get(bucket, {})
-        series.append({"at": bucket.isoformat(), "requests": row.get("requests", 0), "errors": row.get("errors", 0)})
-        bucket += step
+        series.append(
+            {
+                "at": bucket.isoformat(),
+                "requests": row.get("requests", 0),
+                "errors": row.get("errors", 0),
+                "cost_usd": row.get("cost_usd") or ZERO,
+            }
+        )
     return series
+
+
+def _over_time(
+    entries: QuerySet[LedgerEntry], field_name: str, lines: dict, since: datetime, until: datetime, unit: str
+) -> list[dict]:
+    """Requests and cost per bucket of each value of `field_name` in `lines` ({value: label}), in the
+    order given, every bucket present."""
+    if not lines:
+        return []
+    buckets = {bucket: i for i, bucket in enumerate(_buckets(since, until, unit))}
+    drawn = {
+        value: {"name": label, "requests": [0] * len(buckets), "cost_usd": [ZERO] * len(buckets)}
+        for value, label in lines.items()
+    }
+    rows = (
+        entries.filter(**{f"{field_name}__in": list(lines)})
+        .annotate(bucket=Trunc("created_at", unit, tzinfo=UTC))
+        .values("bucket", field_name)
+        .annotate(requests=Count("id"), cost_usd=Sum("cost_usd"))
+    )
+    for row in rows:
+        line, i = drawn[row[field_name]], buckets[row["bucket"]]
+        line["requests"][i] = row["requests"]
+        line["cost_usd"][i] = row["cost_usd"] or ZERO
+    return list(drawn.values())
 
 
 def _top(entries: QuerySet[LedgerEntry], *fields: str) -> list[dict]:
@@ -243,6 +287,8 @@ def dashboard(
             "today": sum((s.today for s in spend), ZERO),
             "month": sum((s.month for s in spend), ZERO),
         }
+    top_keys = _top(entries.exclude(key=None), "key_id", "key__name", "tenant__name")
+    top_models = _top(entries, "model_requested")
     return Dashboard(
         window=window,
         since=since,
@@ -251,8 +297,20 @@ def dashboard(
         series=_series(entries, since, until, unit),
         providers=_providers(entries),
         spend=spend,
-        top_keys=_top(entries.exclude(key=None), "key__name", "tenant__name"),
-        top_models=_top(entries, "model_requested"),
+        top_keys=top_keys,
+        top_models=top_models,
+        top_users=_top(entries.exclude(end_user=""), "end_user", "tenant__name"),
+        keys_over_time=_over_time(
+            entries, "key_id", {row["key_id"]: row["key__name"] for row in top_keys[:DRAWN]}, since, until, unit
+        ),
+        models_over_time=_over_time(
+            entries,
+            "model_requested",
+            {row["model_requested"]: row["model_requested"] for row in top_models[:DRAWN]},
+            since,
+            until,
+            unit,
+        ),
         spend_totals=spend_totals,
     )
 

@@ -32,10 +32,25 @@ def _money(value) -> str | None:
 def chart_data(data: Dashboard, tenant: Tenant | None) -> dict:
     """What the page's charts draw (money as exact decimal strings)."""
     totals = data.totals
+    money = data.spend is not None
+
+    def drawn(line: dict) -> dict:
+        shown = {"name": line["name"], "requests": line["requests"]}
+        if money:
+            shown["cost_usd"] = [format_usd(cost) for cost in line["cost_usd"]]
+        return shown
+
     return {
         "tenant": tenant.slug if tenant else None,
         "window": data.window,
-        "series": data.series,
+        "series": [
+            {**point, "cost_usd": format_usd(point["cost_usd"])}
+            if money
+            else {name: value for name, value in point.items() if name != "cost_usd"}
+            for point in data.series
+        ],
+        "keys": [drawn(line) for line in data.keys_over_time],
+        "models": [drawn(line) for line in data.models_over_time],
         "latency": {name: totals[name] for name in ("p50", "p95", "p99")},
         "cache": {"exact": totals["exact_hits"], "semantic": totals["semantic_hits"], "miss": totals["misses"]},
         "providers": [

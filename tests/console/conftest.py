@@ -20,6 +20,15 @@ from tenants.services import key_create
 from tests.conftest import unique
 
 
+def sign_in(page, gateway, user, password: str) -> None:
+    """Signs `user` in to the console in a browser page (tests/console/test_browser.py)."""
+    page.goto(f"{gateway.url}/admin/login/")
+    page.fill("#id_username", user.get_username())
+    page.fill("#id_password", password)
+    page.click("[type=submit]")  # Unfold: a <button>
+    page.wait_for_selector("#nav-sidebar-inner")  # signed in: the sidebar
+
+
 def as_user(user) -> Client:
     web = Client()
     web.force_login(user)

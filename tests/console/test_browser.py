@@ -1,8 +1,8 @@
 """The console in a real browser (Debian's chromium, driven by Playwright) against a real gateway
-process: a tenant admin's key from creation to revocation, the dashboard's charts and live panel,
-the live circuit view following a failing provider without a reload, and a member's two-factor
-enrolment and sign-in. Screenshots go to tests/artifacts/ (docs/ holds copies of the dashboard's
-and the circuit view's)."""
+process: the dashboard's charts and live panel, the live circuit view following a failing provider
+without a reload, and a member's two-factor enrolment and sign-in (a key from creation to revocation
+is in test_walkthroughs.py). Screenshots go to tests/artifacts/ (docs/ holds copies of the
+dashboard's and the circuit view's)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from billing.money import format_usd
 from gateway.models import BreakerPolicy, Deployment
 from gateway.upstream.load import sample_deployments
 from sentinel.console.live import live_publish
-from tenants.models import Budget, VirtualKey
+from tenants.models import Budget
 from tests.billing.conftest import drain_all, hand_off_all, record
 from tests.conftest import CHROMIUM, off_the_browser_loop, require_chromium, screenshot, unique
+from tests.console.conftest import sign_in
 
 pytestmark = pytest.mark.browser
 
@@ -36,14 +37,6 @@ def test_without_chromium_browser_tests_skip_or_in_ci_fail(tmp_path):
         require_chromium(CHROMIUM, required=True)  # present: neither
 
 
-def sign_in(page, gateway, user, password: str) -> None:
-    page.goto(f"{gateway.url}/admin/login/")
-    page.fill("#id_username", user.get_username())
-    page.fill("#id_password", password)
-    page.click("[type=submit]")  # Unfold: a <button>
-    page.wait_for_selector("#nav-sidebar-inner")  # signed in: the sidebar
-
-
 def chat(gateway, secret: str, model: str) -> httpx.Response:
     return httpx.post(
         f"{gateway.base_url}/chat/completions",
@@ -51,49 +44,6 @@ def chat(gateway, secret: str, model: str) -> httpx.Response:
         json={"model": model, "messages": [{"role": "user", "content": "hello"}]},
         timeout=30,
     )
-
-
-def test_a_tenant_admin_creates_a_key_sees_its_secret_once_and_revokes_it(browser, gateway, tenancy, model):
-    alias, _ = model
-    t = tenancy
-    name = unique("browser-key")
-    with browser(permissions=["clipboard-read", "clipboard-write"]) as page:
-        sign_in(page, gateway, t.owner, t.password)
-        page.goto(f"{gateway.url}/admin/tenants/virtualkey/add/")
-        assert page.input_value("#id_tenant") == str(t.tenant.pk)  # the one tenant they manage
-        page.fill("#id_name", name)
-        page.click("[name=_save]")
-
-        secret = page.inner_text("#key-secret").strip()
-        assert secret.startswith("sk-sen-")
-        page.click("#copy-secret")
-        page.wait_for_selector("#copy-status:has-text('Copied.')")
-        assert page.evaluate("navigator.clipboard.readText()") == secret
-        screenshot(page, "console-key-secret")
-        assert chat(gateway, secret, alias).status_code == 200
-
-        page.reload()  # a reload shows the secret no more and makes no second key
-        page.wait_for_selector("#key-secret-gone")
-        assert secret not in page.content()
-        assert off_the_browser_loop(VirtualKey.objects.filter(name=name).count) == 1
-        page.click("text=Go to the key")
-        page.wait_for_selector("#revoke-key")
-        assert secret not in page.content()  # shown once: never again
-        page.click("#revoke-key")
-        page.click("#confirm-revoke")
-        revoked = time.monotonic()
-        page.wait_for_selector("text=is revoked")
-        while (response := chat(gateway, secret, alias)).status_code != 401:
-            assert time.monotonic() - revoked < 1.0, "the gateway still accepts a revoked key"
-            time.sleep(0.05)
-        assert response.json()["error"]["code"] == "invalid_api_key"
-        assert time.monotonic() - revoked < 1.0
-        page.goto(f"{gateway.url}/admin/tenants/virtualkey/")
-        assert name in page.content() and secret not in page.content()
-        screenshot(page, "console-keys")
-
-    key = off_the_browser_loop(VirtualKey.objects.get, name=name)
-    assert (key.tenant_id, key.status, key.created_by_id) == (t.tenant.pk, "revoked", t.owner.pk)
 
 
 def seed_traffic(tenant, now) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import unique
 from tests.console.conftest import as_user
 
 OVERVIEW = ["Dashboard", "Models and prices"]
@@ -89,3 +90,20 @@ def test_a_signed_in_page_offers_the_dark_theme(tenancy):
     page = as_user(tenancy.owner).get("/admin/dashboard/").content.decode()
     assert 'x-data="theme(' in page  # Unfold's light/dark/auto switch, kept in the browser
     assert "console/console.css" in page
+
+
+def test_a_list_builds_its_column_headers_once_not_once_a_row(tenancy, monkeypatch):
+    """The key list's headers (three query strings a column) are built once per page: Unfold built
+    them again for every row, 40% of a 100-row page's CPU."""
+    from django.contrib.admin.views.main import ChangeList
+
+    from tenants.services import key_create
+
+    for _ in range(3):
+        key_create(tenant=tenancy.tenant, name=unique("row"))
+    built = []
+    ordering_columns = ChangeList.get_ordering_field_columns  # read once for each time headers are built
+    monkeypatch.setattr(ChangeList, "get_ordering_field_columns", lambda cl: built.append(1) or ordering_columns(cl))
+    page = as_user(tenancy.owner).get("/admin/tenants/virtualkey/")
+    assert page.status_code == 200 and page.context["cl"].result_count == 3
+    assert len(built) == 1

@@ -120,9 +120,10 @@ def test_models_and_prices_show_what_a_tenant_may_call(tenancy):
     assert as_user(tenancy.viewer).get("/admin/models/", {"tenant": tenancy.other.slug}).status_code == 404
 
 
-def test_longer_windows_and_the_busiest_keys_and_models(tenancy):
-    """Seven and thirty days, a bucket a UTC day; the busiest keys and models of the window with
-    their requests, failures and exact cost, the tenant's own only."""
+def test_longer_windows_and_the_busiest_keys_models_and_users(tenancy):
+    """Seven and thirty days, a bucket a UTC day; the busiest keys, models and end users of the
+    window with their requests, failures and exact cost, and the busiest keys' and models' requests
+    and spend day by day, the tenant's own only."""
     from tenants.services import key_create
 
     a, b = tenancy.tenant, tenancy.other
@@ -131,16 +132,18 @@ def test_longer_windows_and_the_busiest_keys_and_models(tenancy):
     quiet, _ = key_create(tenant=a, name=unique("quiet"))
     theirs, _ = key_create(tenant=b, name=unique("theirs"))
 
-    def row(tenant, key, days: int, model: str, cost: str, status: int = 200):
+    def row(tenant, key, days: int, model: str, cost: str, status: int = 200, user: str = ""):
         when = now - timedelta(days=days)
-        return record(tenant, key=key, at=when, model=model, cost=cost, status=status, request_id=unique("w"))
+        return record(
+            tenant, key=key, at=when, model=model, cost=cost, status=status, request_id=unique("w"), end_user=user
+        )
 
     rows = [
-        row(a, busy, 3, "m-big", "0.25"),
-        row(a, busy, 1, "m-big", "0.5"),
-        row(a, busy, 2, "m-big", "0.5"),
+        row(a, busy, 3, "m-big", "0.25", user="alice"),
+        row(a, busy, 1, "m-big", "0.5", user="alice"),
+        row(a, busy, 2, "m-big", "0.5", user="bob"),
         row(a, quiet, 20, "m-small", "0", status=500),
-        row(b, theirs, 1, "m-theirs", "9"),
+        row(b, theirs, 1, "m-theirs", "9", user="alice"),
     ]
     hand_off_all(rows)
     drain_all()
@@ -150,6 +153,21 @@ def test_longer_windows_and_the_busiest_keys_and_models(tenancy):
     assert [(k["key__name"], k["requests"], k["errors"], k["cost_usd"]) for k in week.top_keys] == [
         (busy.name, 3, 0, Decimal("1.25"))
     ]
+    assert [(u["end_user"], u["requests"], u["cost_usd"]) for u in week.top_users] == [
+        ("alice", 2, Decimal("0.75")),
+        ("bob", 1, Decimal("0.5")),
+    ]
+    days = [point["at"][:10] for point in week.series]
+
+    def on(days_ago: int) -> int:
+        return days.index((now - timedelta(days=days_ago)).date().isoformat())
+
+    (line,) = week.keys_over_time
+    assert line["name"] == busy.name and sum(line["requests"]) == 3
+    assert [line["requests"][on(d)] for d in (1, 2, 3)] == [1, 1, 1]
+    assert [line["cost_usd"][on(d)] for d in (1, 2, 3)] == [Decimal("0.5"), Decimal("0.5"), Decimal("0.25")]
+    assert [week.series[on(d)]["cost_usd"] for d in (1, 2, 3)] == [Decimal("0.5"), Decimal("0.5"), Decimal("0.25")]
+    assert [(m["name"], sum(m["requests"])) for m in week.models_over_time] == [("m-big", 3)]
     month = dashboard(tenant_ids=[a.pk], spend_tenants=[a], window="30d", now=now)
     assert [(m["model_requested"], m["requests"], m["errors"]) for m in month.top_models] == [
         ("m-big", 3, 0),
@@ -158,3 +176,10 @@ def test_longer_windows_and_the_busiest_keys_and_models(tenancy):
     page = as_user(tenancy.owner).get("/admin/dashboard/", {"window": "30d"})
     html = page.content.decode()
     assert page.status_code == 200 and busy.name in html and quiet.name in html and theirs.name not in html
+    charts = page.context["charts"]
+    assert [(m["name"], sum(m["requests"])) for m in charts["models"]] == [("m-big", 3), ("m-small", 1)]
+    assert sum(Decimal(p["cost_usd"]) for p in charts["series"]) == Decimal("1.25")
+    # A viewer sees requests over time but no money, in the page or its chart data.
+    seen = as_user(tenancy.viewer).get("/admin/dashboard/", {"window": "30d"}).context["charts"]
+    assert [sum(k["requests"]) for k in seen["keys"]] == [3, 1]
+    assert "cost_usd" not in seen["keys"][0] and "cost_usd" not in seen["series"][0]

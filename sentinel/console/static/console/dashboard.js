@@ -27,11 +27,12 @@
     return canvas ? new Chart(canvas, config) : null;
   }
 
+  // Day buckets (7 and 30 days) are labelled by date, minute and hour buckets by time.
+  const buckets = data.series.map((p) => (["7d", "30d"].includes(data.window) ? p.at.slice(5, 10) : time(p.at)));
   chart("chart-traffic", {
     type: "line",
     data: {
-      // Day buckets (7 and 30 days) are labelled by date, minute and hour buckets by time.
-      labels: data.series.map((p) => (["7d", "30d"].includes(data.window) ? p.at.slice(5, 10) : time(p.at))),
+      labels: buckets,
       datasets: [
         { label: "requests", data: data.series.map((p) => p.requests), borderColor: palette[0], backgroundColor: palette[0], tension: 0.2 },
         { label: "failed", data: data.series.map((p) => p.errors), borderColor: palette[3], backgroundColor: palette[3], tension: 0.2 },
@@ -39,6 +40,41 @@
     },
     options: { scales: { y: { beginAtZero: true, ticks: { precision: 0 } } } },
   });
+  if (data.series.length && data.series[0].cost_usd !== undefined) {
+    chart("chart-spend-time", {
+      type: "bar",
+      data: { labels: buckets, datasets: [{ label: "spent (USD)", data: data.series.map((p) => Number(p.cost_usd)), backgroundColor: palette[0] }] },
+      options: { scales: { y: { beginAtZero: true } } },
+    });
+  }
+  // The busiest keys and models, one line each, showing requests or (who may see it) spend.
+  function breakdown(id, lines, metric) {
+    return chart(id, {
+      type: "line",
+      data: {
+        labels: buckets,
+        datasets: lines.map((line, i) => ({
+          label: line.name,
+          data: line[metric].map(Number),
+          borderColor: palette[i % palette.length],
+          backgroundColor: palette[i % palette.length],
+          tension: 0.2,
+        })),
+      },
+      options: { scales: { y: { beginAtZero: true } } },
+    });
+  }
+  const byKey = breakdown("chart-keys", data.keys, "requests");
+  const byModel = breakdown("chart-models", data.models, "requests");
+  const metric = document.getElementById("breakdown-metric");
+  if (metric) {
+    metric.addEventListener("change", function () {
+      [[byKey, data.keys], [byModel, data.models]].forEach(function ([drawn, lines]) {
+        drawn.data.datasets.forEach((dataset, i) => { dataset.data = lines[i][metric.value].map(Number); });
+        drawn.update();
+      });
+    });
+  }
   chart("chart-latency", {
     type: "bar",
     data: {

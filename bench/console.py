@@ -1,0 +1,217 @@
+"""Console benchmark: the server time of every big console list (keys, request log, audit log,
+webhook deliveries, tenants) and the dashboard, at the sizes of issue #18 ("Beyond one box").
+
+    python -m bench.console [--keys 1000000] [--ledger 1000000] [--audit 200000] [--deliveries 200000]
+                            [--tenants 1000] [--repeat 5] [--quick]
+
+Rows are generated in PostgreSQL (INSERT ... SELECT over generate_series, copying one template row
+each), all in one tenant, the worst case for its admin; a `--tenants` count of other tenants sit
+beside it. Generating is done once per data folder: a later run with the same sizes reuses them.
+Each page is asked for `--repeat` times through Django's test client, in process, as a tenant admin
+and as an operator; the median is the server time (what the view, its queries and the template
+take, without the network). Uses the embedded servers under SENTINEL_DATA_DIR (default
+`.data/bench`). Prints a table; writes bench/results/console.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+from bench.ledger import RESULTS, setup_django
+
+LIMIT_MS = 300  # issue #20: every list page under 300 ms server time (#18 allows 500 ms)
+
+
+def generate(model, template, count: int, columns: dict[str, str]) -> None:
+    """`count` copies of the `template` row of `model`, with `columns` ({column: SQL over g, the
+    row number}) replacing the template's values; the rest are copied as they are."""
+    from django.db import connection
+
+    table = model._meta.db_table
+    copied = [
+        f.column
+        for f in model._meta.concrete_fields
+        if not f.primary_key and f.column not in columns and not f.generated
+    ]
+    names = ", ".join([*columns, *copied])
+    values = ", ".join([*(sql.replace("%", "%%") for sql in columns.values()), *copied])
+    pk = model._meta.pk.column
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({names}) SELECT {values} FROM {table}, generate_series(1, %s) AS g "
+            f"WHERE {table}.{pk} = %s",
+            [count, template.pk],
+        )
+        cursor.execute(f"ANALYZE {table}")
+
+
+def prepare(args) -> dict:
+    """The bench tenant with its rows (made once for these sizes), an admin of it and an operator."""
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from billing.models import LedgerEntry
+    from tenants.audit import audit_record
+    from tenants.models import AuditEntry, Tenant, VirtualKey, WebhookDelivery, WebhookEndpoint
+    from tenants.services import key_create, membership_save
+
+    slug = f"bench-console-{args.keys}-{args.ledger}-{args.audit}-{args.deliveries}"
+    tenant, made = Tenant.objects.get_or_create(slug=slug, defaults={"name": "Console benchmark"})
+    User = get_user_model()
+    admin, _ = User.objects.get_or_create(username=f"{slug}-admin", defaults={"is_staff": True})
+    operator, _ = User.objects.get_or_create(
+        username="bench-console-operator", defaults={"is_staff": True, "is_superuser": True}
+    )
+    if made:
+        membership_save(tenant=tenant, user=admin, role="admin")
+        started = time.monotonic()
+        others = Tenant.objects.filter(slug__startswith="bench-console-other-").count()
+        Tenant.objects.bulk_create(
+            Tenant(slug=f"bench-console-other-{i}", name=f"Other {i}") for i in range(others, args.tenants)
+        )
+        key, _ = key_create(tenant=tenant, name="template")
+        generate(
+            VirtualKey,
+            key,
+            args.keys - 1,
+            {
+                "name": "'key-' || g",
+                "digest": f"md5('bench-{tenant.pk}-' || g)",
+                "prefix": "'sk-sen-' || substr(md5(g::text), 1, 8)",
+                "created_at": "now() - g * interval '1 minute'",
+            },
+        )
+        now = timezone.now()
+        entry = LedgerEntry.objects.create(
+            request_id="template",
+            created_at=now,
+            tenant=tenant,
+            key=key,
+            model_requested="gpt-4o-mini",
+            provider="mock-primary",
+            status_code=200,
+            prompt_tokens=20,
+            completion_tokens=40,
+            cost_usd="0.0000270",
+        )
+        generate(
+            LedgerEntry,
+            entry,
+            args.ledger - 1,
+            {
+                "id": "gen_random_uuid()",
+                "request_id": "'req-' || g",
+                # 10 a minute: a million rows cover about 70 days, the dashboard's 30 among them
+                "created_at": "now() - g * interval '6 seconds'",
+                "end_user": "CASE WHEN g % 3 = 0 THEN '' ELSE 'user-' || (g % 5000) END",
+                "status_code": "CASE WHEN g % 50 = 0 THEN 503 ELSE 200 END",
+            },
+        )
+        audit = audit_record(action=AuditEntry.Action.CHANGED, tenant=tenant, target="template")
+        generate(
+            AuditEntry,
+            audit,
+            args.audit - 1,
+            {"target": "'key-' || g", "created_at": "now() - g * interval '10 seconds'"},
+        )
+        endpoint = WebhookEndpoint.objects.create(tenant=tenant, url="http://127.0.0.1:9/bench")
+        endpoint.set_secret("s")
+        endpoint.save()
+        delivery = WebhookDelivery.objects.create(endpoint=endpoint, event="budget.threshold", payload={})
+        generate(
+            WebhookDelivery,
+            delivery,
+            args.deliveries - 1,
+            {"created_at": "now() - g * interval '10 seconds'"},
+        )
+        print(f"generated the rows in {time.monotonic() - started:.0f} s", flush=True)
+    return {"tenant": tenant, "admin": admin, "operator": operator}
+
+
+PAGES = [
+    ("keys", "/admin/tenants/virtualkey/"),
+    ("keys, search by name", "/admin/tenants/virtualkey/?q=key-4242"),
+    ("keys, page 100", "/admin/tenants/virtualkey/?p=100"),
+    ("request log", "/admin/billing/ledgerentry/"),
+    ("request log, one user", "/admin/billing/ledgerentry/?end_user=user-42"),
+    ("request log, one status", "/admin/billing/ledgerentry/?status_code__exact=503"),
+    ("audit log", "/admin/tenants/auditentry/"),
+    ("webhook deliveries", "/admin/tenants/webhookdelivery/"),
+    ("tenants", "/admin/tenants/tenant/"),
+    ("dashboard, 24 hours", "/admin/dashboard/?window=24h"),
+    ("dashboard, 30 days", "/admin/dashboard/?window=30d"),
+]
+
+
+def measure(user, path: str, repeat: int) -> tuple[float, float, float, int, int]:
+    """Median milliseconds (all, in SQL, and this process's CPU: the figure a busy shared machine
+    moves least), the status and the number of queries of one page."""
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    web = Client()
+    web.force_login(user)
+    web.get(path)  # warm: templates compiled, the session read once
+    times, in_sql, cpu = [], [], []
+    for _ in range(repeat):
+        with CaptureQueriesContext(connection) as queries:
+            started, started_cpu = time.perf_counter(), time.process_time()
+            response = web.get(path)
+            times.append((time.perf_counter() - started) * 1000)
+            cpu.append((time.process_time() - started_cpu) * 1000)
+        in_sql.append(sum(float(query["time"]) for query in queries.captured_queries) * 1000)
+    median = statistics.median
+    return median(times), median(in_sql), median(cpu), response.status_code, len(queries)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.console", description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--ledger", type=int, default=1_000_000)
+    parser.add_argument("--audit", type=int, default=200_000)
+    parser.add_argument("--deliveries", type=int, default=200_000)
+    parser.add_argument("--tenants", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="10,000 rows of each, 3 repeats")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.keys = args.ledger = args.audit = args.deliveries = 10_000
+        args.tenants, args.repeat = 100, 3
+    setup_django()
+    from django.conf import settings
+
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
+    data = prepare(args)
+    results = []
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"{'page':32} {'as':9} {'ms (median)':>12} {'in SQL':>8} {'CPU':>8} {'queries':>8} status")
+    for name, path in PAGES:
+        for role in ("admin", "operator"):
+            ms, sql_ms, cpu_ms, status, queries = measure(data[role], path, args.repeat)
+            flag = "" if ms < LIMIT_MS else f"  over {LIMIT_MS} ms"
+            print(f"{name:32} {role:9} {ms:12.1f} {sql_ms:8.1f} {cpu_ms:8.1f} {queries:8d} {status}{flag}", flush=True)
+            results.append(
+                {
+                    "page": name,
+                    "path": path,
+                    "as": role,
+                    "ms": round(ms, 1),
+                    "sql_ms": round(sql_ms, 1),
+                    "cpu_ms": round(cpu_ms, 1),
+                    "queries": queries,
+                }
+            )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    sizes = {name: getattr(args, name) for name in ("keys", "ledger", "audit", "deliveries", "tenants")}
+    report = {"sizes": sizes, "limit_ms": LIMIT_MS, "load_average": os.getloadavg()[0], "pages": results}
+    (RESULTS / "console.json").write_text(json.dumps(report, indent=2))
+    return 0 if all(r["ms"] < LIMIT_MS for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
