@@ -591,7 +591,7 @@ async def nearly_spent(key: KeyInfo, percent: int) -> BudgetHold | None:
     for index, hold in enumerate(holds):
         spent, reserved = values[2 * index], values[2 * index + 1]
         # A period Redis holds no counter for yet: what the ledger holds (admission starts it so too).
-        spent_units = int(spent) if spent is not None else to_units(await settled_spend(hold))
+        spent_units = int(spent) if spent is not None else (await settled_spend([hold]))[0]
         if (spent_units + int(reserved or 0)) * 100 >= hold.limit_units * percent:
             return hold
     return None
