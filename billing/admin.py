@@ -33,6 +33,7 @@ from billing.prices import KIND_COLUMNS
 from billing.selectors import DEFAULT_DIMENSIONS, DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
 from billing.statements import parse_month, statement, statement_csv, statement_pdf
+from sentinel.console.filters import ModelRequestedFilter, ProviderFilter
 from sentinel.console.scoping import OperatorOnlyAdmin, ReportAdmin, TenantFilter, TenantScopedAdmin, ViewOnly
 from tenants.audit import audit_export
 from tenants.models import Tenant
@@ -117,46 +118,6 @@ class EndUserFilter(TextFilter):
     def queryset(self, request, queryset):
         value = (self.value() or "").strip()
         return queryset.filter(end_user=value) if value else queryset
-
-
-class ExactValueFilter(admin.SimpleListFilter):
-    """`field` equal to the chosen value; the choices come from `values()`, any value may be given."""
-
-    field: str
-
-    def values(self) -> list[str]:
-        raise NotImplementedError
-
-    def has_output(self) -> bool:
-        return True  # applied whatever the choices (a filter without output is not applied at all)
-
-    def lookups(self, request, model_admin):
-        values = self.values()
-        chosen = self.value()
-        return [(value, value) for value in (values if not chosen or chosen in values else [*values, chosen])]
-
-    def queryset(self, request, queryset):
-        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
-
-
-class ModelRequestedFilter(ExactValueFilter):
-    title = "model requested"
-    parameter_name = field = "model_requested"
-
-    def values(self) -> list[str]:
-        from gateway.models import ModelAlias
-
-        return list(ModelAlias.objects.order_by("name").values_list("name", flat=True))
-
-
-class ProviderFilter(ExactValueFilter):
-    title = "provider"
-    parameter_name = field = "provider"
-
-    def values(self) -> list[str]:
-        from gateway.models import Provider
-
-        return ["cache", *Provider.objects.order_by("name").values_list("name", flat=True)]
 
 
 class StatusFilter(admin.SimpleListFilter):
