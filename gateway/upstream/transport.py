@@ -165,36 +165,23 @@ def _headers(route: FastRoute, request_id: str) -> dict[str, str]:
 
 
 async def complete(route: FastRoute, body: dict, *, timeout: float, request_id: str) -> dict:
-    try:
-        async with http_session().post(
-            route.url,
-            data=_request_body(route, body, stream=False),
-            headers=_headers(route, request_id),
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as response:
-            if response.status != 200:
-                raise await _http_failure(response)
-            raw = await response.read()
-    except _NETWORK_ERRORS as exc:
-        raise _network_failure(exc) from exc
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise UpstreamError(502, "provider_bad_response", "The provider's answer is not JSON.", True, False) from None
+    return await _post_json(route, route.url, _request_body(route, body, stream=False), timeout, request_id)
 
 
 async def embed(route: FastRoute, body: dict, *, timeout: float, request_id: str) -> dict:
     """One embeddings call to an OpenAI-format provider; its answer parsed, nothing else done to it.
-    `body` is what the provider gets besides the model (input, encoding_format, dimensions, user)."""
+    `body` is what the provider gets besides the model (input, dimensions, user)."""
     url = route.embeddings_url
     if url is None:
         raise ValueError("this deployment has no embeddings endpoint beside its chat endpoint")
+    return await _post_json(route, url, orjson.dumps({**body, "model": route.model}), timeout, request_id)
+
+
+async def _post_json(route: FastRoute, url: str, data: bytes, timeout: float, request_id: str) -> dict:
+    """One non-streamed call: the provider's JSON answer, or its failure as an UpstreamError."""
     try:
         async with http_session().post(
-            url,
-            data=orjson.dumps({**body, "model": route.model}),
-            headers=_headers(route, request_id),
-            timeout=aiohttp.ClientTimeout(total=timeout),
+            url, data=data, headers=_headers(route, request_id), timeout=aiohttp.ClientTimeout(total=timeout)
         ) as response:
             if response.status != 200:
                 raise await _http_failure(response)
