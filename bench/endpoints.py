@@ -69,9 +69,7 @@ ROWS = [
 
 def body_of(row: Row, i: int) -> dict:
     text = f"{PROMPT} ({i})"
-    if row.path == "/v1/embeddings":
-        return {**row.body, "input": text}
-    if row.path == "/v1/responses":
+    if row.path in ("/v1/embeddings", "/v1/responses"):
         return {**row.body, "input": text}
     if row.path == "/v1/messages":
         return {**row.body, "max_tokens": 64, "messages": [{"role": "user", "content": text}]}

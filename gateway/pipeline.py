@@ -555,9 +555,8 @@ async def call_chain(call: Call, chain: list[Target], *, stream: bool, complete:
             raise
         call.policy_alternative = None  # once: the alternative's own refusal stands
         call.fallback_reasons.append(f"{call.model}=content_policy")
-        others = [
-            t for t in order_for_request(alternative.targets) if t.deployment_id not in {c.deployment_id for c in chain}
-        ]
+        tried = {target.deployment_id for target in chain}
+        others = [target for target in order_for_request(alternative.targets) if target.deployment_id not in tried]
         if not others:
             raise
         await admission.reserve(call.ticket, others)
