@@ -111,7 +111,10 @@ def test_ledger_moves_every_record_and_times_the_hand_off(tmp_path, test_databas
     result = run_quick("ledger", tmp_path, test_database_name, bench_redis_url)
 
     drain = result["drain"]
-    assert drain["inserted_for_bench"] == drain["expected"] == 5000 and drain["rows_per_s"] > 0
+    # Every record is in Postgres once: through the queue, or straight in when Redis fell silent for
+    # the request path's timeout (a loaded CI host does that); a record both ways lands once.
+    assert drain["in_postgres"] == drain["expected"] == 5000 and drain["rows_per_s"] > 0
+    assert drain["moved"] >= drain["inserted_for_bench"] == 5000 - drain["written_directly"]
     hand_off = result["hand_off"]
     assert 0 < hand_off["serial_p50_us"] <= hand_off["serial_p99_us"] and hand_off["concurrent_per_s"] > 0
 
