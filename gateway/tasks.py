@@ -14,6 +14,18 @@ def prune_cache() -> int:
 
 
 @shared_task(ignore_result=True)
+def prune_responses() -> int:
+    """Beat, hourly: stored responses older than SENTINEL_RESPONSES_RETENTION_DAYS go (0: kept)."""
+    from django.conf import settings
+
+    from gateway.responses.store import responses_prune
+
+    if not settings.RESPONSES_RETENTION_DAYS:
+        return 0
+    return responses_prune(days=settings.RESPONSES_RETENTION_DAYS)
+
+
+@shared_task(ignore_result=True)
 def index_cache_partitions() -> dict:
     """Give large semantic-cache partitions their own HNSW index; drop those of shrunk ones."""
     outcome = index_partitions()

@@ -353,7 +353,18 @@ AUDIT_RETENTION_DAYS = envint(
 )
 if AUDIT_RETENTION_DAYS and AUDIT_RETENTION_DAYS < 30:
     raise ValueError(f"SENTINEL_AUDIT_RETENTION_DAYS must be 0 or at least 30, not {AUDIT_RETENTION_DAYS}")
+RESPONSES_RETENTION_DAYS = envint(
+    "SENTINEL_RESPONSES_RETENTION_DAYS",
+    30,
+    "How long a stored response (POST /v1/responses without store: false) can be read back and continued, "
+    "in days, as OpenAI keeps them; 0 keeps them forever.",
+)
 CELERY_BEAT_SCHEDULE = {
+    "prune-responses": {
+        "task": "gateway.tasks.prune_responses",
+        "schedule": 3_600.0,
+        "options": {"expires": 600},
+    },
     "prune-audit-log": {"task": "tenants.tasks.prune_audit_log", "schedule": 86_400.0, "options": {"expires": 3_600}},
     "prune-cache": {"task": "gateway.tasks.prune_cache", "schedule": 300.0, "options": {"expires": 240}},
     "drain-ledger": {

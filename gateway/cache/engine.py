@@ -20,7 +20,6 @@ import contextlib
 import logging
 import queue
 import threading
-import weakref
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -32,7 +31,7 @@ from django.conf import settings
 from gateway.cache import acceptance
 from gateway.cache.keys import CacheKey
 from gateway.errors import invalid_request
-from sentinel import redis_keys
+from sentinel import async_db, redis_keys
 from sentinel.localstate import TTLCache
 from sentinel.redis_clients import async_redis
 from sentinel.text import control_character
@@ -48,7 +47,6 @@ DEFERRED_BATCH = 8  # ... and how many at a time a background backfill embeds be
 # the lookup's 500 ms bound and all 24 went upstream).
 EMBED_BATCH = 8
 _exact_local = TTLCache(ttl=60.0, maxsize=20_000)
-_pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _batcher: _Batcher | None = None  # made on first use (importing starts no thread)
 _backfilling: set[str] = set()  # partitions this process is embedding deferred entries of
 _backfills: set[asyncio.Task] = set()
@@ -227,28 +225,9 @@ async def _configure(connection) -> None:
 
 
 async def pool():
-    """A small async psycopg pool per event loop, for the vector store (off Django's ORM, which would
+    """This event loop's pool for the vector store (sentinel.async_db: off Django's ORM, which would
     serialize queries through one thread)."""
-    from psycopg.conninfo import make_conninfo
-    from psycopg_pool import AsyncConnectionPool
-
-    loop = asyncio.get_running_loop()
-    existing = _pools.get(loop)
-    if existing is None:
-        if settings.CACHE_DATABASE_URL:
-            conninfo = settings.CACHE_DATABASE_URL
-        else:
-            from django.db import connections
-
-            params = connections["default"].get_connection_params()
-            wanted = ("dbname", "user", "password", "host", "port")
-            conninfo = make_conninfo(**{k: v for k, v in params.items() if k in wanted and v})
-        existing = AsyncConnectionPool(
-            conninfo, min_size=1, max_size=8, kwargs={"autocommit": True}, configure=_configure, open=False, timeout=5
-        )
-        await existing.open()
-        _pools[loop] = existing
-    return existing
+    return await async_db.pool("vector store", _configure, url=settings.CACHE_DATABASE_URL)
 
 
 async def close_pool() -> None:
@@ -256,9 +235,7 @@ async def close_pool() -> None:
     embeddings still being written."""
     loop = asyncio.get_running_loop()
     await asyncio.gather(*(t for t in _backfills if t.get_loop() is loop), return_exceptions=True)
-    existing = _pools.pop(asyncio.get_running_loop(), None)
-    if existing is not None:
-        await existing.close()
+    await async_db.close("vector store")
 
 
 # --- lookup ------------------------------------------------------------------------------------

@@ -39,11 +39,24 @@ AS_SENT = (
 BRIDGED = ("tools", "tool_choice", "text", "reasoning", "top_p", "user", "temperature", "parallel_tool_calls")
 
 
+# Parameters the bridge only renames (or keeps): a text input with only these needs no bridge.
+PLAIN = {"temperature": "temperature", "top_p": "top_p", "user": "user", "max_output_tokens": "max_tokens"}
+
+
 def turn_messages(request: ResponsesRequest, body: dict) -> tuple[list[dict], dict]:
     """This turn's input as chat messages, and the chat parameters the request translates to."""
     params = {name: body[name] for name in BRIDGED if name in body}
     if request.max_output_tokens is not None:
         params["max_output_tokens"] = request.max_output_tokens
+    if isinstance(body["input"], str) and params.keys() <= PLAIN.keys():
+        # The common case, as the bridge translates it (a test holds the two equal), without its
+        # 0.14 ms of pydantic work.
+        chat = {PLAIN[name]: value for name, value in params.items() if value is not None}
+        return [{"role": "user", "content": body["input"]}], chat
+    return bridged(request, body, params)
+
+
+def bridged(request: ResponsesRequest, body: dict, params: dict) -> tuple[list[dict], dict]:
     try:
         translated = LiteLLMCompletionResponsesConfig.transform_responses_api_request_to_chat_completion_request(
             model=request.model,

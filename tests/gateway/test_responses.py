@@ -57,6 +57,28 @@ def test_the_allowlist_is_openais_request_schema_and_sentinels_cache():
     assert set(ResponseCreateParamsBase.__annotations__) | {"stream", "cache"} == RESPONSES_PARAMETERS | UNSUPPORTED
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"temperature": 0.2, "top_p": 0.9, "user": "u-1", "max_output_tokens": 5},
+        {"temperature": 0, "top_p": None, "user": "", "max_output_tokens": 1},
+        {"temperature": None, "stream": True},
+    ],
+)
+@pytest.mark.parametrize("text", ["hello", "x" * 3000, " \u00e9t\u00e9 \u4e16\u754c \U0001f600\n"])
+def test_a_text_input_translates_as_litellms_bridge_translates_it(fields, text):
+    """The text-only shortcut (no bridge) gives the chat request the bridge gives."""
+    from gateway.responses.schemas import parse_responses_request
+    from gateway.responses.translate import BRIDGED, bridged, turn_messages
+
+    request, body = parse_responses_request(json.dumps({"model": "m", "input": text, **fields}).encode())
+    params = {name: body[name] for name in BRIDGED if name in body}
+    if request.max_output_tokens is not None:
+        params["max_output_tokens"] = request.max_output_tokens
+    assert turn_messages(request, body) == bridged(request, body, params)
+
+
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
 def test_a_conversation_is_created_read_continued_and_deleted(
     gateway, tenant, make_key, dialect_chain, mock_provider, kind
@@ -177,6 +199,37 @@ def test_responses_are_the_tenants_own_and_store_false_keeps_nothing(gateway, ma
     assert not StoredResponse.objects.filter(public_id=unkept.id).exists()
     with pytest.raises(openai.NotFoundError):
         mine.responses.create(model=model, input="x", previous_response_id=unkept.id)
+
+
+def test_stored_responses_older_than_the_retention_go_and_younger_ones_stay(
+    gateway, make_tenant, make_key, dialect_chain, settings
+):
+    """Beat's hourly task deletes the stored responses older than SENTINEL_RESPONSES_RETENTION_DAYS
+    (30 by default, as OpenAI keeps them): they can no longer be read or continued; the rest can."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from gateway.tasks import prune_responses
+
+    model, _ = dialect_chain("openai")
+    client = sdk(gateway, make_key(make_tenant()))
+    old, edge, young = (client.responses.create(model=model, input=f"[[echo]] {n}") for n in ("old", "edge", "young"))
+    now = timezone.now()
+    StoredResponse.objects.filter(public_id=old.id).update(created_at=now - timedelta(days=30, seconds=5))
+    StoredResponse.objects.filter(public_id=edge.id).update(created_at=now - timedelta(days=29, hours=23))
+    everyone_else = StoredResponse.objects.exclude(public_id__in=[old.id, edge.id, young.id]).count()
+
+    settings.RESPONSES_RETENTION_DAYS = 0  # kept forever: nothing goes
+    assert prune_responses() == 0 and StoredResponse.objects.filter(public_id=old.id).exists()
+    settings.RESPONSES_RETENTION_DAYS = 30
+    assert prune_responses() == 1
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(old.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=model, input="x", previous_response_id=old.id)
+    assert [client.responses.retrieve(r.id).output_text for r in (edge, young)] == ["edge", "young"]
+    assert StoredResponse.objects.exclude(public_id__in=[edge.id, young.id]).count() == everyone_else
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
