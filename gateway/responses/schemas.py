@@ -137,6 +137,21 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None
 
 
+# OpenAI's `include` values. Served: what hosted tools would add (none run here, so there is never
+# anything to add) and input images' URLs (input items are kept as sent). Refused by value: what
+# Sentinel cannot give (token logprobs; reasoning kept encrypted across stateless turns).
+INCLUDABLE = Literal[
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "message.input_image.image_url",
+    "message.output_text.logprobs",
+    "reasoning.encrypted_content",
+]
+NOT_INCLUDED = ("message.output_text.logprobs", "reasoning.encrypted_content")
+
+
 class ResponsesRequest(_Strict):
     """OpenAI's Responses request (the official SDK's ResponseCreateParams, which
     tests/gateway/test_responses.py holds this to, less UNSUPPORTED) plus Sentinel's `cache`."""
@@ -159,7 +174,7 @@ class ResponsesRequest(_Strict):
     text: TextOptions | None = None
     reasoning: Reasoning | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    include: list[str] | None = None
+    include: list[INCLUDABLE] | None = None
     metadata: Metadata | None = None
     moderation: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
@@ -187,4 +202,19 @@ def parse_responses_request(raw: bytes) -> tuple[ResponsesRequest, dict]:
         request = ResponsesRequest.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    refuse_unserved(request)
     return request, body
+
+
+def refuse_unserved(request: ResponsesRequest) -> None:
+    """Values of served fields Sentinel cannot honour: refused, never silently ignored."""
+    for i, value in enumerate(request.include or ()):
+        if value in NOT_INCLUDED:
+            raise invalid_request(
+                f"Sentinel does not support include value '{value}'.", param=f"include[{i}]", code="unsupported_value"
+            )
+    if request.top_logprobs:  # 0 asks for none
+        raise invalid_request("Sentinel does not return logprobs.", param="top_logprobs", code="unsupported_value")
+    if request.truncation == "auto":
+        message = "Sentinel does not truncate conversations: send truncation 'disabled' (the default)."
+        raise invalid_request(message, param="truncation", code="unsupported_value")

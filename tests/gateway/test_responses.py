@@ -279,6 +279,28 @@ def test_an_answer_is_cached_and_replayed_as_a_response_and_as_its_events(
     )
 
 
+def test_the_served_include_values_and_max_tool_calls_are_honoured(gateway, api_key, dialect_chain, mock_provider):
+    """What hosted tools would add never exists here (they are refused), input images' URLs are kept
+    as sent, and max_tool_calls bounds built-in tool calls, of which there are none: served as asked."""
+    model, (provider,) = dialect_chain("openai")
+    image = "data:image/png;base64,iVBORw0KGgo="
+    content = [{"type": "input_text", "text": "[[echo]] look"}, {"type": "input_image", "image_url": image}]
+    response = sdk(gateway, api_key).responses.create(
+        model=model,
+        input=[{"role": "user", "content": content}],
+        include=["file_search_call.results", "web_search_call.action.sources", "message.input_image.image_url"],
+        max_tool_calls=3,
+        truncation="disabled",
+        top_logprobs=0,
+    )
+    assert (response.output_text, response.max_tool_calls, response.truncation) == ("look", 3, "disabled")
+    (item,) = sdk(gateway, api_key).responses.input_items.list(response.id).data
+    assert [part.type for part in item.content] == ["input_text", "input_image"]
+    assert item.content[1].image_url == image
+    sent = json.loads(mock_provider.stats(provider)["last_body"])
+    assert not {"include", "max_tool_calls", "truncation", "top_logprobs", "logprobs"} & set(sent)
+
+
 BAD = [
     ({"input": "x", "api_base": "http://evil"}, "unknown_parameter", "api_base"),
     ({"input": "x", "api_key": "sk-x"}, "unknown_parameter", "api_key"),
@@ -293,6 +315,15 @@ BAD = [
     ({"input": nested(MAX_JSON_DEPTH + 1)}, "nesting_too_deep", "input"),
     ({}, "missing_required_parameter", "input"),
     ({"input": "x", "max_output_tokens": 0}, "invalid_value", "max_output_tokens"),
+    ({"input": "x", "include": ["nope"]}, "invalid_value", "include[0]"),
+    (
+        {"input": "x", "include": ["file_search_call.results", "message.output_text.logprobs"]},
+        "unsupported_value",
+        "include[1]",
+    ),
+    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "unsupported_value", "include[0]"),
+    ({"input": "x", "top_logprobs": 2}, "unsupported_value", "top_logprobs"),
+    ({"input": "x", "truncation": "auto"}, "unsupported_value", "truncation"),
 ]
 
 
