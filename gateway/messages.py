@@ -37,7 +37,7 @@ from pydantic import Field, ValidationError
 from gateway.auth import ensure_not_blocked
 from gateway.bodies import check_body
 from gateway.cache import engine as cache
-from gateway.cache.replay import answer_from_response, completion_body, stream_chunks
+from gateway.cache.replay import completion_body, stream_chunks
 from gateway.errors import GatewayError, invalid_request
 from gateway.pipeline import (
     INTERNAL_ERROR,
@@ -45,10 +45,10 @@ from gateway.pipeline import (
     Call,
     Reply,
     admit,
+    answer_from_chain,
     answered,
     authorize_model,
     call_chain,
-    charge,
     consult_cache,
     finish,
     finish_disconnected,
@@ -359,14 +359,10 @@ async def _create(call: Call, headers, raw_body: bytes) -> Reply:
 
 
 async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
-    response = await call_chain(call, chain, stream=False)
-    await screening.screen_response(call, response)
-    charged = await charge(call, response.get("usage") or {})
-    answer = answer_from_response(response)
-    call.answer_text = (answer or {}).get("content")
-    await finish(call, ledger_record(call, 200, charged=charged))
-    remember(call, answer, charged.cost)
-    return Reply(200, _headers(call, charged.cost), orjson.dumps(message_from(response)))
+    """The chat path's non-streamed answer (screened, a refusal escalated, billed, cached), as a message."""
+    response, headers = await answer_from_chain(call, chain)
+    headers["request-id"] = call.request_id
+    return Reply(200, headers, orjson.dumps(message_from(response)))
 
 
 def message_from(response: dict) -> dict:

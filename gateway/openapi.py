@@ -501,7 +501,7 @@ RESPONSES_EVENT = {
 }
 
 
-_CHAT_ONLY_HEADERS = frozenset({"x-sentinel-route", "x-sentinel-escalated"})
+_CHAT_ONLY_HEADERS = frozenset({"x-sentinel-route"})
 
 ANTHROPIC_ERROR = {
     "type": "object",

@@ -69,6 +69,33 @@ def test_a_refusal_is_retried_once_on_the_smart_model(gateway, escalating, mock_
     assert row.cost_usd > smart_alone
 
 
+def test_a_refusal_on_the_messages_api_is_escalated_as_on_chat(gateway, escalating, mock_provider):
+    """Anthropic's Messages API runs the chat path's answer: the refusal is asked again of the smart
+    model, the client gets its answer as a message, and the ledger bills both calls."""
+    import anthropic
+
+    tenant, key, small, _, small_provider, smart_provider = escalating()
+    client = anthropic.Anthropic(
+        base_url=gateway.url,
+        api_key=key,
+        max_retries=0,
+        timeout=30,
+        default_headers={"x-sentinel-cache-control": "no-cache, no-store"},
+    )
+    raw = client.messages.with_raw_response.create(
+        model=small, max_tokens=100, messages=[{"role": "user", "content": PROMPT}]
+    )
+    message = raw.parse()
+    assert [block.text for block in message.content] == [answer_text(PROMPT, refuses=False)]
+    assert raw.headers["x-sentinel-escalated"] == f"{small_provider}->{smart_provider}"
+    assert raw.headers["request-id"] == raw.headers["x-sentinel-request-id"]
+    assert mock_provider.stats(small_provider)["calls"] == mock_provider.stats(smart_provider)["calls"] == 1
+    row = LedgerEntry.objects.get(tenant=tenant, request_id=(drain(), raw.headers["x-sentinel-request-id"])[1])
+    assert (row.escalated_from, row.provider) == (small_provider, smart_provider)
+    assert row.completion_tokens == len(REFUSAL_TEXT.split()) + message.usage.output_tokens
+    assert row.cost_usd == Decimal(raw.headers["x-sentinel-cost-usd"])
+
+
 def test_without_the_switch_the_refusal_is_the_answer(gateway, escalating, mock_provider):
     tenant, key, small, _, _small_provider, smart_provider = escalating(escalate=False)
     response = ask(gateway, key, small)
