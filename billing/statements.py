@@ -20,6 +20,17 @@ from tenants.models import Tenant
 
 CENT = Decimal("0.01")
 COLUMNS = ["key", "model", "requests", "prompt_tokens", "completion_tokens", "cost_usd"]
+# The kinds of token within the prompt and completion tokens, and what each cost within cost_usd
+# (issue #16: priced as the provider prices them), after the columns above so theirs keep places.
+KINDS = [
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "cache_read_cost_usd",
+    "cache_write_cost_usd",
+    "reasoning_cost_usd",
+]
+KIND_LABELS = {"cache_read": "Cache reads", "cache_write": "Cache writes", "reasoning": "Reasoning"}
 
 
 @dataclass
@@ -50,6 +61,7 @@ class Statement:
                 row.metrics["prompt_tokens"],
                 row.metrics["completion_tokens"],
                 row.metrics["cost_usd"],
+                *(row.metrics[kind] for kind in KINDS),
             ]
             for row in self.report.rows
         ]
@@ -78,12 +90,20 @@ def statement_csv(st: Statement) -> bytes:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["tenant", st.tenant.slug, "period", st.month.isoformat(), st.last_day.isoformat()])
-    writer.writerow(COLUMNS)
+    writer.writerow([*COLUMNS, *KINDS])
     for line in st.lines():
         writer.writerow([cell_text(value) for value in line])
     totals = st.report.totals.metrics
     writer.writerow(
-        ["TOTAL", "", totals["requests"], totals["prompt_tokens"], totals["completion_tokens"], cell_text(st.total)]
+        [
+            "TOTAL",
+            "",
+            totals["requests"],
+            totals["prompt_tokens"],
+            totals["completion_tokens"],
+            cell_text(st.total),
+            *(cell_text(totals[kind]) for kind in KINDS),
+        ]
     )
     writer.writerow(["TOTAL (to the cent)", "", "", "", "", cell_text(st.total_in_cents)])
     return out.getvalue().encode()
@@ -101,7 +121,7 @@ def statement_pdf(st: Statement) -> bytes:
     title = f"Statement for {st.tenant.name}, {st.month:%B %Y}"
     document = SimpleDocTemplate(buffer, pagesize=A4, title=title, author="Sentinel")
     header = ["Key", "Model", "Requests", "Prompt tokens", "Completion tokens", "Cost (USD)"]
-    body = [[str(cell_text(value)) for value in line] for line in st.lines()]
+    body = [[str(cell_text(value)) for value in line[: len(COLUMNS)]] for line in st.lines()]
     totals = st.report.totals.metrics
     total_row = ["Total", "", str(totals["requests"]), str(totals["prompt_tokens"]), str(totals["completion_tokens"])]
     table = Table([header, *body, [*total_row, cell_text(st.total)]], repeatRows=1)
@@ -125,6 +145,13 @@ def statement_pdf(st: Statement) -> bytes:
         table,
         Spacer(1, 12),
         Paragraph(f"<b>Total due: ${st.total_in_cents}</b> (exactly ${cell_text(st.total)})", styles["Normal"]),
+        *(
+            Paragraph(
+                f"{label}: {totals[f'{kind}_tokens']} tokens, ${cell_text(totals[f'{kind}_cost_usd'])} of the total",
+                styles["Normal"],
+            )
+            for kind, label in KIND_LABELS.items()
+        ),
         Paragraph(
             f"Every figure is the sum of the ledger rows it covers. Generated {st.generated_at:%Y-%m-%d %H:%M} UTC.",
             styles["Normal"],

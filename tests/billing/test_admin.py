@@ -390,12 +390,24 @@ def test_a_monthly_statement_reconciles_with_the_ledger_to_the_last_decimal(spen
     assert sum(Decimal(line[5]) for line in lines) == ledger == Decimal(rows[-2][5])
     assert sum(int(line[2]) for line in lines) == LedgerEntry.objects.filter(tenant=t.tenant).count()
     assert Decimal(rows[-1][5]) == ledger.quantize(Decimal("0.01"))
+    # Each kind of token and its cost, per line and in total, as the ledger has them.
+    from django.db.models import Sum
+
+    from billing.statements import KINDS
+
+    assert rows[1][6:] == KINDS
+    sums = LedgerEntry.objects.filter(tenant=t.tenant).aggregate(**{kind: Sum(kind) for kind in KINDS})
+    for column, kind in enumerate(KINDS, start=6):
+        assert sum(Decimal(line[column]) for line in lines) == Decimal(rows[-2][column]) == sums[kind] > 0
 
     pdf = finance.get(STATEMENT, {"tenant": t.tenant.slug, "month": "2026-03", "format": "pdf"})
     assert pdf["Content-Type"] == "application/pdf"
     text = "".join(page.extract_text() for page in PdfReader(io.BytesIO(pdf.content)).pages)
     assert f"Statement for {t.tenant.name}, March 2026" in text
     assert f"Total due: ${ledger.quantize(Decimal('0.01'))}" in text and format(ledger, "f") in text
+    flat = " ".join(text.split())
+    reads = f"Cache reads: {sums['cache_read_tokens']} tokens, ${format(sums['cache_read_cost_usd'], 'f')} of the total"
+    assert reads in flat and f"Reasoning: {sums['reasoning_tokens']} tokens" in flat
 
     empty = finance.get(STATEMENT, {"tenant": t.tenant.slug, "month": "2026-04", "format": "csv"})
     assert Decimal(list(csv.reader(io.StringIO(empty.content.decode())))[-2][5]) == 0
