@@ -161,11 +161,14 @@ Models: gpt-4o-mini, gpt-4o, fast, smart. Press Ctrl-C to stop everything; the d
 
 def celery_worker(loglevel: str, *, concurrency: int) -> list[str]:
     """The Celery worker's arguments to Python (here and in bench/stack.py)."""
-    return ["-m", "celery", "-A", "sentinel", "worker", "--loglevel", loglevel, "--concurrency", str(concurrency)]
+    return [
+        *("-m", "sentinel.celery_cli", "-A", "sentinel", "worker"),
+        *("--loglevel", loglevel, "--concurrency", str(concurrency)),
+    ]
 
 
 def celery_beat(loglevel: str, *, pidfile: Path) -> list[str]:
-    return ["-m", "celery", "-A", "sentinel", "beat", "--loglevel", loglevel, "--pidfile", str(pidfile)]
+    return ["-m", "sentinel.celery_cli", "-A", "sentinel", "beat", "--loglevel", loglevel, "--pidfile", str(pidfile)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,4 +293,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sentinel.shutdown import exit_now
+
+    exit_now(main())

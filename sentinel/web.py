@@ -220,6 +220,26 @@ def serve_child(host: str, port: int, level: str) -> int:
     return 0
 
 
+def preload() -> None:
+    """Import once, before the workers fork, the libraries each of them would import on its own
+    (they share the pages, copy-on-write): litellm and the OpenAI SDK it loads are ~8 s of CPU per
+    process on this machine, paid N times at once at every start and by every replacement worker.
+    Libraries only, after the settings have put litellm's offline switches into the environment:
+    nothing imported here may open a connection or start a thread, which a forked worker would not
+    inherit in a working state, so a thread found afterwards stops the start."""
+    import threading
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sentinel.settings")
+    from django.conf import settings
+
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = settings.LITELLM_LOCAL_MODEL_COST_MAP  # as the settings set it
+    import litellm  # noqa: F401
+
+    if threading.active_count() != 1:
+        names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
+        raise RuntimeError(f"preloading the web workers' libraries started threads ({names}); fork would break them")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from sentinel.embedded import ensure_environment
@@ -230,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers <= 1:
         serve(args.host, args.port, level)
         return 0
+    preload()
 
     def spawn() -> int:
         pid = os.fork()
@@ -277,4 +298,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sentinel.shutdown import exit_now
+
+    exit_now(main())

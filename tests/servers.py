@@ -166,7 +166,7 @@ def start_celery_worker(database: str, *, env: dict | None = None, name: str = "
         [
             sys.executable,
             "-m",
-            "celery",
+            "sentinel.celery_cli",
             "-A",
             "sentinel",
             "worker",
