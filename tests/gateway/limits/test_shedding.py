@@ -84,13 +84,17 @@ def test_a_short_wait_gets_a_slot_that_frees_in_time(gateway, api_key, make_mode
 def test_the_limit_holds_across_gateway_processes(gateway, api_key, make_model, mock_provider, test_database_name):
     from tests.servers import start_gateway
 
-    alias, (provider,) = limited(make_model, mock_provider, limit=1)
+    alias, (provider,) = limited(make_model, mock_provider, limit=1, slow_ms=3000)
     other = start_gateway(test_database_name)
     try:
 
         async def both():
             first = asyncio.create_task(burst(gateway, api_key, alias, 1))
-            await asyncio.sleep(0.3)
+            # The second is sent once the first holds the slot (it is at the provider), however
+            # long a loaded host took to get it there; it holds it for 3 s.
+            async with asyncio.timeout(20):
+                while (await asyncio.to_thread(mock_provider.stats, provider))["in_flight"] != 1:
+                    await asyncio.sleep(0.02)
             second = await burst(other, api_key, alias, 1)
             return (await first)[0], second[0]
 
