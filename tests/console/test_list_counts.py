@@ -44,6 +44,12 @@ def test_a_key_list_past_the_cap_says_more_than_and_selects_without_a_number(ten
     assert f"Select all virtual keys the filters select (more than {cap})" in text
     assert f"Select all {cap + 1}" not in text
 
+    # A page is read by its ids, then its rows: the rows and order of the list's query all the same.
+    second = web.get("/admin/tenants/virtualkey/", {"p": "2"}).context["cl"].result_list
+    keys = VirtualKey.objects.filter(tenant=tenancy.tenant).order_by("-created_at", "-id")
+    assert [key.pk for key in second] == list(keys.values_list("pk", flat=True)[50:100])
+    assert second[0].tenant.name == tenancy.tenant.name  # its tenant read with it (select_related)
+
     # Under the cap, the count is exact and "select all" names it.
     found = web.get("/admin/tenants/virtualkey/", {"q": f"{name}-1"})  # -1, -10..-19, ..., -1000..-1999, -10000
     expected = VirtualKey.objects.filter(tenant=tenancy.tenant, name__icontains=f"{name}-1").count()
