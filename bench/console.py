@@ -178,9 +178,9 @@ PAGES = [
 ]
 
 
-def measure(user, path: str, repeat: int) -> tuple[float, float, float, int, int]:
-    """Median milliseconds (all, in SQL, and this process's CPU: the figure a busy shared machine
-    moves least), the status and the number of queries of one page."""
+def measure(user, path: str, repeat: int) -> tuple[float, float, float, float, int, int]:
+    """Median milliseconds (all; the best of the repeats, the one other work on a shared machine
+    disturbed least; in SQL; and this process's CPU), the status and the number of queries of one page."""
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
@@ -197,7 +197,7 @@ def measure(user, path: str, repeat: int) -> tuple[float, float, float, int, int
             cpu.append((time.process_time() - started_cpu) * 1000)
         in_sql.append(sum(float(query["time"]) for query in queries.captured_queries) * 1000)
     median = statistics.median
-    return median(times), median(in_sql), median(cpu), response.status_code, len(queries)
+    return median(times), min(times), median(in_sql), median(cpu), response.status_code, len(queries)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,18 +220,22 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare(args)
     results = []
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'page':32} {'as':9} {'ms (median)':>12} {'in SQL':>8} {'CPU':>8} {'queries':>8} status")
+    print(f"{'page':34} {'as':9} {'ms (median)':>12} {'best':>8} {'in SQL':>8} {'CPU':>8} {'queries':>8} status")
     for name, path in PAGES:
         for role in ("admin", "operator"):
-            ms, sql_ms, cpu_ms, status, queries = measure(data[role], path, args.repeat)
+            ms, best_ms, sql_ms, cpu_ms, status, queries = measure(data[role], path, args.repeat)
             flag = "" if ms < LIMIT_MS else f"  over {LIMIT_MS} ms"
-            print(f"{name:32} {role:9} {ms:12.1f} {sql_ms:8.1f} {cpu_ms:8.1f} {queries:8d} {status}{flag}", flush=True)
+            print(
+                f"{name:34} {role:9} {ms:12.1f} {best_ms:8.1f} {sql_ms:8.1f} {cpu_ms:8.1f} {queries:8d} {status}{flag}",
+                flush=True,
+            )
             results.append(
                 {
                     "page": name,
                     "path": path,
                     "as": role,
                     "ms": round(ms, 1),
+                    "best_ms": round(best_ms, 1),
                     "sql_ms": round(sql_ms, 1),
                     "cpu_ms": round(cpu_ms, 1),
                     "queries": queries,

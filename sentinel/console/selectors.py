@@ -174,9 +174,10 @@ class _Sources:
 
 
 def _sources(tenant_ids: Sequence[int] | None, since: datetime, until: datetime, rollups: bool) -> _Sources:
-    window = LedgerEntry.objects.filter(created_at__gte=since, created_at__lt=until).order_by()
+    scoped = LedgerEntry.objects.order_by()
     if tenant_ids is not None:
-        window = window.filter(tenant_id__in=tenant_ids)
+        scoped = scoped.filter(tenant_id__in=tenant_ids)
+    window = scoped.filter(created_at__gte=since, created_at__lt=until)
     days = whole_days(since, until) if rollups else []
     if not days:
         return _Sources(window=window, entries=window)
@@ -188,7 +189,9 @@ def _sources(tenant_ids: Sequence[int] | None, since: datetime, until: datetime,
     outside = outside_days(days, since, until)
     if outside is not None:
         rest |= outside
-    return _Sources(window=window, entries=window.filter(rest), traffic=traffic.order_by(), users=users.order_by())
+    # The spans alone, not within the window's range too: so PostgreSQL reads each span's range of the
+    # index (a bitmap OR), not the whole window's rows to filter them.
+    return _Sources(window=window, entries=scoped.filter(rest), traffic=traffic.order_by(), users=users.order_by())
 
 
 def _zero(names: Sequence[str]) -> dict:
@@ -309,6 +312,9 @@ def _over_time(
     return list(drawn.values())
 
 
+TOP_METRICS = ("requests", "errors", "cost_usd")
+
+
 def _top(groups: dict[tuple, dict], *fields: str) -> list[dict]:
     """The TOP busiest groups ({(values of fields): sums}), with their requests, failures and cost;
     ties in the order of their values."""
@@ -325,7 +331,9 @@ def _top(groups: dict[tuple, dict], *fields: str) -> list[dict]:
 
 
 def _top_keys(sources: _Sources) -> list[dict]:
-    rows = _top(_grouped(sources, {"key_id": "key_id"}, where=~Q(key=None), rollup_where=~Q(key=None)), "key_id")
+    rows = _top(
+        _grouped(sources, {"key_id": "key_id"}, TOP_METRICS, where=~Q(key=None), rollup_where=~Q(key=None)), "key_id"
+    )
     keys = VirtualKey.objects.select_related("tenant").only("name", "tenant__name").in_bulk([r["key_id"] for r in rows])
     return [
         {**row, "key__name": keys[row["key_id"]].name, "tenant__name": keys[row["key_id"]].tenant.name} for row in rows
@@ -333,9 +341,7 @@ def _top_keys(sources: _Sources) -> list[dict]:
 
 
 def _top_users(sources: _Sources) -> list[dict]:
-    groups = _grouped(
-        sources, {"end_user": "end_user", "tenant_id": "tenant_id"}, ("requests", "errors", "cost_usd"), users=True
-    )
+    groups = _grouped(sources, {"end_user": "end_user", "tenant_id": "tenant_id"}, TOP_METRICS, users=True)
     names = dict(Tenant.objects.filter(pk__in={tenant_id for _, tenant_id in groups}).values_list("pk", "name"))
     # As the ledger would rank them grouped by user and tenant name.
     named: dict[tuple, dict] = {}
@@ -452,7 +458,7 @@ def dashboard(
         }
         budgets, budget_count = key_budgets(tenants=spend_tenants, now=until)
     top_keys = _top_keys(sources)
-    top_models = _top(_grouped(sources, {"model_requested": "model"}), "model_requested")
+    top_models = _top(_grouped(sources, {"model_requested": "model"}, TOP_METRICS), "model_requested")
     return Dashboard(
         window=window,
         since=since,
