@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 
-from bench.ledger import RESULTS, setup_django
+from bench.stack import DEFAULT_DATA_DIR, RESULTS_DIR, setup_django
 
 LIMIT_MS = 300  # issue #20: every list page under 300 ms server time (#18 allows 500 ms)
 
@@ -46,7 +46,9 @@ def generate(model, template, count: int, columns: dict[str, str]) -> None:
             f"WHERE {table}.{pk} = %s",
             [count, template.pk],
         )
-        cursor.execute(f"ANALYZE {table}")
+        # As autovacuum leaves a table that was written to (PostgreSQL 13+ vacuums after inserts too):
+        # statistics and a visibility map, which index-only scans read.
+        cursor.execute(f"VACUUM (ANALYZE) {table}")
 
 
 def prepare(args) -> dict:
@@ -129,16 +131,45 @@ def prepare(args) -> dict:
             {"created_at": "now() - g * interval '10 seconds'"},
         )
         print(f"generated the rows in {time.monotonic() - started:.0f} s", flush=True)
+    roll_up(tenant)
     return {"tenant": tenant, "admin": admin, "operator": operator}
+
+
+def roll_up(tenant) -> None:
+    """The daily rollups of the generated rows, as the rollup job makes them (rows inserted here come
+    without their RollupDue markers, so they are marked once), and of any day still due."""
+    from django.db import connection
+
+    from billing.models import DailyRollup, DailyTraffic, DailyUserTraffic, LedgerEntry, RollupDue
+    from billing.services import spend_roll_up
+    from tenants.models import VirtualKey
+
+    started = time.monotonic()
+    if not DailyRollup.objects.filter(tenant=tenant).exists():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {RollupDue._meta.db_table} (tenant_id, day) SELECT DISTINCT tenant_id, "
+                f"(created_at AT TIME ZONE 'UTC')::date FROM {LedgerEntry._meta.db_table} WHERE tenant_id = %s",
+                [tenant.pk],
+            )
+    days = 0
+    while rolled := spend_roll_up():  # also the days a migration marked due
+        days += rolled
+    if days:
+        print(f"rolled {days} tenant-days up in {time.monotonic() - started:.0f} s", flush=True)
+        with connection.cursor() as cursor:  # as autovacuum leaves them after the inserts
+            for model in (LedgerEntry, DailyRollup, DailyTraffic, DailyUserTraffic, VirtualKey):
+                cursor.execute(f"VACUUM (ANALYZE) {model._meta.db_table}")
 
 
 PAGES = [
     ("keys", "/admin/tenants/virtualkey/"),
     ("keys, search by name", "/admin/tenants/virtualkey/?q=key-4242"),
-    ("keys, page 100", "/admin/tenants/virtualkey/?p=100"),
+    ("keys, page 198 (rows 9,851-9,900)", "/admin/tenants/virtualkey/?p=198"),
     ("request log", "/admin/billing/ledgerentry/"),
     ("request log, one user", "/admin/billing/ledgerentry/?end_user=user-42"),
     ("request log, one status", "/admin/billing/ledgerentry/?status_code__exact=503"),
+    ("request log, a request id", "/admin/billing/ledgerentry/?q=req-4242"),
     ("audit log", "/admin/tenants/auditentry/"),
     ("webhook deliveries", "/admin/tenants/webhookdelivery/"),
     ("tenants", "/admin/tenants/tenant/"),
@@ -147,9 +178,9 @@ PAGES = [
 ]
 
 
-def measure(user, path: str, repeat: int) -> tuple[float, float, float, int, int]:
-    """Median milliseconds (all, in SQL, and this process's CPU: the figure a busy shared machine
-    moves least), the status and the number of queries of one page."""
+def measure(user, path: str, repeat: int) -> tuple[float, float, float, float, int, int]:
+    """Median milliseconds (all; the best of the repeats, the one other work on a shared machine
+    disturbed least; in SQL; and this process's CPU), the status and the number of queries of one page."""
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
@@ -166,7 +197,7 @@ def measure(user, path: str, repeat: int) -> tuple[float, float, float, int, int
             cpu.append((time.process_time() - started_cpu) * 1000)
         in_sql.append(sum(float(query["time"]) for query in queries.captured_queries) * 1000)
     median = statistics.median
-    return median(times), median(in_sql), median(cpu), response.status_code, len(queries)
+    return median(times), min(times), median(in_sql), median(cpu), response.status_code, len(queries)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,34 +213,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.keys = args.ledger = args.audit = args.deliveries = 10_000
         args.tenants, args.repeat = 100, 3
-    setup_django()
+    setup_django(DEFAULT_DATA_DIR)
     from django.conf import settings
 
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
     data = prepare(args)
     results = []
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'page':32} {'as':9} {'ms (median)':>12} {'in SQL':>8} {'CPU':>8} {'queries':>8} status")
+    print(f"{'page':34} {'as':9} {'ms (median)':>12} {'best':>8} {'in SQL':>8} {'CPU':>8} {'queries':>8} status")
     for name, path in PAGES:
         for role in ("admin", "operator"):
-            ms, sql_ms, cpu_ms, status, queries = measure(data[role], path, args.repeat)
+            ms, best_ms, sql_ms, cpu_ms, status, queries = measure(data[role], path, args.repeat)
             flag = "" if ms < LIMIT_MS else f"  over {LIMIT_MS} ms"
-            print(f"{name:32} {role:9} {ms:12.1f} {sql_ms:8.1f} {cpu_ms:8.1f} {queries:8d} {status}{flag}", flush=True)
+            print(
+                f"{name:34} {role:9} {ms:12.1f} {best_ms:8.1f} {sql_ms:8.1f} {cpu_ms:8.1f} {queries:8d} {status}{flag}",
+                flush=True,
+            )
             results.append(
                 {
                     "page": name,
                     "path": path,
                     "as": role,
                     "ms": round(ms, 1),
+                    "best_ms": round(best_ms, 1),
                     "sql_ms": round(sql_ms, 1),
                     "cpu_ms": round(cpu_ms, 1),
                     "queries": queries,
                 }
             )
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     sizes = {name: getattr(args, name) for name in ("keys", "ledger", "audit", "deliveries", "tenants")}
     report = {"sizes": sizes, "limit_ms": LIMIT_MS, "load_average": os.getloadavg()[0], "pages": results}
-    (RESULTS / "console.json").write_text(json.dumps(report, indent=2))
+    (RESULTS_DIR / "console.json").write_text(json.dumps(report, indent=2))
     return 0 if all(r["ms"] < LIMIT_MS for r in results) else 1
 
 

@@ -122,7 +122,12 @@ class LedgerEntry(models.Model):
         verbose_name = "ledger entry"
         verbose_name_plural = "ledger entries"
         indexes = [
-            models.Index(fields=["tenant", "created_at"]),
+            # A tenant's rows in a period, newest first; with the status and latency, so the dashboard's
+            # latency percentiles read the index alone (1.9 s for 30 days of a 10M-row ledger from the
+            # table, 0.7 s from this index).
+            models.Index(
+                fields=["tenant", "created_at"], include=["status_code", "latency_ms"], name="ledger_tenant_window"
+            ),
             # An end user's or session's spend in a period (admission starts its counters from it);
             # partial, so rows that name neither cost nothing.
             models.Index(
@@ -135,6 +140,9 @@ class LedgerEntry(models.Model):
             models.Index(
                 fields=["tenant", "end_user", "created_at"], name="ledger_tenant_end_user", condition=~Q(end_user="")
             ),
+            # The request log filtered by status, and its capped count: a rare status (2% of a tenant's
+            # rows) is otherwise found by reading the tenant's rows newest first until a page is full.
+            models.Index(fields=["tenant", "status_code", "created_at"], name="ledger_tenant_status"),
         ]
 
     def __str__(self) -> str:
@@ -237,6 +245,50 @@ class DailyRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} tenant {self.tenant_id} {self.model}"
+
+
+class DailyTraffic(models.Model):
+    """The dashboard's ledger figures per tenant, key, model (as asked for), provider and UTC day,
+    counted as the dashboard counts them (hits and misses among answered requests). Recomputed with
+    the DailyRollup of the same tenant's day, so a whole day read here equals its ledger rows."""
+
+    day = models.DateField()
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    key = models.ForeignKey("tenants.VirtualKey", null=True, on_delete=models.CASCADE, related_name="+")
+    model = models.CharField(max_length=200)
+    provider = models.CharField(max_length=80, blank=True)
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)  # status other than 200
+    server_errors = models.PositiveIntegerField(default=0)  # status 500 and over
+    exact_hits = models.PositiveIntegerField(default=0)  # answered
+    semantic_hits = models.PositiveIntegerField(default=0)
+    misses = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=10, default=0)
+    saved_usd = models.DecimalField(max_digits=24, decimal_places=10, default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "day"])]
+
+    def __str__(self) -> str:
+        return f"{self.day} tenant {self.tenant_id} {self.model} {self.provider}"
+
+
+class DailyUserTraffic(models.Model):
+    """Requests, failures and cost per tenant, end user (as the app named them; none: not kept) and
+    UTC day: the dashboard's top users over whole days. Recomputed with the day's DailyRollup."""
+
+    day = models.DateField()
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    end_user = models.CharField(max_length=END_USER_LENGTH)
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=10, default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "day"])]
+
+    def __str__(self) -> str:
+        return f"{self.day} tenant {self.tenant_id} {self.end_user}"
 
 
 class SpendReport(DailyRollup):

@@ -58,6 +58,32 @@ _LEDGER_METRICS = {
     **{name: Sum(name) for name in METRICS[8:]},
 }
 _ROLLUP_METRICS = {name: Sum(name) for name in METRICS}
+
+# The dashboard's traffic figures, counted alike from ledger rows and from DailyTraffic (whose columns
+# they name): cache hits and misses are among answered requests; errors are any other status.
+ANSWERED = Q(status_code=200)
+TRAFFIC_METRICS = (
+    "requests",
+    "errors",
+    "server_errors",
+    "exact_hits",
+    "semantic_hits",
+    "misses",
+    "cost_usd",
+    "saved_usd",
+)
+TRAFFIC_MONEY = frozenset({"cost_usd", "saved_usd"})
+LEDGER_TRAFFIC = {
+    "requests": Count("id"),
+    "errors": Count("id", filter=~ANSWERED),
+    "server_errors": Count("id", filter=Q(status_code__gte=500)),
+    "exact_hits": Count("id", filter=Q(cache_tier=LedgerEntry.CacheTier.EXACT) & ANSWERED),
+    "semantic_hits": Count("id", filter=Q(cache_tier=LedgerEntry.CacheTier.SEMANTIC) & ANSWERED),
+    "misses": Count("id", filter=Q(cache_tier=LedgerEntry.CacheTier.MISS) & ANSWERED),
+    "cost_usd": Sum("cost_usd"),
+    "saved_usd": Sum("saved_cost_usd"),
+}
+USER_METRICS = ("requests", "errors", "cost_usd")  # DailyUserTraffic's
 # Where each dimension lives in the rollups and in the ledger.
 _ROLLUP_FIELDS = {"day": "day", "tenant": "tenant_id", "key": "key_id", "model": "model", "price": "price_id"}
 _LEDGER_FIELDS = {
@@ -93,7 +119,8 @@ def ledger_totals(entries: QuerySet[LedgerEntry], fields: Sequence[str]) -> list
 # --- period totals (budgets) -----------------------------------------------------------------------
 
 
-def _whole_days(start: datetime, end: datetime) -> list[date]:
+def whole_days(start: datetime, end: datetime) -> list[date]:
+    """The UTC days wholly inside [start, end), in order."""
     first = start.astimezone(UTC).date()
     if day_bounds(first)[0] < start:
         first += ONE_DAY
@@ -104,7 +131,7 @@ def _whole_days(start: datetime, end: datetime) -> list[date]:
     return days
 
 
-def _outside(days: list[date], start: datetime, end: datetime) -> Q | None:
+def outside_days(days: list[date], start: datetime, end: datetime) -> Q | None:
     """A filter on created_at for [start, end) minus the given whole days (sorted)."""
     spans, cursor = [], start
     for day in days:
@@ -128,13 +155,13 @@ def spend_in_period(*, tenant_id: int, key_id: int | None = None, start: datetim
     if end <= start:
         return ZERO
     scope = {"tenant_id": tenant_id} if key_id is None else {"tenant_id": tenant_id, "key_id": key_id}
-    days = _whole_days(start, end)
+    days = whole_days(start, end)
     due = set(RollupDue.objects.filter(tenant_id=tenant_id, day__in=days).values_list("day", flat=True))
     rolled_up = [day for day in days if day not in due]
     total = ZERO
     if rolled_up:
         total += DailyRollup.objects.filter(day__in=rolled_up, **scope).aggregate(s=Sum("cost_usd"))["s"] or ZERO
-    rest = _outside(rolled_up, start, end)
+    rest = outside_days(rolled_up, start, end)
     if rest is not None:
         total += LedgerEntry.objects.filter(rest, **scope).aggregate(s=Sum("cost_usd"))["s"] or ZERO
     return total
@@ -196,7 +223,8 @@ class SpendReport:
         return [tenant.slug for tenant in self.tenants]
 
 
-def _pairs_filter(pairs: Iterable[tuple[int, date]], *, rollups: bool) -> Q:
+def pairs_filter(pairs: Iterable[tuple[int, date]], *, rollups: bool) -> Q:
+    """Rows of the given (tenant id, UTC day)s: rollup rows by their day, ledger rows by created_at."""
     query = Q(pk__in=[])
     for tenant_id, day in pairs:
         if rollups:
@@ -207,9 +235,17 @@ def _pairs_filter(pairs: Iterable[tuple[int, date]], *, rollups: bool) -> Q:
     return query
 
 
-def spend_report(*, tenants: Sequence[Tenant], start: date, end: date, group_by: Sequence[str]) -> SpendReport:
-    """Spend of `tenants` from `start` to `end` (whole UTC days, both included), grouped by any of
-    DIMENSIONS (none: totals only), with totals. The caller decides which tenants the user may see."""
+def spend_report(
+    *,
+    tenants: Sequence[Tenant],
+    start: date,
+    end: date,
+    group_by: Sequence[str],
+    key_ids: Sequence[int] | None = None,
+) -> SpendReport:
+    """Spend of `tenants` (of those keys only, where `key_ids` are given) from `start` to `end` (whole
+    UTC days, both included), grouped by any of DIMENSIONS (none: totals only), with totals. The caller
+    decides which tenants the user may see."""
     group_by = [name for name in DIMENSIONS if name in group_by]
     tenant_ids = [tenant.pk for tenant in tenants]
     if "end_user" in group_by:
@@ -226,12 +262,15 @@ def spend_report(*, tenants: Sequence[Tenant], start: date, end: date, group_by:
         )
         rollups = (
             DailyRollup.objects.filter(tenant_id__in=tenant_ids, day__gte=start, day__lte=end)
-            .exclude(_pairs_filter(due, rollups=True))
+            .exclude(pairs_filter(due, rollups=True))
             .order_by()
             .values(*[_ROLLUP_FIELDS[name] for name in group_by])
             .annotate(**_ROLLUP_METRICS)
         )
-        entries = LedgerEntry.objects.filter(_pairs_filter(due, rollups=False))
+        entries = LedgerEntry.objects.filter(pairs_filter(due, rollups=False))
+    if key_ids is not None:
+        rollups = rollups.filter(key_id__in=key_ids)
+        entries = entries.filter(key_id__in=key_ids)
     if "day" in group_by:
         entries = entries.annotate(day=TruncDate("created_at", tzinfo=UTC))
     ledger = ledger_totals(entries, [_LEDGER_FIELDS[name] for name in group_by])
@@ -283,9 +322,9 @@ def key_usage(*, keys: Sequence[VirtualKey], start: date, end: date) -> dict[int
     if not keys:
         return {}
     tenants = list(Tenant.objects.filter(pk__in={key.tenant_id for key in keys}))
-    report = spend_report(tenants=tenants, start=start, end=end, group_by=["key"])
-    wanted = {key.pk for key in keys}
-    return {row.key.pk: row.metrics for row in report.rows if row.key is not None and row.key.pk in wanted}
+    wanted = [key.pk for key in keys]
+    report = spend_report(tenants=tenants, start=start, end=end, group_by=["key"], key_ids=wanted)
+    return {row.key.pk: row.metrics for row in report.rows if row.key is not None}
 
 
 # --- the request log ---------------------------------------------------------------------------

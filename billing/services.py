@@ -12,8 +12,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from billing import prices
-from billing.models import DailyRollup, LedgerEntry, Price, RollupDue
-from billing.selectors import day_bounds, ledger_totals
+from billing.models import DailyRollup, DailyTraffic, DailyUserTraffic, LedgerEntry, Price, RollupDue
+from billing.selectors import LEDGER_TRAFFIC, TRAFFIC_MONEY, day_bounds, ledger_totals
 from sentinel.localstate import announce_change
 
 # pg advisory lock id: one rollup job at a time (two would delete each other's fresh rows).
@@ -157,10 +157,9 @@ def spend_roll_up() -> int:
 
 def _roll_up_day(day: date, tenant_ids: set[int]) -> None:
     start, end = day_bounds(day)
-    totals = ledger_totals(
-        LedgerEntry.objects.filter(tenant_id__in=tenant_ids, created_at__gte=start, created_at__lt=end),
-        ["tenant_id", "key_id", "model_requested", "price_id"],
-    )
+    entries = LedgerEntry.objects.filter(tenant_id__in=tenant_ids, created_at__gte=start, created_at__lt=end)
+    totals = ledger_totals(entries, ["tenant_id", "key_id", "model_requested", "price_id"])
+    _roll_up_traffic(day, tenant_ids, entries.order_by())
     DailyRollup.objects.filter(day=day, tenant_id__in=tenant_ids).delete()
     now = timezone.now()
     DailyRollup.objects.bulk_create(
@@ -175,6 +174,38 @@ def _roll_up_day(day: date, tenant_ids: set[int]) -> None:
                 **row,
             )
             for row in totals
+        ],
+        batch_size=1000,
+    )
+
+
+def _roll_up_traffic(day: date, tenant_ids: set[int], entries) -> None:
+    """The dashboard's figures of the day (DailyTraffic, DailyUserTraffic), from the same rows."""
+    DailyTraffic.objects.filter(day=day, tenant_id__in=tenant_ids).delete()
+    DailyTraffic.objects.bulk_create(
+        [
+            DailyTraffic(
+                day=day,
+                tenant_id=row.pop("tenant_id"),
+                key_id=row.pop("key_id"),
+                model=row.pop("model_requested"),
+                provider=row.pop("provider"),
+                **{name: value or (Decimal(0) if name in TRAFFIC_MONEY else 0) for name, value in row.items()},
+            )
+            for row in entries.values("tenant_id", "key_id", "model_requested", "provider").annotate(**LEDGER_TRAFFIC)
+        ],
+        batch_size=1000,
+    )
+    DailyUserTraffic.objects.filter(day=day, tenant_id__in=tenant_ids).delete()
+    users = entries.exclude(end_user="").values("tenant_id", "end_user")
+    DailyUserTraffic.objects.bulk_create(
+        [
+            DailyUserTraffic(day=day, **row)
+            for row in users.annotate(
+                requests=LEDGER_TRAFFIC["requests"],
+                errors=LEDGER_TRAFFIC["errors"],
+                cost_usd=LEDGER_TRAFFIC["cost_usd"],
+            )
         ],
         batch_size=1000,
     )

@@ -29,6 +29,7 @@ from billing.selectors import key_usage
 from sentinel.console.fields import ModelNamesAdmin
 from sentinel.console.scoping import (
     AnnouncesChanges,
+    CappedCountPaginator,
     OperatorOnlyAdmin,
     TenantFilter,
     TenantScopedAdmin,
@@ -288,6 +289,8 @@ class VirtualKeyAdmin(AnnouncesChanges, ModelNamesAdmin, TenantScopedAdmin):
     search_fields = ["name", "prefix"]
     autocomplete_fields = ["tenant"]
     actions = ["revoke"]
+    # A tenant may hold a million keys: counted up to CAP (its "select all" then names no number).
+    paginator = CappedCountPaginator
     add_fields = [
         "tenant",
         "name",

@@ -6,20 +6,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 
-from django.db.models import Aggregate, Count, FloatField, Max, Q, QuerySet, Sum
+from django.db.models import Aggregate, Count, F, FloatField, Max, Q, QuerySet, Sum
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
-from billing.models import LedgerEntry
+from billing.models import DailyTraffic, DailyUserTraffic, LedgerEntry, RollupDue
 from billing.money import ZERO
-from billing.selectors import spend_report
+from billing.selectors import (
+    LEDGER_TRAFFIC,
+    TRAFFIC_METRICS,
+    TRAFFIC_MONEY,
+    key_usage,
+    outside_days,
+    pairs_filter,
+    spend_report,
+    whole_days,
+)
 from gateway.models import BreakerTransition, ChainEntry, Deployment, breaker_state_label
 from gateway.upstream.breakers import breaker_snapshot
 from gateway.upstream.load import describe_load
-from tenants.models import Budget, Tenant
+from tenants.models import Budget, Tenant, VirtualKey
 
 # Window name → (length, chart bucket).
 WINDOWS = {
@@ -47,26 +56,15 @@ class PercentileCont(Aggregate):
 
 
 ANSWERED = Q(status_code=200)
-FAILED = ~Q(status_code=200)
-SERVER_ERROR = Q(status_code__gte=500)
-EXACT = Q(cache_tier=LedgerEntry.CacheTier.EXACT)
-SEMANTIC = Q(cache_tier=LedgerEntry.CacheTier.SEMANTIC)
-MISS = Q(cache_tier=LedgerEntry.CacheTier.MISS)
 
 
 def traffic_totals() -> dict:
-    """Aggregates shared by the dashboard and the live summaries (latency: answered requests)."""
-    return {
-        "requests": Count("id"),
-        "errors": Count("id", filter=FAILED),
-        "server_errors": Count("id", filter=SERVER_ERROR),
-        "exact_hits": Count("id", filter=EXACT & ANSWERED),
-        "semantic_hits": Count("id", filter=SEMANTIC & ANSWERED),
-        "misses": Count("id", filter=MISS & ANSWERED),
-        "cost_usd": Sum("cost_usd"),
-        "saved_usd": Sum("saved_cost_usd"),
-        **{name: PercentileCont("latency_ms", fraction, filter=ANSWERED) for name, fraction in PERCENTILES.items()},
-    }
+    """Ledger aggregates shared by the dashboard and the live summaries (latency: answered requests)."""
+    return {**LEDGER_TRAFFIC, **latency_percentiles()}
+
+
+def latency_percentiles() -> dict:
+    return {name: PercentileCont("latency_ms", fraction, filter=ANSWERED) for name, fraction in PERCENTILES.items()}
 
 
 def tidy(row: dict) -> dict:
@@ -114,6 +112,24 @@ class TenantSpend:
 
 
 @dataclass
+class KeyBudget:
+    """One of a key's own budgets with what the key spent in its period (UTC day or month)."""
+
+    key: VirtualKey
+    period: str
+    limit_usd: Decimal
+    spent: Decimal
+
+    @property
+    def used(self) -> float:
+        return float(self.spent / self.limit_usd) if self.limit_usd else 1.0
+
+    @property
+    def left(self) -> Decimal:
+        return max(self.limit_usd - self.spent, ZERO)
+
+
+@dataclass
 class Dashboard:
     window: str
     since: datetime
@@ -129,6 +145,9 @@ class Dashboard:
     keys_over_time: list[dict] = field(default_factory=list)
     models_over_time: list[dict] = field(default_factory=list)
     spend_totals: dict = field(default_factory=dict)
+    # The keys' own budgets, most used first (KEY_BUDGETS of them); None: spend is not shown
+    key_budgets: list[KeyBudget] | None = None
+    key_budget_count: int = 0
 
     @property
     def hit_ratio(self) -> float | None:
@@ -141,11 +160,83 @@ class Dashboard:
         return ratio(self.totals["errors"], self.totals["requests"])
 
 
-def _entries(tenant_ids: Sequence[int] | None, since: datetime, until: datetime) -> QuerySet[LedgerEntry]:
-    entries = LedgerEntry.objects.filter(created_at__gte=since, created_at__lt=until)
+@dataclass
+class _Sources:
+    """Where a window's figures are read: DailyTraffic and DailyUserTraffic for the UTC days wholly inside
+    it that are rolled up (none for windows drawn by the minute or hour), the ledger for the rest (the
+    first day's part, today's, and any day with rows the rollup job has not folded in yet). `window` is
+    all of the window's ledger rows (latency percentiles are read from them)."""
+
+    window: QuerySet[LedgerEntry]
+    entries: QuerySet[LedgerEntry]
+    traffic: QuerySet[DailyTraffic] | None = None
+    users: QuerySet[DailyUserTraffic] | None = None
+
+
+def _sources(tenant_ids: Sequence[int] | None, since: datetime, until: datetime, rollups: bool) -> _Sources:
+    scoped = LedgerEntry.objects.order_by()
     if tenant_ids is not None:
-        entries = entries.filter(tenant_id__in=tenant_ids)
-    return entries.order_by()
+        scoped = scoped.filter(tenant_id__in=tenant_ids)
+    window = scoped.filter(created_at__gte=since, created_at__lt=until)
+    days = whole_days(since, until) if rollups else []
+    if not days:
+        return _Sources(window=window, entries=window)
+    scope = {} if tenant_ids is None else {"tenant_id__in": tenant_ids}
+    due = set(RollupDue.objects.filter(day__in=days, **scope).values_list("tenant_id", "day").distinct())
+    traffic = DailyTraffic.objects.filter(day__in=days, **scope).exclude(pairs_filter(due, rollups=True))
+    users = DailyUserTraffic.objects.filter(day__in=days, **scope).exclude(pairs_filter(due, rollups=True))
+    rest = pairs_filter(due, rollups=False)
+    outside = outside_days(days, since, until)
+    if outside is not None:
+        rest |= outside
+    # The spans alone, not within the window's range too: so PostgreSQL reads each span's range of the
+    # index (a bitmap OR), not the whole window's rows to filter them.
+    return _Sources(window=window, entries=scoped.filter(rest), traffic=traffic.order_by(), users=users.order_by())
+
+
+def _zero(names: Sequence[str]) -> dict:
+    return {name: ZERO if name in TRAFFIC_MONEY else 0 for name in names}
+
+
+def _grouped(
+    sources: _Sources,
+    dims: dict[str, str],
+    names: Sequence[str] = TRAFFIC_METRICS,
+    *,
+    users: bool = False,
+    where: Q | None = None,
+    rollup_where: Q | None = None,
+) -> dict[tuple, dict]:
+    """Sums of `names` grouped by `dims` ({ledger name: rollup column}; "bucket" is the UTC day), over the
+    window's ledger rows (narrowed by `where`) and its rollup rows (by `rollup_where`), added together.
+    `users`: the end users' rollups, and ledger rows that name an end user."""
+    entries = sources.entries.filter(where or Q())
+    rollups = sources.users if users else sources.traffic
+    if users:
+        entries = entries.exclude(end_user="")
+    if "bucket" in dims:
+        entries = entries.annotate(bucket=Trunc("created_at", "day", tzinfo=UTC))
+    ledger_sums = {name: LEDGER_TRAFFIC[name] for name in names}
+    rollup_sums = {name: Sum(name) for name in names}
+    if not dims:  # totals
+        sums: list = [[entries.aggregate(**ledger_sums)]]
+        if rollups is not None:
+            sums.append([rollups.filter(rollup_where or Q()).aggregate(**rollup_sums)])
+    else:
+        sums = [entries.values(*dims).annotate(**ledger_sums)]
+        if rollups is not None:
+            same = [name for name, column in dims.items() if name == column]
+            renamed = {name: F(column) for name, column in dims.items() if name != column}
+            sums.append(rollups.filter(rollup_where or Q()).values(*same, **renamed).annotate(**rollup_sums))
+    groups: dict[tuple, dict] = {}
+    for rows in sums:
+        for row in rows:
+            if "bucket" in row and not isinstance(row["bucket"], datetime):
+                row["bucket"] = datetime.combine(row["bucket"], time.min, tzinfo=UTC)
+            merged = groups.setdefault(tuple(row[name] for name in dims), _zero(names))
+            for name in names:
+                merged[name] += row[name] or 0
+    return groups
 
 
 def _buckets(since: datetime, until: datetime, unit: str) -> list[datetime]:
@@ -162,17 +253,28 @@ def _buckets(since: datetime, until: datetime, unit: str) -> list[datetime]:
     return buckets
 
 
-def _series(entries: QuerySet[LedgerEntry], since: datetime, until: datetime, unit: str) -> list[dict]:
+def _by_bucket(sources: _Sources, unit: str, dims: dict[str, str] | None = None, **kwargs) -> dict[tuple, dict]:
+    """Requests, failures and cost per bucket (and per `dims`): by day from both sources, by minute or
+    hour from the ledger alone (a window drawn so finely has no rollups)."""
+    names = ("requests", "errors", "cost_usd")
+    dims = {"bucket": "day", **(dims or {})}
+    if unit == "day":
+        return _grouped(sources, dims, names, **kwargs)
+    rows = (
+        sources.entries.filter(kwargs.get("where") or Q())
+        .annotate(bucket=Trunc("created_at", unit, tzinfo=UTC))
+        .values(*dims)
+        .annotate(**{name: LEDGER_TRAFFIC[name] for name in names})
+    )
+    return {tuple(row[name] for name in dims): {name: row[name] or 0 for name in names} for row in rows}
+
+
+def _series(sources: _Sources, since: datetime, until: datetime, unit: str) -> list[dict]:
     """Requests, failures and cost per bucket, every bucket present (zeros included)."""
-    rows = {
-        row["bucket"]: row
-        for row in entries.annotate(bucket=Trunc("created_at", unit, tzinfo=UTC))
-        .values("bucket")
-        .annotate(requests=Count("id"), errors=Count("id", filter=FAILED), cost_usd=Sum("cost_usd"))
-    }
+    rows = _by_bucket(sources, unit)
     series = []
     for bucket in _buckets(since, until, unit):
-        row = rows.get(bucket, {})
+        row = rows.get((bucket,), {})
         series.append(
             {
                 "at": bucket.isoformat(),
@@ -185,10 +287,10 @@ def _series(entries: QuerySet[LedgerEntry], since: datetime, until: datetime, un
 
 
 def _over_time(
-    entries: QuerySet[LedgerEntry], field_name: str, lines: dict, since: datetime, until: datetime, unit: str
+    sources: _Sources, name: str, column: str, lines: dict, since: datetime, until: datetime, unit: str
 ) -> list[dict]:
-    """Requests and cost per bucket of each value of `field_name` in `lines` ({value: label}), in the
-    order given, every bucket present."""
+    """Requests and cost per bucket of each value of ledger field `name` (rollup `column`) in `lines`
+    ({value: label}), in the order given, every bucket present."""
     if not lines:
         return []
     buckets = {bucket: i for i, bucket in enumerate(_buckets(since, until, unit))}
@@ -196,46 +298,79 @@ def _over_time(
         value: {"name": label, "requests": [0] * len(buckets), "cost_usd": [ZERO] * len(buckets)}
         for value, label in lines.items()
     }
-    rows = (
-        entries.filter(**{f"{field_name}__in": list(lines)})
-        .annotate(bucket=Trunc("created_at", unit, tzinfo=UTC))
-        .values("bucket", field_name)
-        .annotate(requests=Count("id"), cost_usd=Sum("cost_usd"))
+    rows = _by_bucket(
+        sources,
+        unit,
+        {name: column},
+        where=Q(**{f"{name}__in": list(lines)}),
+        rollup_where=Q(**{f"{column}__in": list(lines)}),
     )
-    for row in rows:
-        line, i = drawn[row[field_name]], buckets[row["bucket"]]
+    for (bucket, value), row in rows.items():
+        line, i = drawn[value], buckets[bucket]
         line["requests"][i] = row["requests"]
         line["cost_usd"][i] = row["cost_usd"] or ZERO
     return list(drawn.values())
 
 
-def _top(entries: QuerySet[LedgerEntry], *fields: str) -> list[dict]:
-    """The TOP busiest values of `fields` in the window, with their requests, failures and cost."""
-    rows = (
-        entries.values(*fields)
-        .annotate(requests=Count("id"), errors=Count("id", filter=FAILED), cost_usd=Sum("cost_usd"))
-        .order_by("-requests", *fields)[:TOP]
-    )
-    return [{**row, "cost_usd": row["cost_usd"] or ZERO} for row in rows]
+TOP_METRICS = ("requests", "errors", "cost_usd")
 
 
-def _providers(entries: QuerySet[LedgerEntry]) -> list[ProviderLine]:
-    rows = list(
-        entries.exclude(provider="")
-        .values("provider")
-        .annotate(requests=Count("id"), server_errors=Count("id", filter=SERVER_ERROR))
-        .order_by("-requests", "provider")
+def _top(groups: dict[tuple, dict], *fields: str) -> list[dict]:
+    """The TOP busiest groups ({(values of fields): sums}), with their requests, failures and cost;
+    ties in the order of their values."""
+    busiest = sorted(groups.items(), key=lambda item: (-item[1]["requests"], item[0]))[:TOP]
+    return [
+        {
+            **dict(zip(fields, values, strict=True)),
+            "requests": sums["requests"],
+            "errors": sums["errors"],
+            "cost_usd": sums["cost_usd"],
+        }
+        for values, sums in busiest
+    ]
+
+
+def _top_keys(sources: _Sources) -> list[dict]:
+    rows = _top(
+        _grouped(sources, {"key_id": "key_id"}, TOP_METRICS, where=~Q(key=None), rollup_where=~Q(key=None)), "key_id"
     )
-    total = sum(row["requests"] for row in rows)
+    keys = VirtualKey.objects.select_related("tenant").only("name", "tenant__name").in_bulk([r["key_id"] for r in rows])
+    return [
+        {**row, "key__name": keys[row["key_id"]].name, "tenant__name": keys[row["key_id"]].tenant.name} for row in rows
+    ]
+
+
+def _top_users(sources: _Sources) -> list[dict]:
+    groups = _grouped(sources, {"end_user": "end_user", "tenant_id": "tenant_id"}, TOP_METRICS, users=True)
+    names = dict(Tenant.objects.filter(pk__in={tenant_id for _, tenant_id in groups}).values_list("pk", "name"))
+    # As the ledger would rank them grouped by user and tenant name.
+    named: dict[tuple, dict] = {}
+    for (user, tenant_id), sums in groups.items():
+        merged = named.setdefault((user, names[tenant_id]), _zero(sums))
+        for name, value in sums.items():
+            merged[name] += value
+    return _top(named, "end_user", "tenant__name")
+
+
+def _providers(sources: _Sources) -> list[ProviderLine]:
+    groups = _grouped(
+        sources,
+        {"provider": "provider"},
+        ("requests", "server_errors"),
+        where=~Q(provider=""),
+        rollup_where=~Q(provider=""),
+    )
+    rows = sorted(groups.items(), key=lambda item: (-item[1]["requests"], item[0]))
+    total = sum(sums["requests"] for _, sums in rows)
     return [
         ProviderLine(
-            provider=row["provider"],
-            requests=row["requests"],
-            server_errors=row["server_errors"],
-            share=row["requests"] / total,
-            error_rate=row["server_errors"] / row["requests"],
+            provider=provider,
+            requests=sums["requests"],
+            server_errors=sums["server_errors"],
+            share=sums["requests"] / total,
+            error_rate=sums["server_errors"] / sums["requests"],
         )
-        for row in rows
+        for (provider,), sums in rows
     ]
 
 
@@ -265,53 +400,97 @@ def tenant_spend(*, tenants: Sequence[Tenant], now: datetime) -> list[TenantSpen
     ]
 
 
+KEY_BUDGETS = 20  # key budgets listed on the dashboard: the most used
+
+
+def key_budgets(*, tenants: Sequence[Tenant], now: datetime) -> tuple[list[KeyBudget], int]:
+    """The own budgets of the keys of `tenants` (never another tenant's), each with what its key spent
+    this UTC day or month (as exact as spend reports), the KEY_BUDGETS most used first; and how many
+    there are in all."""
+    budgets = list(
+        Budget.objects.filter(tenant__in=tenants, key__isnull=False).select_related("key__tenant").order_by("pk")
+    )
+    if not budgets:
+        return [], 0
+    today = now.astimezone(UTC).date()
+    keys = list({budget.key_id: budget.key for budget in budgets}.values())
+    spent = {
+        Budget.Period.DAILY: key_usage(keys=keys, start=today, end=today),
+        Budget.Period.MONTHLY: key_usage(keys=keys, start=today.replace(day=1), end=today),
+    }
+    lines = [
+        KeyBudget(
+            key=budget.key,
+            period=budget.period,
+            limit_usd=budget.limit_usd,
+            spent=spent[budget.period].get(budget.key_id, {}).get("cost_usd", ZERO),
+        )
+        for budget in budgets
+    ]
+    lines.sort(key=lambda line: (-line.used, line.key.name, line.period))
+    return lines[:KEY_BUDGETS], len(lines)
+
+
 def dashboard(
     *,
     tenant_ids: Sequence[int] | None,
     spend_tenants: Sequence[Tenant] | None,
     window: str = DEFAULT_WINDOW,
     now: datetime | None = None,
+    rollups: bool = True,
 ) -> Dashboard:
     """The dashboard's figures over the last `window` for `tenant_ids` (None: every tenant), and spend
-    for `spend_tenants` (None: spend is not shown)."""
+    and key budgets for `spend_tenants` (None: spend is not shown). Windows drawn by the day read the
+    rollups for the whole days they hold (`rollups` False: the ledger alone, the same figures)."""
     length, unit = WINDOWS[window]
     until = now or timezone.now()
     since = until - length
-    entries = _entries(tenant_ids, since, until)
-    totals = tidy(entries.aggregate(**traffic_totals()))
+    sources = _sources(tenant_ids, since, until, rollups and unit == "day")
+    totals = tidy({**_grouped(sources, {})[()], **sources.window.aggregate(**latency_percentiles())})
     spend = None
     spend_totals = {}
+    budgets, budget_count = None, 0
     if spend_tenants is not None:
         spend = sorted(tenant_spend(tenants=spend_tenants, now=until), key=lambda s: (-s.month, s.tenant.name))
         spend_totals = {
             "today": sum((s.today for s in spend), ZERO),
             "month": sum((s.month for s in spend), ZERO),
         }
-    top_keys = _top(entries.exclude(key=None), "key_id", "key__name", "tenant__name")
-    top_models = _top(entries, "model_requested")
+        budgets, budget_count = key_budgets(tenants=spend_tenants, now=until)
+    top_keys = _top_keys(sources)
+    top_models = _top(_grouped(sources, {"model_requested": "model"}, TOP_METRICS), "model_requested")
     return Dashboard(
         window=window,
         since=since,
         until=until,
         totals=totals,
-        series=_series(entries, since, until, unit),
-        providers=_providers(entries),
+        series=_series(sources, since, until, unit),
+        providers=_providers(sources),
         spend=spend,
         top_keys=top_keys,
         top_models=top_models,
-        top_users=_top(entries.exclude(end_user=""), "end_user", "tenant__name"),
+        top_users=_top_users(sources),
         keys_over_time=_over_time(
-            entries, "key_id", {row["key_id"]: row["key__name"] for row in top_keys[:DRAWN]}, since, until, unit
+            sources,
+            "key_id",
+            "key_id",
+            {row["key_id"]: row["key__name"] for row in top_keys[:DRAWN]},
+            since,
+            until,
+            unit,
         ),
         models_over_time=_over_time(
-            entries,
+            sources,
             "model_requested",
+            "model",
             {row["model_requested"]: row["model_requested"] for row in top_models[:DRAWN]},
             since,
             until,
             unit,
         ),
         spend_totals=spend_totals,
+        key_budgets=budgets,
+        key_budget_count=budget_count,
     )
 
 

@@ -347,6 +347,25 @@ def test_the_request_log_filters_by_utc_days_and_reads_the_ledger_only_for_its_r
     assert not [sql for sql in ledger_reads if "DISTINCT" in sql]
 
 
+def test_the_request_log_finds_a_request_by_its_whole_id_only(spend_data):
+    """The search is the exact request id (on its index): a part of one, or one in another case, is not
+    a search a ledger of millions of rows can answer, and finds nothing."""
+    t = spend_data.tenancy
+    entry = LedgerEntry.objects.filter(tenant=t.tenant).first()
+    finance = as_user(t.finance)
+
+    def found(term: str) -> list[str]:
+        return [e.request_id for e in finance.get(LOG, {"q": term}).context["cl"].result_list]
+
+    assert (
+        found(entry.request_id)
+        == [entry.request_id] * LedgerEntry.objects.filter(tenant=t.tenant, request_id=entry.request_id).count()
+    )
+    assert found(f"  {entry.request_id} ") == found(entry.request_id)  # pasted with spaces
+    assert found(entry.request_id[:-1]) == []
+    assert found(entry.request_id.swapcase()) == []
+
+
 def test_the_request_log_counts_its_rows_only_up_to_a_cap(spend_data, monkeypatch):
     """Past the cap the list says "more than" instead of counting every row of a big ledger."""
     from sentinel.console.scoping import CappedCountPaginator

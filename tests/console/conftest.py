@@ -63,7 +63,7 @@ def _objects(tenancy, tenant, member, marker: str, side: str) -> dict:
         "webhookendpoint": endpoint,
         "webhookdelivery": WebhookDelivery.objects.create(endpoint=endpoint, event=f"{marker}.{side}", payload={}),
         "ledgerentry": LedgerEntry.objects.create(
-            request_id=f"{marker}-{side}",
+            request_id=marker,  # the request log's search is by the whole id: both sides share it
             created_at=timezone.now(),
             tenant=tenant,
             key=key,
