@@ -44,7 +44,7 @@ from stdnum.se import personnummer
 from stdnum.us import ssn
 
 from gateway.screening import credentials
-from gateway.screening.spans import Span, lowercase, lowered
+from gateway.screening.spans import Prefilter, Span, lowercase, lowered
 
 EMAIL, PHONE, CARD, IBAN, NATIONAL_ID, IP_ADDRESS, SECRET = (
     "email",
@@ -82,7 +82,7 @@ _NOT_TLD = frozenset(
 
 
 def _emails(text: str) -> list[Span]:
-    if "@" not in text:
+    if "@" not in text or not _may_match(text, _EMAIL):
         return []
     return [Span(EMAIL, m.start(), m.end()) for m in _EMAIL.finditer(text) if m.group(1).lower() not in _NOT_TLD]
 
@@ -121,6 +121,8 @@ def _phones(text: str, region: str, found: list[Span]) -> list[Span]:
     ...) whose length is possible there: the code is signal enough, and it spares an up-to-date
     number plan (new ranges, ranges reserved for fiction) from deciding."""
     spans = []
+    if not _may_match(text, _PHONE_RUN):
+        return spans
     for run in _PHONE_RUN.finditer(text):
         digits = sum(c.isdigit() for c in run.group())
         if not 7 <= digits <= 15:
@@ -173,6 +175,8 @@ def _card_network_fits(digits: str) -> bool:
 
 def _cards(text: str) -> list[Span]:
     spans = []
+    if not _may_match(text, _CARD_RUN):
+        return spans
     for run in _CARD_RUN.finditer(text):
         if "." in run.group() and not _DOTTED_CARD.fullmatch(run.group()):
             continue
@@ -189,7 +193,9 @@ _IBAN_RUN_LOWER = lowered(_IBAN_RUN.pattern)
 
 
 def _ibans(text: str) -> list[Span]:
-    spans = []
+    spans: list[Span] = []
+    if not _may_match(text, _IBAN_RUN):
+        return spans
     folded = lowercase(text)
     for run in _IBAN_RUN_LOWER.finditer(folded) if folded is not None else _IBAN_RUN.finditer(text):
         candidate = text[run.start() : run.end()]
@@ -236,6 +242,8 @@ _CODICE_FISCALE_MIDDLE = re.compile(r"\d\d[A-Za-z]\d\d[A-Za-z]\d{3}")
 def _national_ids(text: str) -> list[Span]:
     spans = []
     for pattern, valid in _NATIONAL_IDS:
+        if not _may_match(text, pattern):
+            continue
         if valid is codicefiscale.is_valid and not _CODICE_FISCALE_MIDDLE.search(text):
             continue
         for match in pattern.finditer(text):
@@ -263,7 +271,9 @@ def _is_personal_address(candidate: str) -> bool:
 
 
 def _ip_addresses(text: str) -> list[Span]:
-    spans = []
+    spans: list[Span] = []
+    if not _may_match(text, _IPV4, _IPV6):
+        return spans
     for match in _IPV4.finditer(text):
         if not _VERSION_BEFORE.search(text, max(0, match.start() - 10), match.start()) and _is_personal_address(
             match.group()
@@ -285,6 +295,18 @@ def _secrets(text: str) -> list[Span]:
 
 
 # --- all of them -------------------------------------------------------------------------------
+
+# One Hyperscan pass says which candidate patterns can match a text (gateway.screening.spans.Prefilter);
+# a kind whose patterns cannot is skipped without a pass of its own.
+_CANDIDATES = (_EMAIL, _PHONE_RUN, _CARD_RUN, _IBAN_RUN, _IPV4, _IPV6, *(p for p, _ in _NATIONAL_IDS))
+_PREFILTER = Prefilter(list(_CANDIDATES))
+_INDEX = {pattern: index for index, pattern in enumerate(_CANDIDATES)}
+
+
+def _may_match(text: str, *patterns: re.Pattern) -> bool:
+    candidates = _PREFILTER.candidates(text)
+    return any(_INDEX[pattern] in candidates for pattern in patterns)
+
 
 _FINDERS = {
     EMAIL: _emails,

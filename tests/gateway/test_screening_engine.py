@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
-from gateway.screening import engine, injection, moderation, personal_data
+from gateway.screening import credentials, engine, injection, moderation, personal_data
 from gateway.screening.engine import Screening, mask, screen_input
 from gateway.screening.personal_data import Span
 from gateway.screening.policy import Policy
@@ -342,7 +342,8 @@ def test_pattern_checks_reach_their_targets():
 
 def test_injection_holds_on_prompts_written_after_it_was_tuned():
     """Issue 25: injection recall was 0.70 on the held-out prompts (0.56 on the issue's fresh ones).
-    injection_holdout_c.jsonl was written after the last change to the detector and never trained on."""
+    injection_holdout_c.jsonl and _d.jsonl were written before the model they measure and never
+    trained on (docs/screening.md says how each set was used)."""
     assert figures(DATA / "screening_holdout.jsonl")["checks"]["injection"] == {
         "precision": 1.0,
         "recall": 1.0,
@@ -350,8 +351,28 @@ def test_injection_holds_on_prompts_written_after_it_was_tuned():
         "fp": 0,
         "fn": 0,
     }
-    fresh = figures(DATA / "injection_holdout_c.jsonl")["checks"]["injection"]
-    assert (fresh["tp"], fresh["fp"], fresh["fn"]) == (42, 1, 8)  # recall 0.84, precision 0.977
+    c = figures(DATA / "injection_holdout_c.jsonl")["checks"]["injection"]
+    assert (c["tp"], c["fp"], c["fn"]) == (42, 1, 8)  # recall 0.84, precision 0.977
+    d = figures(DATA / "injection_holdout_d.jsonl")["checks"]["injection"]
+    assert (d["tp"], d["fp"], d["fn"]) == (43, 2, 7)  # recall 0.86, precision 0.956 (0.76 / 0.95 before)
+
+
+@pytest.mark.parametrize("module", [personal_data, credentials, injection, moderation])
+def test_the_prefilter_never_rules_out_a_pattern_that_matches(module):
+    """One Hyperscan pass tells which patterns can match (spans.Prefilter); a pattern it leaves out
+    must not match. And it does leave patterns out (Hyperscan is installed and compiled them)."""
+    prefilter = module._PREFILTER
+    texts = [
+        json.loads(line)["text"]
+        for name in ("screening_eval", "screening_holdout")
+        for line in (DATA / f"{name}.jsonl").read_text().splitlines()
+    ]
+    for text in texts:
+        candidates = prefilter.candidates(text)
+        for index, pattern in enumerate(prefilter.patterns):
+            assert index in candidates or pattern.search(text) is None, (pattern.pattern, text)
+    assert len(prefilter.candidates("Please summarise the meeting notes from Tuesday.")) < prefilter.count
+    assert prefilter.candidates("Grüße aus München") == set(range(prefilter.count))  # not ASCII: all
 
 
 @pytest.mark.slow  # trains the classifier
