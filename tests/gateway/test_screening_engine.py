@@ -563,3 +563,18 @@ def test_a_long_request_is_screened_while_the_event_loop_goes_on():
     run(main())
     assert ticks >= 2  # the loop kept turning while the checks ran
     assert call.body["messages"][0]["content"] == "Mail [EMAIL] about card [PAYMENT_CARD], thanks. " * 2_000
+
+
+def test_findings_are_remembered_per_text_and_per_policy():
+    """An earlier turn sent again is not read again (engine.remembered_spans), and what one policy
+    asked about a text is never the answer for another policy."""
+    turn = {"role": "user", "content": "Reach me at remembered.turn@example.org, please."}
+    first = call_with(Policy(input=(("email", "redact"),)), dict(turn))
+    run(screen_input(first))
+    again = call_with(Policy(input=(("email", "redact"),)), dict(turn))
+    run(screen_input(again))
+    off = call_with(Policy(input=(("phone", "redact"),)), dict(turn))
+    run(screen_input(off))
+    assert first.body == again.body == {"messages": [{"role": "user", "content": "Reach me at [EMAIL], please."}]}
+    assert again.screening.fired == {("email", "in"): "redact"}
+    assert off.body == {"messages": [turn]} and off.screening.fired == {}
