@@ -189,9 +189,7 @@ _CONCEPT_OF = {
 
 def _concepts(found: list[str]) -> list[str]:
     """The concept features of a list of words: each group present, each pair of groups present."""
-    present = set(map(_CONCEPT_OF.get, map(_STEM_OF, found)))
-    present.discard(None)
-    ordered = sorted(present)
+    ordered = sorted(set(filter(None, map(_CONCEPT_OF.get, map(_STEM_OF, found)))))
     return [f"k:{a}" for a in ordered] + [f"k:{a} {b}" for i, a in enumerate(ordered) for b in ordered[i + 1 :]]
 
 
