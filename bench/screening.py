@@ -10,8 +10,11 @@ between (a system prompt and three short turns, about 1,000 characters), and sin
 of 4,000 characters (issue 25: one long message is read by every check, where a long conversation's
 text sits mostly in turns fewer checks read), each with the checks redacting and with them only
 logging; the same for
-each family of checks alone; a tenant without a policy; and screening a streamed 40-chunk answer.
-Pure CPU: no server is called. Prints a table; writes bench/results/screening.json.
+each family of checks alone; a tenant without a policy; the next request of a long conversation,
+whose earlier turns the engine has seen (it remembers their findings); and screening a streamed
+40-chunk answer. Pure CPU: no server is called. Prints wall-clock p50/p99/max and the CPU time p50
+(what the checks cost, apart from waiting for a core on a busy machine); writes
+bench/results/screening.json.
 """
 
 from __future__ import annotations
@@ -75,9 +78,15 @@ def single_messages(texts: list[str], count: int, rng: random.Random, *, chars: 
     return bodies
 
 
-def time_input(checks: dict[str, str] | None, bodies: list[list[dict]], rounds: int) -> list[float]:
+def time_input(
+    checks: dict[str, str] | None, bodies: list[list[dict]], rounds: int, *, earlier_turns_seen: bool = False
+) -> tuple[list[float], list[float]]:
+    """Wall and CPU time (ms) of screen_input per request. The findings the engine remembers per
+    text (engine.remembered_spans) are forgotten before each request, so the checks themselves are
+    timed; with `earlier_turns_seen`, the request before it (the same conversation less its last
+    turn) is screened first, untimed, as in a chat where each request sends the history again."""
     from gateway.screening import engine
-    from gateway.screening.engine import screen_input
+    from gateway.screening.engine import forget_spans, screen_input
 
     # The checks themselves, inline: on the request path a long text is screened in a worker thread
     # (engine.INLINE_CHARS), which costs the request the same time and the event loop none of it.
@@ -85,16 +94,23 @@ def time_input(checks: dict[str, str] | None, bodies: list[list[dict]], rounds: 
 
     screening = policy(checks) if checks is not None else None
     key = SimpleNamespace(screening=screening, tenant_slug="bench", tenant_id=0)
-    samples = []
+    samples, cpu = [], []
     for _ in range(rounds):
         for messages in bodies:
+            forget_spans()
+            if earlier_turns_seen:
+                before = SimpleNamespace(
+                    key=key, body={"messages": [dict(m) for m in messages[:-1]]}, request_id="bench", screening=None
+                )
+                run_to_end(screen_input(before))
             call = SimpleNamespace(
                 key=key, body={"messages": [dict(m) for m in messages]}, request_id="bench", screening=None
             )
-            started = time.perf_counter_ns()
+            started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
             run_to_end(screen_input(call))
+            cpu.append((time.thread_time_ns() - started_cpu) / 1e6)
             samples.append((time.perf_counter_ns() - started) / 1e6)
-    return samples
+    return samples, cpu
 
 
 def time_stream(texts: list[str], rounds: int) -> list[float]:
@@ -155,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         ("long ~4k chars, all checks (redact)", every, long),
         ("long ~4k chars, all checks (log)", logging_only, long),
         ("long ~4k chars of clean text, all checks", every, long_clean),
+        ("long ~4k chars, next turn (history seen)", every, long),
         ("single 4k user message, all checks (redact)", every, single),
         ("single 4k user message, all checks (log)", logging_only, single),
         ("single 4k clean user message, all checks", every, single_clean),
@@ -162,16 +179,25 @@ def main(argv: list[str] | None = None) -> int:
     time_input(every, short[:50], 1)  # warm up (regex compilation, phonenumbers metadata)
     rows = []
     for name, checks, bodies in scenarios:
-        samples = time_input(checks, bodies, rounds)
+        samples, cpu = time_input(checks, bodies, rounds, earlier_turns_seen="history seen" in name)
         chars = sum(len(m["content"]) for body in bodies for m in body) / len(bodies)
-        rows.append({"scenario": name, "n": len(samples), "chars": round(chars), **stats(samples)})
+        rows.append(
+            {
+                "scenario": name,
+                "n": len(samples),
+                "chars": round(chars),
+                **stats(samples),
+                "cpu_p50_ms": round(percentile(cpu, 0.50), 4),
+            }
+        )
     samples = time_stream(texts[:100], rounds)
     rows.append({"scenario": "stream, 40 chunks, output checks", "n": len(samples), "chars": 320, **stats(samples)})
 
-    print(f"{'scenario':<46}{'n':>7}{'chars':>7}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}")
+    print(f"{'scenario':<46}{'n':>7}{'chars':>7}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'cpu p50':>9}")
     for row in rows:
         print(
-            f"{row['scenario']:<46}{row['n']:>7}{row['chars']:>7}{row['p50_ms']:>9.3f}{row['p99_ms']:>9.3f}{row['max_ms']:>9.3f}"
+            f"{row['scenario']:<46}{row['n']:>7}{row['chars']:>7}{row['p50_ms']:>9.3f}{row['p99_ms']:>9.3f}"
+            f"{row['max_ms']:>9.3f}{row.get('cpu_p50_ms', float('nan')):>9.3f}"
         )
     from bench import report
 

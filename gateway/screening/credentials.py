@@ -42,7 +42,7 @@ from detect_secrets.plugins.stripe import StripeDetector
 from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
 from detect_secrets.plugins.twilio import TwilioKeyDetector
 
-from gateway.screening.spans import Span
+from gateway.screening.spans import Prefilter, Span
 
 SECRET = "secret"  # noqa: S105 - the kind of span, not a secret
 
@@ -167,6 +167,9 @@ _STATED_PASSWORD = re.compile(
     r"((?=[^\s\"'`]*[A-Za-z])(?=[^\s\"'`]*[\d!@#$%^&*_+=?~])[^\s\"'`]{6,64})",
     re.IGNORECASE,
 )
+# One Hyperscan pass says which of these can match a text (gateway.screening.spans.Prefilter).
+_PREFILTER = Prefilter([p for _, p in _TOKEN_PATTERNS] + [p for _, p in _VALUE_PATTERNS] + [_STATED_PASSWORD])
+_STATED_PASSWORD_INDEX = len(_TOKEN_PATTERNS) + len(_VALUE_PATTERNS)
 _CALL = re.compile(r"[A-Za-z_][\w.]*\(")  # get_password(), os.getenv("KEY"): a reference, not a value
 _SYMBOLS = frozenset("!@#$%^&*+=?~/|")
 _PLACEHOLDER = re.compile(
@@ -246,13 +249,14 @@ def _name_starts(text: str, lowered: str) -> list[int]:
 def find(text: str) -> list[Span]:
     """Every secret in `text`, each span the whole value (overlaps are settled by the caller)."""
     spans = []
-    for literals, pattern in _TOKEN_PATTERNS:
-        if literals and not any(literal in text for literal in literals):
+    candidates = _PREFILTER.candidates(text)
+    for index, (literals, pattern) in enumerate(_TOKEN_PATTERNS):
+        if index not in candidates or (literals and not any(literal in text for literal in literals)):
             continue
         for match in pattern.finditer(text):
             spans.append(Span(SECRET, *_whole_token(text, *match.span())))
-    for literals, pattern in _VALUE_PATTERNS:
-        if literals and not any(literal in text for literal in literals):
+    for index, (literals, pattern) in enumerate(_VALUE_PATTERNS, len(_TOKEN_PATTERNS)):
+        if index not in candidates or (literals and not any(literal in text for literal in literals)):
             continue
         for match in pattern.finditer(text):
             if match.group(1):
@@ -288,7 +292,7 @@ def find(text: str) -> list[Span]:
             if match is not None and credential_like(match.group(1)):
                 spans.append(Span(SECRET, *_whole_token(text, *match.span(1))))
             at = lowered.find(word, at + len(word))
-    for match in _STATED_PASSWORD.finditer(text):
+    for match in _STATED_PASSWORD.finditer(text) if _STATED_PASSWORD_INDEX in candidates else ():
         if credential_like(match.group(1)):
             spans.append(Span(SECRET, *match.span(1)))
     return spans

@@ -13,7 +13,10 @@ Where the pipeline calls it:
     a stream: gateway.screening.streaming.screen_stream(call, first, rest) (bounded holdback)
 
 Local checks (gateway.screening.personal_data, .credentials, .injection, .moderation) are plain CPU
-work: tens of microseconds on a typical prompt, milliseconds on thousands of characters. Up to
+work: tens of microseconds on a typical prompt, a few milliseconds on thousands of characters (one
+Hyperscan pass first rules out the patterns that cannot match: gateway.screening.spans.Prefilter).
+A text's findings are remembered by digest (remembered_spans), so a conversation's earlier turns,
+sent again with every request, are not read again. Up to
 INLINE_CHARS they run inline; a request or an answer carrying more text is screened in a worker
 thread, so no request waits on the event loop behind another's screening. The outside services (a moderation provider
 through litellm, the tenant's HTTP guardrail) run concurrently, on the already-redacted text, and
@@ -32,9 +35,12 @@ injections arrive indirectly). A tenant without a policy costs one attribute tes
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -274,6 +280,39 @@ def local_spans(
     return spans
 
 
+# A conversation sends its earlier turns again with every request: their findings are kept, keyed by
+# a digest of the text and of what was asked (never the text itself), so only the new turn is read.
+SPANS_CACHE_SIZE = 4096
+_spans_cache: OrderedDict[bytes, tuple[Span, ...]] = OrderedDict()
+_spans_cache_lock = threading.Lock()
+
+
+def remembered_spans(
+    text: str, *, kinds: tuple[str, ...], injection_on: bool, moderation_on: bool, region: str
+) -> list[Span]:
+    """local_spans, remembered for the last SPANS_CACHE_SIZE texts screened (per process)."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
+    digest.update(repr((kinds, injection_on, moderation_on, region)).encode())
+    key = digest.digest()
+    with _spans_cache_lock:
+        known = _spans_cache.get(key)
+        if known is not None:
+            _spans_cache.move_to_end(key)
+            return list(known)
+    spans = local_spans(text, kinds=kinds, injection_on=injection_on, moderation_on=moderation_on, region=region)
+    with _spans_cache_lock:
+        _spans_cache[key] = tuple(spans)
+        if len(_spans_cache) > SPANS_CACHE_SIZE:
+            _spans_cache.popitem(last=False)
+    return spans
+
+
+def forget_spans() -> None:
+    """Empty the cache of findings (the benchmark times the checks themselves with it)."""
+    with _spans_cache_lock:
+        _spans_cache.clear()
+
+
 def check_of(span: Span) -> str:
     return MODERATION if span.check in MODERATION_CATEGORIES else span.check
 
@@ -332,7 +371,7 @@ def _screen_locally(policy: Policy, record: Screening, messages: list, texts: li
     blocks: list[tuple[str, str]] = []
     for text in texts:
         screened = text.role not in SYSTEM_ROLES
-        spans = local_spans(
+        spans = remembered_spans(
             text.checked,
             kinds=kinds,
             injection_on=injection_action != OFF and screened,

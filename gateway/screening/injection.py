@@ -18,7 +18,7 @@ import binascii
 import re
 
 from gateway.screening import injection_model
-from gateway.screening.spans import Span, lowercase, lowered
+from gateway.screening.spans import Prefilter, Span, lowercase, lowered
 
 INJECTION = "injection"
 
@@ -149,6 +149,9 @@ _PATTERNS: tuple[tuple[tuple[str, ...], re.Pattern, re.Pattern], ...] = tuple(
         ),
     )
 )
+# The first ignore-the-instructions, reveal-the-prompt and pretend-there-are-no-rules phrases are
+# left to their anchors: Hyperscan takes seconds to compile them.
+_PREFILTER = Prefilter([any_case for _, any_case, _ in _PATTERNS], leave_out=frozenset({0, 8, 16}))
 _BASE64 = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{24,}={0,2}(?![A-Za-z0-9+/=])")
 _HEX = re.compile(r"[0-9A-Fa-f](?<![0-9A-Fa-f]{2})[0-9A-Fa-f](?:[0-9A-Fa-f]{2}){15,}(?![0-9A-Fa-f])")
 
@@ -172,8 +175,9 @@ def _matches(text: str) -> list[tuple[int, int]]:
     folded = lowercase(text)
     lowered_text = folded if folded is not None else text.lower()
     found = []
-    for anchors, any_case, lower_case in _PATTERNS:
-        if any(anchor in lowered_text for anchor in anchors):
+    candidates = _PREFILTER.candidates(text)
+    for index, (anchors, any_case, lower_case) in enumerate(_PATTERNS):
+        if index in candidates and any(anchor in lowered_text for anchor in anchors):
             if folded is not None:
                 found.extend(m.span() for m in lower_case.finditer(folded))
             else:

@@ -1,16 +1,27 @@
 """Prompt injection, learned: a logistic regression over the words of a text, its word stems and
-word pairs, after undoing the usual disguises (l33t digits, s p a c e d letters, full-width forms,
-accents), with Chinese and Japanese read as character pairs.
+word pairs, after undoing the usual disguises (l33t digits, s p a c e d letters, split w-o-r-d-s,
+full-width forms, accents, invisible characters), with Chinese and Japanese read as character pairs.
 
 The weights are a small JSON file shipped beside this module (injection_model.json), trained
 offline from a labeled set by `python manage.py injection_train tests/data/injection_train.jsonl`
-(scikit-learn's LogisticRegression, which the request path never imports: scoring is a dictionary
-lookup per feature, about 0.1 ms per 1,000 characters). A text is scored in chunks of a few
-sentences, so an instruction hidden in a long pasted e-mail or a tool result is judged on its own
-and not diluted by the rest; a chunk at or above the model's threshold is a finding.
+(scikit-learn's LogisticRegression, which the request path never imports). A text is scored in
+chunks of a few sentences, so an instruction hidden in a long pasted e-mail or a tool result is
+judged on its own and not diluted by the rest, and so is a passage set apart inside a chunk (in
+brackets, quotes or an HTML comment); a chunk at or above the model's threshold is a finding.
+
+Features: words, their first five letters (a cheap stem across languages), neighbouring pairs of
+both, and concept groups (_CONCEPTS: words that discard, name the rules, ask to reveal, claim
+authority, ... in several languages) with the pairs of groups present together, which carry what
+was learned from one phrasing to another that uses other words of the same groups. Features are
+counted, so a chunk's score is a sum over its words.
+
+Scoring costs about as much as one pass of a regular expression over the text: the text is folded
+(lowercase, accents and full-width forms, character for character) once, a chunk's words come from
+str.split and str.strip (a word that is not plain letters is looked at closely), and the weights are
+summed by map over dict.get, which runs in C.
 
 Why not the MiniLM embeddings the cache uses: 3-6 ms a prompt (gateway.cache.embedder), over the
-local checks' budget, and weights a few kilobytes of word features cannot be inspected the same way.
+local checks' budget, and English only.
 """
 
 from __future__ import annotations
@@ -18,8 +29,12 @@ from __future__ import annotations
 import functools
 import json
 import math
+import operator
 import re
+import string
 import unicodedata
+from collections import Counter
+from itertools import repeat
 from pathlib import Path
 
 from gateway.screening.spans import Span
@@ -29,33 +44,73 @@ WEIGHTS = Path(__file__).with_name("injection_model.json")
 
 # l33t: digits and symbols standing for letters, inside words.
 _LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s"})
-_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
-# "I G N O R E", "i.g.n.o.r.e", "ign-ore": letters kept apart to slip past word matching.
-_SPACED = re.compile(r"(?<!\w)(?:\w[ .\-_*]{1,3}){3,}\w(?!\w)")
-_SPLIT_WORD = re.compile(r"(?<=\w)[.\-_*](?=\w)")
-_WORDS = re.compile(r"\w+")
+_DISGUISED = re.compile(r"[^\W\d_][0-9@$]|[0-9@$][^\W\d_]")
+# A word, possibly disguised: letters and digits (and @ or $ standing for a or s), possibly split by
+# single separators ("ign-ore", "i.g.n.o.r.e", an invisible character, which is folded to "_").
+_TOKEN = re.compile(r"[\w@$]+(?:[.\-*][\w@$]+)*")
+_SEPARATORS = re.compile(r"[._\-*]")
+_AT_OR_DOLLAR = re.compile(r"[@$]+")
+# "I G N O R E", "f o r g e t   y o u r": letters kept apart by separators, four or more.
+_SPACED = re.compile(r"\w(?<!\w\w)(?:[ .\-_*]{1,3}\w){3,}(?!\w)")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]")
-_COMBINING = re.compile(r"[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
-_DISGUISED = re.compile(r"[a-z][0-9@$]|[0-9@$][a-z]")
-_SENTENCE_END = re.compile(r"(?<=[.!?。！？；;])\s+|\n+")
+# Where a sentence ends (a chunk ends at the first of these past CHUNK_CHARS): found with str.find,
+# much cheaper than a regular expression over the text.
+_SENTENCE_ENDS = ("\n", ". ", "! ", "? ", "; ", "。", "！", "？", "；")
+# Around a word, not part of it (@ and $ can be letters in disguise).
+_PUNCTUATION = "".join(c for c in string.punctuation if c not in "@$") + "“”‘’«»„…–—、，。！？；：（）【】「」《》"
 # A passage set apart inside a chunk: in brackets or parentheses, between quotes, inside an HTML tag.
 _ENCLOSED = re.compile(
     r"\(([^()]{20,})\)|\[([^\[\]]{20,})\]|>([^<>]{20,})<|\"([^\"]{20,})\"|<!--(.{20,}?)-->", re.DOTALL
 )
+_MAY_ENCLOSE = re.compile(r"[(\[\"<]")
 CHUNK_CHARS = 280  # sentences are gathered into chunks of about this many characters
+STEM = 5  # a word's first letters: a cheap stem across languages (ignor-, instr-, anwei-)
+_STEM_OF = operator.itemgetter(slice(None, STEM))
 
 
-def normalize(text: str) -> str:
-    """Lowercase, accents and full-width forms folded, invisible characters dropped, l33t digits
-    read as letters, spaced or split letters joined."""
-    if not text.isascii():
-        text = _COMBINING.sub("", unicodedata.normalize("NFKD", text.translate(_INVISIBLE)))
-    text = _SPACED.sub(_join_letters, text.lower())
-    text = _SPLIT_WORD.sub("", text)
-    # Digits inside a word of letters are letters in disguise ("1gn0r3"); a number stays a number.
-    if not _DISGUISED.search(text):
-        return text
-    return " ".join(word.translate(_LEET) if _DISGUISED.search(word) else word for word in text.split())
+def _fold_table() -> dict[int, str]:
+    """One character for one: accented letters to their base letter, full-width and mathematical
+    letters to ASCII, invisible characters to "_" (so a word they split is joined like "ign_ore")."""
+    table = {}
+    ranges = ((0x80, 0x250), (0x370, 0x530), (0x1E00, 0x2000), (0xFF01, 0xFF5F), (0x1D400, 0x1D800))
+    for low, high in ranges:
+        for code in range(low, high):
+            folded = "".join(c for c in unicodedata.normalize("NFKD", chr(code)) if not unicodedata.combining(c))
+            folded = folded.lower()
+            if len(folded) == 1 and folded != chr(code).lower():
+                table[code] = folded
+    table.update(dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), "_"))
+    return table
+
+
+_FOLD = _fold_table()
+
+
+def fold(text: str) -> str:
+    """Lowercased and folded, character for character (positions stay where they were)."""
+    lowered = text.lower()
+    if len(lowered) != len(text):  # "İ" lowercases to two characters: keep the first
+        lowered = "".join(c.lower()[0] for c in text)
+    return lowered if lowered.isascii() else lowered.translate(_FOLD)
+
+
+def _token_words(token: str) -> list[str]:
+    """The words a token stands for: itself when plain; l33t read as letters when letters and digits
+    mix ("1gn0r3" -> ignore); separators dropped ("ign-ore" -> ignore); Chinese and Japanese runs as
+    character pairs ("c:忽略")."""
+    if token.isalpha():
+        return _cjk_pairs(token) if not token.isascii() and _CJK.search(token) else [token]
+    parts = [token.translate(_LEET)] if _DISGUISED.search(token) else _AT_OR_DOLLAR.split(token)
+    found = []
+    for part in parts:
+        word = _SEPARATORS.sub("", part)
+        if word:
+            found.extend(_cjk_pairs(word) if not word.isascii() and _CJK.search(word) else [word])
+    return found
+
+
+def _cjk_pairs(word: str) -> list[str]:
+    return ["c:" + word[i : i + 2] for i in range(max(1, len(word) - 1))]
 
 
 def _join_letters(match: re.Match) -> str:
@@ -64,19 +119,98 @@ def _join_letters(match: re.Match) -> str:
     return " ".join(re.sub(r"[ .\-_*]", "", word) for word in re.split(r"\s{2,}", match.group()))
 
 
-def features(text: str) -> set[str]:
-    """Words, their first five letters (a cheap stem across languages: ignor-, instr-, anwei-),
-    neighbouring pairs of both, and character pairs of Chinese or Japanese runs."""
-    words = _WORDS.findall(normalize(text))
-    found: set[str] = set()
-    if _CJK.search(text):
-        found.update("c:" + w[i : i + 2] for w in words if _CJK.search(w) for i in range(max(1, len(w) - 1)))
-        words = [w for w in words if not _CJK.search(w)]
-    stems = [w[:5] for w in words]
-    found.update("w:" + w for w in words)
-    found.update("s:" + stem for stem in stems)
-    found.update(f"b:{a} {b}" for a, b in zip(words, words[1:], strict=False))
-    found.update(f"t:{a} {b}" for a, b in zip(stems, stems[1:], strict=False))
+def words(folded: str) -> list[str]:
+    """The normalised words of a folded text (see fold). Split on whitespace and stripped of
+    punctuation by the string methods (much cheaper than a regular expression over the text); only
+    a word that is not plain letters (digits, separators, symbols, Chinese) is looked at closely."""
+    raw = folded.split()
+    if _FOUR_SINGLES in bytes(map(min, map(len, raw), repeat(2))):
+        return _words_slowly(folded)  # "i g n o r e": letters kept apart
+    stripped = map(str.strip, raw, repeat(_PUNCTUATION))
+    return " ".join([w if w.isalpha() and w.isascii() else _read(w) for w in stripped]).split()
+
+
+_FOUR_SINGLES = b"\x01" * 4
+
+
+def _read(word: str) -> str:
+    """A word that is not plain ASCII letters, as the words it stands for, joined by spaces."""
+    if word.isalpha() and not _CJK.search(word):
+        return word
+    return " ".join(part for token in _TOKEN.findall(word) for part in _token_words(token))
+
+
+def _words_slowly(folded: str) -> list[str]:
+    found: list[str] = []
+    for token in _TOKEN.findall(_SPACED.sub(_join_letters, folded)):
+        found.extend(_token_words(token))
+    return found
+
+
+# Words grouped by what they do in an attack, across languages (by their first STEM letters, or
+# whole when shorter; Chinese and Japanese by character pairs). The model learns a weight for each
+# group present in a chunk and for each pair of groups present together, so an attack that says
+# "the setup you booted with is void" is read like "ignore your instructions" even when those exact
+# words were never in the training set. Only the weights are learned; the groups are vocabulary.
+_CONCEPTS = {
+    "discard": "ignor disre forge skip drop aband overr bypas overl dismi scrap cance revok lifte lift "
+    "suspe pause retir expir obsol outda super inval nulli neutr erase wipe delet reset negat ignora olvid "
+    "ignor vergi missa oubli ignoo dimen esque negee verge zapom забуд игнор c:忽略 c:无视 c:無視 c:忘记 c:忘掉 "
+    "c:忘れ c:不要 c:废除 c:取消 c:無効",
+    "rules": "instr rules rule guide polic direc const restr limit guard filte setup confi progr train brief "
+    "prompt promp pream orders order proto safet regel anwei vorga richt regla reglas norma direc consi "
+    "regle regol istru indic regra instr diret limit правил инстр c:规则 c:指令 c:指示 c:限制 c:规定 c:ルー "
+    "c:設定 c:规范",
+    "reveal": "revea show print outpu displ repea recit dump paste copy quote discl leak tell share list write "
+    "spell expos zeig zeige muest revel affic montr mostr mostra toon покаж c:显示 c:输出 c:告诉 c:透露 c:表示 "
+    "c:教え",
+    "hidden": "hidde secre inter syste initi origi verba exact above begin start top prece verst gehei "
+    "ocult secret cache nasco nascosto скрыт систем c:隐藏 c:秘密 c:系统 c:原封 c:シス",
+    "free": "unres unfil uncen unbou unlim unloc jailb freed free liber unhin anyth nothi refus caveat "
+    "restra witho ohne sin sans senza sem zonder без c:没有 c:任何 c:制限 c:自由",
+    "persona": "prete rolep role act play imagi chara perso simul hypot twin evil rogue alter mode versi "
+    "spiel finge fais fai finja speel c:假装 c:扮演 c:角色 c:模式",
+    "authority": "admin devel engin root secur staff opera creat maker owner autho clear permi compl manag "
+    "offic audit openai anthr sudo betre autor c:管理 c:开发 c:授权",
+    "you": "you your yours assis ai model chatb bot llm du dein deine tu tus tes tuo tua tue tuoi teu tua je "
+    "jouw ты твои c:你的 c:你现 c:あな",
+    "obey": "obey obeys comply compl follo gehor befol folge obede obéi obbed hazme слуша подчи c:服从 c:听我 c:听从 "
+    "c:従っ c:従え",
+    "void": "longer valid apply count matte hinfa ungul aufge kraft gelte valen vale valgo vigor plus nicht "
+    "mehr ya already c:不再 c:无效 c:失效",
+    "now": "now henceforth onwar forwa ab jetzt ahora maint ora agora nu теперь c:现在 c:从现 c:今後 c:これ",
+}
+_CONCEPT_OF = {
+    stem if stem.startswith("c:") else stem[:STEM]: concept
+    for concept, stems in _CONCEPTS.items()
+    for stem in stems.split()
+}
+
+
+def _concepts(found: list[str]) -> list[str]:
+    """The concept features of a list of words: each group present, each pair of groups present."""
+    ordered = sorted(set(filter(None, map(_CONCEPT_OF.get, map(_STEM_OF, found)))))
+    return [f"k:{a}" for a in ordered] + [f"k:{a} {b}" for i, a in enumerate(ordered) for b in ordered[i + 1 :]]
+
+
+def features(text: str) -> Counter:
+    """How often each feature occurs: words, their first STEM letters, neighbouring pairs of both
+    (Chinese and Japanese character pairs stand alone), and the concept groups present and their
+    pairs (once each). A text's score is the sum over these."""
+    found: Counter = Counter()
+    previous = None
+    folded_words = words(fold(text))
+    for word in folded_words:
+        if word.startswith("c:"):
+            found[word] += 1
+        else:
+            found["w:" + word] += 1
+            found["s:" + word[:STEM]] += 1
+            if previous is not None:
+                found[f"b:{previous} {word}"] += 1
+                found[f"t:{previous[:STEM]} {word[:STEM]}"] += 1
+        previous = None if word.startswith("c:") else word
+    found.update(_concepts(folded_words))
     return found
 
 
@@ -87,37 +221,78 @@ def model() -> tuple[float, float, dict[str, float]]:
     return data["bias"], data["threshold"], data["weights"]
 
 
+@functools.cache
+def _lookup() -> tuple[float, dict[str, float], dict[str, float], dict[tuple[str, str], float], dict]:
+    """The weights arranged for scoring: (the threshold as a logit less the bias, words' weights
+    (Chinese and Japanese pairs too), stems', word pairs', stem pairs')."""
+    bias, threshold, weights = model()
+    tables: dict[str, dict] = {"w": {}, "c": {}, "s": {}, "b": {}, "t": {}}
+    for name, weight in weights.items():
+        kind, value = name[0], name[2:]
+        if kind in "ck":
+            tables["w"][name] = weight
+        elif kind in "bt":
+            a, b = value.split(" ", 1)
+            tables[kind][(a, b)] = weight
+        else:
+            tables[kind][value] = weight
+    logit = math.log(threshold / (1.0 - threshold)) - bias
+    return logit, tables["w"], tables["s"], tables["b"], tables["t"]
+
+
+def _z(found: list[str]) -> float:
+    """The sum of the weights of the features of `found` (the logit less the bias); every loop here
+    runs in C (map over dict.get), a Python loop per word would cost three times as much."""
+    _, own, stems, pairs, stem_pairs = _lookup()
+    stemmed = list(map(_STEM_OF, found))
+    zeros = repeat(0.0)
+    z = sum(map(own.get, found, zeros)) + sum(map(stems.get, stemmed, zeros))
+    if len(found) > 1:
+        z += sum(map(pairs.get, zip(found, found[1:], strict=False), zeros))
+        z += sum(map(stem_pairs.get, zip(stemmed, stemmed[1:], strict=False), zeros))
+    return z + sum(map(own.get, _concepts(found), zeros))
+
+
 def score(text: str) -> float:
     """The probability the model gives `text` of being an injection attempt."""
-    bias, _, weights = model()
-    z = bias + sum(weights[feature] for feature in features(text) & weights.keys())
+    z = model()[0] + _z(words(fold(text)))
     return 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
 
 
 def chunks(text: str) -> list[tuple[int, int]]:
-    """(start, end) of runs of whole sentences of about CHUNK_CHARS characters."""
-    found, start, position = [], 0, 0
-    for boundary in _SENTENCE_END.finditer(text):
-        position = boundary.end()
-        if position - start >= CHUNK_CHARS:
-            found.append((start, boundary.start()))
-            start = position
-    if start < len(text):
-        found.append((start, len(text)))
+    """(start, end) of runs of whole sentences of about CHUNK_CHARS characters: each ends at the
+    first end of a sentence (or line) past CHUNK_CHARS from its start."""
+    found, start, length = [], 0, len(text)
+    following = dict.fromkeys(_SENTENCE_ENDS, -1)  # the next occurrence of each, from where we are
+    while start < length:
+        target, cut = start + CHUNK_CHARS - 1, length
+        for end in _SENTENCE_ENDS:
+            at = following[end]
+            if at < target and at != -2:
+                at = text.find(end, target)
+                following[end] = at if at >= 0 else -2  # -2: none left
+            if 0 <= at < cut:
+                cut = at
+        cut = min(length, cut if text[cut : cut + 1] == "\n" else cut + 1)  # the full stop stays
+        found.append((start, cut))
+        start = cut
+        while start < length and text[start].isspace():
+            start += 1
     return [(a, b) for a, b in found if text[a:b].strip()]
 
 
 def find(text: str) -> list[Span]:
     """Chunks the model judges injection attempts, and passages quoted or bracketed inside them (a
     note in parentheses, a hidden HTML element, a quoted e-mail) judged on their own."""
-    _, threshold, _ = model()
+    over = _lookup()[0]
+    folded = fold(text)
     found = []
     for start, end in chunks(text):
-        if score(text[start:end]) >= threshold:
+        if _z(words(folded[start:end])) >= over:
             found.append(Span(INJECTION, start, end))
             continue
-        for inner in _ENCLOSED.finditer(text, start, end):
+        for inner in _ENCLOSED.finditer(text, start, end) if _MAY_ENCLOSE.search(text, start, end) else ():
             a, b = inner.span(inner.lastindex)
-            if b - a >= 20 and score(text[a:b]) >= threshold:
+            if b - a >= 20 and _z(words(folded[a:b])) >= over:
                 found.append(Span(INJECTION, a, b))
     return found

@@ -17,7 +17,7 @@ import asyncio
 import re
 from dataclasses import dataclass
 
-from gateway.screening.spans import Span, lowercase, lowered
+from gateway.screening.spans import Prefilter, Span, lowercase, lowered
 
 MODERATION = "moderation"
 
@@ -159,14 +159,24 @@ _LOCAL = [
     for category, pattern in _CATEGORIES.items()
 ]
 
+# Violence, illicit and sexual/minors are left to their anchors: Hyperscan takes seconds to compile
+# their phrases.
+_PREFILTER = Prefilter(
+    [any_case for _, _, any_case, _ in _LOCAL],
+    leave_out=frozenset(
+        i for i, (category, *_) in enumerate(_LOCAL) if category in ("violence", "illicit", "sexual/minors")
+    ),
+)
+
 
 def find(text: str) -> list[Span]:
     """Spans the local check flags (the span's check is the category, e.g. `self-harm`)."""
     spans = []
     folded = lowercase(text)
     lowered_text = folded if folded is not None else text.lower()
-    for category, anchors, any_case, lower_case in _LOCAL:
-        if not any(anchor in lowered_text for anchor in anchors):
+    candidates = _PREFILTER.candidates(text)
+    for index, (category, anchors, any_case, lower_case) in enumerate(_LOCAL):
+        if index not in candidates or not any(anchor in lowered_text for anchor in anchors):
             continue
         match = lower_case.search(folded) if folded is not None else any_case.search(text)
         if match:

@@ -44,7 +44,9 @@ from stdnum.se import personnummer
 from stdnum.us import ssn
 
 from gateway.screening import credentials
-from gateway.screening.spans import Span, lowercase, lowered
+from gateway.screening.spans import Prefilter, Span, lowercase, lowered
+
+Candidates = frozenset[int] | set[int]  # the patterns the prefilter lets through, by index in _CANDIDATES
 
 EMAIL, PHONE, CARD, IBAN, NATIONAL_ID, IP_ADDRESS, SECRET = (
     "email",
@@ -81,8 +83,8 @@ _NOT_TLD = frozenset(
 )
 
 
-def _emails(text: str) -> list[Span]:
-    if "@" not in text:
+def _emails(text: str, candidates: Candidates) -> list[Span]:
+    if "@" not in text or not _may_match(candidates, _EMAIL):
         return []
     return [Span(EMAIL, m.start(), m.end()) for m in _EMAIL.finditer(text) if m.group(1).lower() not in _NOT_TLD]
 
@@ -116,11 +118,13 @@ def _national_lengths(region: str) -> frozenset[int]:
     return frozenset(lengths | {length + prefix for length in lengths} | {length + 1 for length in lengths})
 
 
-def _phones(text: str, region: str, found: list[Span]) -> list[Span]:
+def _phones(text: str, region: str, found: list[Span], candidates: Candidates) -> list[Span]:
     """Numbers valid in the tenant's region, and numbers written with a country code (+44 ..., 0044
     ...) whose length is possible there: the code is signal enough, and it spares an up-to-date
     number plan (new ranges, ranges reserved for fiction) from deciding."""
     spans = []
+    if not _may_match(candidates, _PHONE_RUN):
+        return spans
     for run in _PHONE_RUN.finditer(text):
         digits = sum(c.isdigit() for c in run.group())
         if not 7 <= digits <= 15:
@@ -171,8 +175,10 @@ def _card_network_fits(digits: str) -> bool:
     return any(prefix.match(digits) and len(digits) in lengths for prefix, lengths in _CARD_NETWORKS)
 
 
-def _cards(text: str) -> list[Span]:
+def _cards(text: str, candidates: Candidates) -> list[Span]:
     spans = []
+    if not _may_match(candidates, _CARD_RUN):
+        return spans
     for run in _CARD_RUN.finditer(text):
         if "." in run.group() and not _DOTTED_CARD.fullmatch(run.group()):
             continue
@@ -188,8 +194,10 @@ _IBAN_RUN = re.compile(r"(?<![\w])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}(?![\w])", r
 _IBAN_RUN_LOWER = lowered(_IBAN_RUN.pattern)
 
 
-def _ibans(text: str) -> list[Span]:
-    spans = []
+def _ibans(text: str, candidates: Candidates) -> list[Span]:
+    spans: list[Span] = []
+    if not _may_match(candidates, _IBAN_RUN):
+        return spans
     folded = lowercase(text)
     for run in _IBAN_RUN_LOWER.finditer(folded) if folded is not None else _IBAN_RUN.finditer(text):
         candidate = text[run.start() : run.end()]
@@ -233,9 +241,11 @@ _NATIONAL_IDS: tuple[tuple[re.Pattern, object], ...] = (
 _CODICE_FISCALE_MIDDLE = re.compile(r"\d\d[A-Za-z]\d\d[A-Za-z]\d{3}")
 
 
-def _national_ids(text: str) -> list[Span]:
+def _national_ids(text: str, candidates: Candidates) -> list[Span]:
     spans = []
     for pattern, valid in _NATIONAL_IDS:
+        if not _may_match(candidates, pattern):
+            continue
         if valid is codicefiscale.is_valid and not _CODICE_FISCALE_MIDDLE.search(text):
             continue
         for match in pattern.finditer(text):
@@ -262,8 +272,10 @@ def _is_personal_address(candidate: str) -> bool:
     return not (address.version == 4 and candidate.startswith("255."))
 
 
-def _ip_addresses(text: str) -> list[Span]:
-    spans = []
+def _ip_addresses(text: str, candidates: Candidates) -> list[Span]:
+    spans: list[Span] = []
+    if not _may_match(candidates, _IPV4, _IPV6):
+        return spans
     for match in _IPV4.finditer(text):
         if not _VERSION_BEFORE.search(text, max(0, match.start() - 10), match.start()) and _is_personal_address(
             match.group()
@@ -280,11 +292,22 @@ def _ip_addresses(text: str) -> list[Span]:
 # --- secrets -----------------------------------------------------------------------------------
 
 
-def _secrets(text: str) -> list[Span]:
+def _secrets(text: str, candidates: Candidates) -> list[Span]:
     return credentials.find(text)
 
 
 # --- all of them -------------------------------------------------------------------------------
+
+# One Hyperscan pass says which candidate patterns can match a text (gateway.screening.spans.Prefilter);
+# a kind whose patterns cannot is skipped without a pass of its own.
+_CANDIDATES = (_EMAIL, _PHONE_RUN, _CARD_RUN, _IBAN_RUN, _IPV4, _IPV6, *(p for p, _ in _NATIONAL_IDS))
+_PREFILTER = Prefilter(list(_CANDIDATES))
+_INDEX = {pattern: index for index, pattern in enumerate(_CANDIDATES)}
+
+
+def _may_match(candidates: Candidates, *patterns: re.Pattern) -> bool:
+    return any(_INDEX[pattern] in candidates for pattern in patterns)
+
 
 _FINDERS = {
     EMAIL: _emails,
@@ -303,13 +326,14 @@ def find(text: str, kinds: frozenset[str] | tuple[str, ...], *, region: str = "U
     if not text:
         return []
     spans: list[Span] = []
+    candidates = _PREFILTER.candidates(text)
     has_digit = any(c.isdigit() for c in text)
     for kind in kinds:
         if kind == PHONE or (kind in (CARD, NATIONAL_ID) and not has_digit):
             continue
-        spans.extend(_FINDERS[kind](text))
+        spans.extend(_FINDERS[kind](text, candidates))
     if PHONE in kinds and has_digit:  # last: it skips digit runs the other kinds already claimed
-        spans.extend(_phones(text, region, spans))
+        spans.extend(_phones(text, region, spans, candidates))
     if len(spans) < 2:
         return spans
     spans.sort(key=lambda s: (s.start - s.end, _PRIORITY[s.check], s.start))

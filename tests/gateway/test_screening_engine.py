@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
-from gateway.screening import engine, injection, moderation, personal_data
+from gateway.screening import credentials, engine, injection, moderation, personal_data
 from gateway.screening.engine import Screening, mask, screen_input
 from gateway.screening.personal_data import Span
 from gateway.screening.policy import Policy
@@ -342,7 +342,8 @@ def test_pattern_checks_reach_their_targets():
 
 def test_injection_holds_on_prompts_written_after_it_was_tuned():
     """Issue 25: injection recall was 0.70 on the held-out prompts (0.56 on the issue's fresh ones).
-    injection_holdout_c.jsonl was written after the last change to the detector and never trained on."""
+    injection_holdout_c.jsonl and _d.jsonl were written before the model they measure and never
+    trained on (docs/screening.md says how each set was used)."""
     assert figures(DATA / "screening_holdout.jsonl")["checks"]["injection"] == {
         "precision": 1.0,
         "recall": 1.0,
@@ -350,8 +351,33 @@ def test_injection_holds_on_prompts_written_after_it_was_tuned():
         "fp": 0,
         "fn": 0,
     }
-    fresh = figures(DATA / "injection_holdout_c.jsonl")["checks"]["injection"]
-    assert (fresh["tp"], fresh["fp"], fresh["fn"]) == (42, 1, 8)  # recall 0.84, precision 0.977
+    c = figures(DATA / "injection_holdout_c.jsonl")["checks"]["injection"]
+    assert (c["tp"], c["fp"], c["fn"]) == (42, 1, 8)  # recall 0.84, precision 0.977
+    d = figures(DATA / "injection_holdout_d.jsonl")["checks"]["injection"]
+    assert (d["tp"], d["fp"], d["fn"]) == (43, 2, 7)  # recall 0.86, precision 0.956 (0.76 / 0.95 before)
+
+
+@pytest.mark.parametrize("module", [personal_data, credentials, injection, moderation])
+def test_the_prefilter_never_rules_out_a_pattern_that_matches(module):
+    """One Hyperscan pass tells which patterns can match (spans.Prefilter); a pattern it leaves out
+    must not match. And it does leave patterns out (Hyperscan is installed and compiled them)."""
+    prefilter = module._PREFILTER
+    texts = [
+        json.loads(line)["text"]
+        for name in ("screening_eval", "screening_holdout")
+        for line in (DATA / f"{name}.jsonl").read_text().splitlines()
+    ]
+    for text in texts:
+        padded = text + "\n" + "lorem ipsum " * 90  # long enough to be prefiltered
+        candidates = prefilter.candidates(padded)
+        for index, pattern in enumerate(prefilter.patterns):
+            assert index in candidates or pattern.search(padded) is None, (pattern.pattern, text)
+    long = " ".join(texts)[:20_000].encode("ascii", "ignore").decode()  # prefiltered: long, ASCII
+    candidates = prefilter.candidates(long)
+    for index, pattern in enumerate(prefilter.patterns):
+        assert index in candidates or pattern.search(long) is None, pattern.pattern
+    assert len(prefilter.candidates("Please summarise the meeting notes from Tuesday. " * 30)) < prefilter.count
+    assert prefilter.candidates("Grüße aus München. " * 50) == set(range(prefilter.count))  # not ASCII: all
 
 
 @pytest.mark.slow  # trains the classifier
@@ -542,3 +568,18 @@ def test_a_long_request_is_screened_while_the_event_loop_goes_on():
     run(main())
     assert ticks >= 2  # the loop kept turning while the checks ran
     assert call.body["messages"][0]["content"] == "Mail [EMAIL] about card [PAYMENT_CARD], thanks. " * 2_000
+
+
+def test_findings_are_remembered_per_text_and_per_policy():
+    """An earlier turn sent again is not read again (engine.remembered_spans), and what one policy
+    asked about a text is never the answer for another policy."""
+    turn = {"role": "user", "content": "Reach me at remembered.turn@example.org, please."}
+    first = call_with(Policy(input=(("email", "redact"),)), dict(turn))
+    run(screen_input(first))
+    again = call_with(Policy(input=(("email", "redact"),)), dict(turn))
+    run(screen_input(again))
+    off = call_with(Policy(input=(("phone", "redact"),)), dict(turn))
+    run(screen_input(off))
+    assert first.body == again.body == {"messages": [{"role": "user", "content": "Reach me at [EMAIL], please."}]}
+    assert again.screening.fired == {("email", "in"): "redact"}
+    assert off.body == {"messages": [turn]} and off.screening.fired == {}

@@ -22,7 +22,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("file", type=Path)
         parser.add_argument("--out", type=Path, default=WEIGHTS)
-        parser.add_argument("--c", type=float, default=1.0, help="Inverse regularization strength.")
+        parser.add_argument("--c", type=float, default=3.0, help="Inverse regularization strength.")
         parser.add_argument("--max-false-positives", type=float, default=0.01)
 
     def handle(self, *args, file: Path, out: Path, c: float, max_false_positives: float, **options):
@@ -34,7 +34,7 @@ class Command(BaseCommand):
         examples = load_for_command(file)
         y = np.array([int("injection" in e["labels"]) for e in examples])
         vectorizer = DictVectorizer()
-        x = vectorizer.fit_transform([dict.fromkeys(features(e["text"]), 1) for e in examples])
+        x = vectorizer.fit_transform([features(e["text"]) for e in examples])
         classifier = LogisticRegression(C=c, class_weight="balanced", max_iter=5000)
         folds = StratifiedKFold(n_splits=5, shuffle=True, random_state=7)
         scores = cross_val_predict(classifier, x, y, cv=folds, method="predict_proba")[:, 1]
