@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import signal
 import socket
@@ -24,6 +25,8 @@ from sentinel.startup import wait_until_ready
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STOP_GRACE_SECONDS = 10.0
+# What sentinel.asgi imports, without importing it (it reads the routes, which may not be migrated yet).
+WEB_MODULES = ("django.core.asgi", "channels.routing", "gateway.http", "sentinel.routing", "sentinel.urls")
 
 HOST = envstr("SENTINEL_HOST", "127.0.0.1", "Address `make run` serves the gateway and mock provider on.")
 PORT = envint("SENTINEL_PORT", 8000, "Port of the gateway (API, console, websockets) under `make run`.")
@@ -168,13 +171,31 @@ def celery_beat(loglevel: str, *, pidfile: Path) -> list[str]:
     return ["-m", "celery", "-A", "sentinel", "beat", "--loglevel", loglevel, "--pidfile", str(pidfile)]
 
 
+def prepare() -> None:
+    """What the web workers need made once before they start, run beside the migrations (a core each):
+    the embedding model exported (first run only), and every module they import compiled (the
+    install compiles nothing, so that each of them would not compile the same ones at once)."""
+    import django
+
+    django.setup()
+    for name in WEB_MODULES:
+        importlib.import_module(name)
+    from gateway.cache.engine import shared_embedder
+
+    shared_embedder()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run Sentinel with everything it needs.")
+    parser.add_argument("--prepare", action="store_true", help="Only prepare what the web workers need, then exit.")
     parser.add_argument("--host", default=os.environ.get("SENTINEL_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SENTINEL_PORT", "8000")))
     parser.add_argument("--mock-port", type=int, default=int(os.environ.get("SENTINEL_MOCK_PORT", "8100")))
     parser.add_argument("--workers", type=int, default=int(os.environ.get("SENTINEL_WEB_WORKERS", os.cpu_count() or 1)))
     args = parser.parse_args(argv)
+    if args.prepare:
+        prepare()
+        return 0
 
     for name, port in (("SENTINEL_PORT", args.port), ("SENTINEL_MOCK_PORT", args.mock_port)):
         if not port_free(args.host, port):
@@ -201,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     from sentinel.embedded import ensure_environment
 
     ensure_environment()  # the embedded servers, for whichever URL is unset; its children inherit the URLs
+    python = sys.executable
+    preparing = subprocess.Popen([python, "-m", "sentinel.run", "--prepare"], cwd=BASE_DIR)
     django.setup()
     from django.conf import settings
     from django.core.management import call_command
@@ -209,13 +232,11 @@ def main(argv: list[str] | None = None) -> int:
 
     call_command("migrate", verbosity=0)
     demo = ensure_demo(os.environ["SENTINEL_MOCK_URL"])
-    from gateway.cache.engine import shared_embedder
-
-    shared_embedder()  # exports the embedding model once (first run only), before the web workers load it
+    if preparing.wait() != 0 and not stopping:  # the web workers would export the model themselves, each
+        print("Preparing the web workers failed (see above); starting them anyway.", file=sys.stderr)
 
     log_dir = settings.DATA_DIR / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    python = sys.executable
     children = [
         Child(
             "mock",
