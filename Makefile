@@ -19,8 +19,8 @@ FIND_LINKS = --index-strategy unsafe-best-match $(addprefix --find-links ,$(call
 UV_SOURCES = $(FIND_LINKS) $(addprefix --default-index ,$(call pip_config,index-url)) \
 	$(addprefix --index ,$(call pip_config,extra-index-url))
 # No --compile-bytecode for the runtime set: compiling all of its 22,000 files took most of the
-# install (80 of 90 s), and the product imports a fraction of them. `make run` compiles what the web
-# workers import once, while it migrates, before it starts them (sentinel.run's `prepare`). The test
+# install (80 of 90 s), and the product imports a sixth of them. `make run` compiles what its
+# processes import, once, beside the migrations (sentinel/run.py, compile_imported). The test
 # and bench sets do compile: the suite's processes import far more of them.
 INSTALL = $(UV) pip install --quiet --python $(PY) --require-hashes $(UV_SOURCES)
 

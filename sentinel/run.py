@@ -11,11 +11,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import os
+import py_compile
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +28,18 @@ from sentinel.startup import wait_until_ready
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STOP_GRACE_SECONDS = 10.0
-# What sentinel.asgi imports, without importing it (it reads the routes, which may not be migrated yet).
-WEB_MODULES = ("django.core.asgi", "channels.routing", "gateway.http", "sentinel.routing", "sentinel.urls")
+# What the processes `make run` starts import: the web workers (sentinel.asgi's imports, without
+# importing it: it reads the routes, which may not be migrated yet), Celery, the mock provider.
+STARTED_MODULES = (
+    "django.core.asgi",
+    "channels.routing",
+    "gateway.http",
+    "sentinel.routing",
+    "sentinel.urls",
+    "celery.apps.worker",
+    "celery.apps.beat",
+    "gateway.mock_provider",
+)
 
 HOST = envstr("SENTINEL_HOST", "127.0.0.1", "Address `make run` serves the gateway and mock provider on.")
 PORT = envint("SENTINEL_PORT", 8000, "Port of the gateway (API, console, websockets) under `make run`.")
@@ -172,22 +185,39 @@ def celery_beat(loglevel: str, *, pidfile: Path) -> list[str]:
 
 
 def prepare() -> None:
-    """What the web workers need made once before they start, run beside the migrations (a core each):
-    the embedding model exported (first run only), and every module they import compiled (the
-    install compiles nothing, so that each of them would not compile the same ones at once)."""
+    """What the processes need made once before they start, run beside the migrations (a core each):
+    the modules they import compiled, and the embedding model exported (first run only)."""
     import django
 
     django.setup()
-    for name in WEB_MODULES:
+    for name in STARTED_MODULES:
         importlib.import_module(name)
+    from sentinel.celery import app
+
+    app.loader.import_default_modules()  # the worker's tasks
+    compile_imported()
     from gateway.cache.engine import shared_embedder
 
     shared_embedder()
 
 
+def compile_imported() -> None:
+    """Bytecode for the installed modules imported so far. The install writes none (compiling all
+    22,000 files took most of it); a process writes what it imports, unless PYTHONDONTWRITEBYTECODE
+    is set, and then every process compiled them again at every start, the web workers past their
+    readiness bound. Written here, it is done once."""
+    installed = sysconfig.get_paths()["purelib"]
+    for module in list(sys.modules.values()):
+        source = getattr(module, "__file__", None) or ""
+        if source.startswith(installed) and source.endswith(".py"):
+            cached = importlib.util.cache_from_source(source)
+            if not os.path.exists(cached):
+                py_compile.compile(source, cfile=cached, quiet=2)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run Sentinel with everything it needs.")
-    parser.add_argument("--prepare", action="store_true", help="Only prepare what the web workers need, then exit.")
+    parser.add_argument("--prepare", action="store_true", help="Only prepare what the processes need, then exit.")
     parser.add_argument("--host", default=os.environ.get("SENTINEL_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SENTINEL_PORT", "8000")))
     parser.add_argument("--mock-port", type=int, default=int(os.environ.get("SENTINEL_MOCK_PORT", "8100")))
@@ -233,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     call_command("migrate", verbosity=0)
     demo = ensure_demo(os.environ["SENTINEL_MOCK_URL"])
     if preparing.wait() != 0 and not stopping:  # the web workers would export the model themselves, each
-        print("Preparing the web workers failed (see above); starting them anyway.", file=sys.stderr)
+        print("Preparing the processes failed (see above); starting them anyway.", file=sys.stderr)
 
     log_dir = settings.DATA_DIR / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
