@@ -191,15 +191,26 @@ def prepare() -> None:
     import django
 
     django.setup()
-    for name in STARTED_MODULES:
-        importlib.import_module(name)
-    from sentinel.celery import app
+    if not compiled():
+        for name in STARTED_MODULES:
+            importlib.import_module(name)
+        from sentinel.celery import app
 
-    app.loader.import_default_modules()  # the worker's tasks
-    compile_imported()
+        app.loader.import_default_modules()  # the worker's tasks
+        compile_imported()
     from gateway.cache.engine import shared_embedder
 
     shared_embedder()
+
+
+def compiled() -> bool:
+    """Whether the installed packages have their bytecode already: the test and bench installs
+    compile it, an earlier `make run` wrote it (the largest packages stand for the rest)."""
+    for name in ("django", "litellm", "openai"):
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None or not os.path.exists(importlib.util.cache_from_source(spec.origin)):
+            return False
+    return True
 
 
 def compile_imported() -> None:
