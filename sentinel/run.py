@@ -110,7 +110,6 @@ def wait_http_ok(url: str, timeout: float, children: list[Child]) -> bool:
 # (the worker finishes its tasks: a warm shutdown), then the mock provider; storage stops last, when
 # this process exits (sentinel.embedded).
 STOP_ORDER = (("web",), ("worker", "beat"), ("mock",))
-LATER = ("worker", "beat")  # started once the gateway serves (main)
 
 
 def stop_all(children: list[Child]) -> None:
@@ -313,26 +312,22 @@ def main(argv: list[str] | None = None) -> int:
         ),
     ]
     env = dict(os.environ)
-    # The web workers and the mock provider first, Celery once they serve: on two cores, four
-    # processes starting at once made each of them as slow to be ready as all four.
-    serving = [child for child in children if child.name not in LATER]
-    for child in serving:
+    for child in children:
         child.start(log_dir, env)
 
     gateway = f"http://{args.host}:{args.port}"
     try:
-        ready = wait_http_ok(f"{mock_url}/health", 30, serving) and wait_http_ok(f"{gateway}/health/ready", 90, serving)
+        ready = wait_http_ok(f"{mock_url}/health", 30, children) and wait_http_ok(
+            f"{gateway}/health/ready", 90, children
+        )
         if not ready and not stopping:
-            failed = [c.name for c in serving if c.process.poll() is not None]
+            failed = [c.name for c in children if c.process.poll() is not None]
             print(
                 f"Sentinel did not become ready (stopped: {failed or 'none'}); see {log_dir}.",
                 file=sys.stderr,
             )
             return 1
         if not stopping:
-            for child in children:
-                if child.name in LATER:
-                    child.start(log_dir, env)
             print(
                 banner(gateway=gateway, mock=mock_url, data_dir=settings.DATA_DIR, demo=demo, embedded=embedded),
                 flush=True,
