@@ -14,30 +14,35 @@ UV := $(VENV)/bin/uv
 # (docs/operations.md). Every file is hash-checked, so taking the best match across them is safe.
 # Locking looks at PyPI and the wheel folders only: a lock holds PyPI's hashes for every platform,
 # not the subset some mirror or extra index carries.
-pip_config = $(sort $(shell $(PY) -m pip config list 2>/dev/null | sed -n "s/^[^.]*\.$(1)='\(.*\)'$$/\1/p"))
+pip_config = $(sort $(shell { $(PYTHON) -m pip config list || $(PY) -m pip config list; } 2>/dev/null | sed -n "s/^[^.]*\.$(1)='\(.*\)'$$/\1/p"))
 FIND_LINKS = --index-strategy unsafe-best-match $(addprefix --find-links ,$(call pip_config,find-links))
 UV_SOURCES = $(FIND_LINKS) $(addprefix --default-index ,$(call pip_config,index-url)) \
 	$(addprefix --index ,$(call pip_config,extra-index-url))
-# --compile-bytecode: pip's default, uv's not; without it every process compiles what it imports at
-# its first start, and the web workers (torch, transformers, litellm) missed run's readiness bound.
-INSTALL = $(UV) pip install --quiet --python $(PY) --require-hashes --compile-bytecode $(UV_SOURCES)
+# No --compile-bytecode for the runtime set: compiling all of its 22,000 files took most of the
+# install (80 of 90 s), and the product imports a sixth of them. `make run` compiles what its
+# processes import, once, beside the migrations (sentinel/run.py, compile_imported). The test
+# and bench sets do compile: the suite's processes import far more of them.
+INSTALL = $(UV) pip install --quiet --python $(PY) --require-hashes $(UV_SOURCES)
 
 .PHONY: run test test-fast check bench lint lock clean-data
 
+# The venv without pip (installing pip into it took longer than everything uv installs without
+# compiling); the Python's own pip installs uv into it, or, where that Python has no pip, ensurepip.
 $(UV):
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --require-hashes -r requirements-uv.txt
+	test -x $(PY) || $(PYTHON) -m venv --without-pip $(VENV)
+	$(PYTHON) -m pip --python $(PY) install --quiet --require-hashes -r requirements-uv.txt \
+		|| { $(PY) -m ensurepip --default-pip && $(PY) -m pip install --quiet --require-hashes -r requirements-uv.txt; }
 
 $(VENV)/.runtime: requirements.txt | $(UV)
 	$(INSTALL) -r requirements.txt
 	touch $@
 
 $(VENV)/.bench: requirements-bench.txt requirements.txt | $(UV)
-	$(INSTALL) -r requirements-bench.txt
+	$(INSTALL) --compile-bytecode -r requirements-bench.txt
 	touch $@
 
 $(VENV)/.test: requirements-test.txt requirements-bench.txt requirements.txt | $(UV)
-	$(INSTALL) -r requirements-test.txt
+	$(INSTALL) --compile-bytecode -r requirements-test.txt
 	touch $@
 
 ## Start everything (embedded Postgres + Valkey unless DATABASE_URL / REDIS_URL are set).

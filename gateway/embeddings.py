@@ -32,31 +32,20 @@ from billing.money import ZERO
 from gateway.bodies import check_body
 from gateway.cache import engine as cache
 from gateway.cache.keys import CacheKey
+from gateway.call import Call, Reply, request_id_from, response_headers
+from gateway.chain import call_chain
 from gateway.errors import GatewayError, invalid_request
 from gateway.limits import admission
 from gateway.limits import tokens as prompt_tokens
 from gateway.limits.admission import Ticket
-from gateway.pipeline import (
-    Call,
-    Reply,
-    admit_at,
-    answered,
-    call_chain,
-    charge,
-    finish,
-    identify,
-    ledger_record,
-    request_id_from,
-    response_headers,
-    route_and_admit,
-    store_answer,
-)
+from gateway.pipeline import admit_at, answered, identify, route_and_admit
 from gateway.schemas import _Strict, integer, json_object, validation_error
+from gateway.settlement import charge, finish, ledger_record, store_answer
 from gateway.upstream import transport
 from gateway.upstream.failures import UpstreamError, classify
 from gateway.upstream.routing import ModelRoute, Target
 
-# Retries are the chain's (gateway.pipeline.call_chain), never litellm's: its OpenAI and Azure
+# Retries are the chain's (gateway.chain.call_chain), never litellm's: its OpenAI and Azure
 # embedding handlers read `max_retries or DEFAULT_MAX_RETRIES`, so a 0 passed in became 2 and a
 # failing deployment was called three times per attempt before the chain could fail over.
 litellm.DEFAULT_MAX_RETRIES = 0

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from gateway import embeddings, messages, metrics, pipeline
+from gateway.call import Reply
 from gateway.errors import GatewayError
-from gateway.pipeline import Reply
 from gateway.responses import api as responses
 
 Handler = Callable[[dict, bytes], Awaitable[Reply]]

@@ -38,35 +38,25 @@ from gateway.auth import ensure_not_blocked
 from gateway.bodies import check_body
 from gateway.cache import engine as cache
 from gateway.cache.replay import completion_body, stream_chunks
+from gateway.call import Call, Reply, request_id_from, response_headers, spawn
+from gateway.chain import call_chain
 from gateway.errors import GatewayError, invalid_request
 from gateway.pipeline import (
     INTERNAL_ERROR,
-    Answer,
-    Call,
-    Reply,
     admit,
     answer_from_chain,
     answered,
     authorize_model,
-    call_chain,
     consult_cache,
-    finish,
-    finish_disconnected,
     identify,
-    ledger_record,
     pick_model,
-    remember,
-    request_id_from,
-    response_headers,
     route_and_admit,
-    spawn,
-    stream_broke,
-    stream_completed,
-    stream_record,
 )
+from gateway.relay import Answer, finish_disconnected, stream_broke, stream_completed, stream_record
 from gateway.schemas import CHAT_PARAMETERS, ChatRequest, _Strict, integer, json_object, validation_error
 from gateway.screening import engine as screening
 from gateway.screening.streaming import screen_stream
+from gateway.settlement import finish, ledger_record, remember
 from gateway.upstream.failures import UpstreamError
 from gateway.upstream.routing import Target, route_for
 from gateway.upstream.transport import Event

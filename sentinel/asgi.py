@@ -32,9 +32,9 @@ from django.core.handlers.exception import convert_exception_to_response  # noqa
 
 from gateway import http as gateway_http  # noqa: E402
 from gateway.cache.engine import warm_up  # noqa: E402
+from gateway.call import request_id_from  # noqa: E402
 from gateway.errors import GatewayError  # noqa: E402
 from gateway.limits import tokens  # noqa: E402
-from gateway.pipeline import request_id_from  # noqa: E402
 from sentinel import logs  # noqa: E402
 from sentinel.routing import websocket_urlpatterns  # noqa: E402
 

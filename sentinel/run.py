@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
+import importlib.util
 import os
+import py_compile
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +28,18 @@ from sentinel.startup import wait_until_ready
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 STOP_GRACE_SECONDS = 10.0
+# What the processes `make run` starts import: the web workers (sentinel.asgi's imports, without
+# importing it: it reads the routes, which may not be migrated yet), Celery, the mock provider.
+STARTED_MODULES = (
+    "django.core.asgi",
+    "channels.routing",
+    "gateway.http",
+    "sentinel.routing",
+    "sentinel.urls",
+    "celery.apps.worker",
+    "celery.apps.beat",
+    "gateway.mock_provider",
+)
 
 HOST = envstr("SENTINEL_HOST", "127.0.0.1", "Address `make run` serves the gateway and mock provider on.")
 PORT = envint("SENTINEL_PORT", 8000, "Port of the gateway (API, console, websockets) under `make run`.")
@@ -171,13 +187,59 @@ def celery_beat(loglevel: str, *, pidfile: Path) -> list[str]:
     return ["-m", "sentinel.celery_cli", "-A", "sentinel", "beat", "--loglevel", loglevel, "--pidfile", str(pidfile)]
 
 
+def prepare() -> None:
+    """What the processes need made once before they start, run beside the migrations (a core each):
+    the modules they import compiled, and the embedding model exported (first run only)."""
+    import django
+
+    django.setup()
+    if not compiled():
+        for name in STARTED_MODULES:
+            importlib.import_module(name)
+        from sentinel.celery import app
+
+        app.loader.import_default_modules()  # the worker's tasks
+        compile_imported()
+    from gateway.cache.engine import shared_embedder
+
+    shared_embedder()
+
+
+def compiled() -> bool:
+    """Whether the installed packages have their bytecode already: the test and bench installs
+    compile it, an earlier `make run` wrote it (the largest packages stand for the rest)."""
+    for name in ("django", "litellm", "openai"):
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None or not os.path.exists(importlib.util.cache_from_source(spec.origin)):
+            return False
+    return True
+
+
+def compile_imported() -> None:
+    """Bytecode for the installed modules imported so far. The install writes none (compiling all
+    22,000 files took most of it); a process writes what it imports, unless PYTHONDONTWRITEBYTECODE
+    is set, and then every process compiled them again at every start, the web workers past their
+    readiness bound. Written here, it is done once."""
+    installed = sysconfig.get_paths()["purelib"]
+    for module in list(sys.modules.values()):
+        source = getattr(module, "__file__", None) or ""
+        if source.startswith(installed) and source.endswith(".py"):
+            cached = importlib.util.cache_from_source(source)
+            if not os.path.exists(cached):
+                py_compile.compile(source, cfile=cached, quiet=2)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run Sentinel with everything it needs.")
+    parser.add_argument("--prepare", action="store_true", help="Only prepare what the processes need, then exit.")
     parser.add_argument("--host", default=os.environ.get("SENTINEL_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SENTINEL_PORT", "8000")))
     parser.add_argument("--mock-port", type=int, default=int(os.environ.get("SENTINEL_MOCK_PORT", "8100")))
     parser.add_argument("--workers", type=int, default=int(os.environ.get("SENTINEL_WEB_WORKERS", os.cpu_count() or 1)))
     args = parser.parse_args(argv)
+    if args.prepare:
+        prepare()
+        return 0
 
     for name, port in (("SENTINEL_PORT", args.port), ("SENTINEL_MOCK_PORT", args.mock_port)):
         if not port_free(args.host, port):
@@ -204,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     from sentinel.embedded import ensure_environment
 
     ensure_environment()  # the embedded servers, for whichever URL is unset; its children inherit the URLs
+    python = sys.executable
+    preparing = subprocess.Popen([python, "-m", "sentinel.run", "--prepare"], cwd=BASE_DIR)
     django.setup()
     from django.conf import settings
     from django.core.management import call_command
@@ -212,13 +276,11 @@ def main(argv: list[str] | None = None) -> int:
 
     call_command("migrate", verbosity=0)
     demo = ensure_demo(os.environ["SENTINEL_MOCK_URL"])
-    from gateway.cache.engine import shared_embedder
-
-    shared_embedder()  # exports the embedding model once (first run only), before the web workers load it
+    if preparing.wait() != 0 and not stopping:  # the web workers would export the model themselves, each
+        print("Preparing the processes failed (see above); starting them anyway.", file=sys.stderr)
 
     log_dir = settings.DATA_DIR / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    python = sys.executable
     children = [
         Child(
             "mock",

@@ -163,14 +163,7 @@ class TenantAdmin(ModelNamesAdmin, TenantScopedAdmin):
     list_filter = ["status"]
     search_fields = ["name", "slug"]
     inlines = [MembershipInline]
-    actions = ["suspend", "reactivate", "clear_cache"]
-
-    @admin.action(description="Clear the cache of selected tenants", permissions=["change"])
-    def clear_cache(self, request, queryset):
-        from gateway.cache.services import cache_invalidate_tenant
-
-        removed = sum(cache_invalidate_tenant(tenant=tenant) for tenant in queryset)
-        self.message_user(request, f"Invalidated {removed} cache entries.", messages.SUCCESS)
+    actions = ["suspend", "reactivate"]  # the gateway's admin adds "clear_cache" (its cache entries)
 
     def get_prepopulated_fields(self, request, obj=None):
         return {"slug": ["name"]} if request.user.is_superuser else {}

@@ -31,6 +31,7 @@ from gateway import pipeline
 from gateway.batches import selectors, services
 from gateway.batches.models import Batch, BatchItem
 from gateway.cache import engine as cache
+from gateway.call import Queued, follow_ups_done
 from gateway.lua import scripts
 from sentinel import redis_keys
 from sentinel.redis_clients import UNREACHABLE
@@ -94,7 +95,7 @@ class Runner:
                 await self.work(job)
             finally:
                 renewing.cancel()
-                await pipeline.follow_ups_done()
+                await follow_ups_done()
         if await sync_to_async(services.batch_finalize)(batch_id=self.batch_id):
             return False
         return await sync_to_async(_status)(self.batch_id) == Batch.Status.IN_PROGRESS
@@ -166,9 +167,7 @@ class Runner:
                 reply = await pipeline.chat_completions(
                     {},
                     orjson.dumps(item.body),
-                    queued=pipeline.Queued(
-                        key_digest=job.key_digest, request_id=request_id, run=item.tries, start=start
-                    ),
+                    queued=Queued(key_digest=job.key_digest, request_id=request_id, run=item.tries, start=start),
                 )
                 status, body = reply.status, orjson.loads(reply.body)
             except asyncio.CancelledError:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import orjson
+from celery import signature
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Exists, F, OuterRef, Q
@@ -28,6 +29,9 @@ from gateway.batches.validation import read_requests
 log = logging.getLogger(__name__)
 
 COMPLETION_WINDOW = timedelta(hours=24)
+# The tasks that run what these services start, queued by name: the tasks call these services.
+START_BATCH = "gateway.batches.tasks.start_batch"
+FINALIZE_BATCH = "gateway.batches.tasks.finalize_batch"
 UNFINISHED = (BatchItem.Status.QUEUED, BatchItem.Status.RUNNING)
 # What cancel and expiry leave behind goes to the error file with these.
 ITEM_ERRORS = {
@@ -65,8 +69,6 @@ def batch_create(
     *, tenant_id: int, key_id: int, input_file: BatchFile, completion_window: str, metadata: dict | None
 ) -> Batch:
     """A new batch, validating: a worker reads its file next (gateway.batches.tasks.start_batch)."""
-    from gateway.batches.tasks import start_batch
-
     now = timezone.now()
     batch = Batch.objects.create(
         tenant_id=tenant_id,
@@ -78,7 +80,7 @@ def batch_create(
         created_at=now,
         expires_at=now + COMPLETION_WINDOW,
     )
-    transaction.on_commit(lambda: start_batch.delay(batch.pk))
+    transaction.on_commit(lambda: signature(START_BATCH).delay(batch.pk))
     return batch
 
 
@@ -153,9 +155,7 @@ def batch_cancel(*, batch: Batch) -> Batch:
         BatchItem.objects.filter(batch_id=batch.pk, status=BatchItem.Status.QUEUED).update(
             status=BatchItem.Status.CANCELLED, finished_at=now, lease_owner="", lease_until=None
         )
-        from gateway.batches.tasks import finalize_batch
-
-        transaction.on_commit(lambda: finalize_batch.delay(batch.pk))
+        transaction.on_commit(lambda: signature(FINALIZE_BATCH).delay(batch.pk))
     batch.refresh_from_db()
     return batch
 

@@ -22,9 +22,8 @@ import orjson
 
 from billing.money import ZERO
 from gateway.cache import engine as cache
+from gateway.call import Call, Reply, request_id_from
 from gateway.pipeline import (
-    Call,
-    Reply,
     admit,
     answer_from_chain,
     answered,
@@ -32,10 +31,9 @@ from gateway.pipeline import (
     identify,
     pick_model,
     record_hit,
-    request_id_from,
     route_and_admit,
-    stream_from_chain,
 )
+from gateway.relay import stream_from_chain
 from gateway.responses import store
 from gateway.responses.render import (
     ResponsesEvents,

@@ -1,5 +1,5 @@
 """Answers in the Responses dialect: a chat completion (or a cached answer) as a Response object,
-and a relayed chat stream as the Responses typed events (gateway.pipeline.StreamDialect).
+and a relayed chat stream as the Responses typed events (gateway.relay.StreamDialect).
 
 Written here rather than with litellm's bridge (litellm.responses.litellm_completion_transformation,
 which translates the requests, gateway.responses.translate): its streaming iterator pulls from its

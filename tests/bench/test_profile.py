@@ -15,7 +15,7 @@ RAW = "\n".join(
     [
         f"{UVICORN};{HANDLE};{PATH};complete ({BASE_DIR}/gateway/upstream/transport.py);"
         f"_request ({SITE}/aiohttp/client.py) 30",
-        f"{UVICORN};{HANDLE};{PATH};finish ({BASE_DIR}/gateway/pipeline.py);hand_off ({BASE_DIR}/billing/ledger.py);"
+        f"{UVICORN};{HANDLE};{PATH};finish ({BASE_DIR}/gateway/settlement.py);hand_off ({BASE_DIR}/billing/ledger.py);"
         f"execute_command ({SITE}/redis/asyncio/client.py) 10",
         f"{UVICORN};_run_once ({STDLIB}/asyncio/base_events.py) 60",
     ]

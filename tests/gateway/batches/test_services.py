@@ -17,7 +17,7 @@ from billing.ledger import LedgerRecord, drain, hand_off
 from billing.models import LedgerEntry
 from gateway.batches import services
 from gateway.batches.models import Batch, BatchFile, BatchItem
-from gateway.pipeline import Queued
+from gateway.call import Queued
 from tenants.models import VirtualKey
 from tests.gateway.batches.conftest import stored_batch
 
