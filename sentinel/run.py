@@ -346,12 +346,14 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.3)
         return 0
     finally:
-        print("Stopping…", flush=True)
+        with contextlib.suppress(OSError):  # whoever read our output may be gone: stop the children anyway
+            print("Stopping…", flush=True)
         stop_all(children)
         from django.db import connections
 
         connections.close_all()
-        print("Stopped. Data kept in", settings.DATA_DIR, flush=True)
+        with contextlib.suppress(OSError):
+            print("Stopped. Data kept in", settings.DATA_DIR, flush=True)
 
 
 if __name__ == "__main__":
