@@ -71,7 +71,7 @@ class ImageRequest(_Strict):
     model: Annotated[str, Field(min_length=1, max_length=200)]
     prompt: Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
     n: integer(ge=1, le=MAX_IMAGES) | None = None
-    size: Annotated[str, Field(max_length=11)] | None = None
+    size: Annotated[str, Field(pattern=r"^(auto|[0-9]{2,5}x[0-9]{2,5})$")] | None = None
     quality: Quality | None = None
     response_format: Literal["url", "b64_json"] | None = None
     style: Literal["vivid", "natural"] | None = None
