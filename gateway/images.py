@@ -56,12 +56,18 @@ from gateway.upstream.routing import ModelRoute, Target
 
 MAX_IMAGES = 10  # OpenAI's limit on `n`
 MAX_PROMPT_CHARS = 32_000  # OpenAI's longest prompt (gpt-image-1)
-MIN_SIDE, MAX_SIDE = 64, 4096  # pixels, the bounds of a `size` Sentinel passes on
 DEFAULT_SIZE = "1024x1024"  # what OpenAI's image models make when no size is asked for
-SIZE = re.compile(r"^([0-9]{2,5})x([0-9]{2,5})$")
+_SIDE = "(6[4-9]|[7-9][0-9]|[1-9][0-9]{2}|[1-3][0-9]{3}|40[0-8][0-9]|409[0-6])"  # 64 to 4,096
+SIZE_PATTERN = f"^(auto|{_SIDE}x{_SIDE})$"  # in the schema, so clients and the fuzzer know the bounds
+SIZE = re.compile(f"^{_SIDE}x{_SIDE}$")
 Quality = Literal["low", "medium", "high", "xhigh", "max", "auto", "standard", "hd"]
 QUALITIES: tuple[str, ...] = Quality.__args__  # type: ignore[attr-defined]
 IMAGE_IDENTIFIERS = (("model",), ("user",))
+ANSWER_VALUES = {
+    "quality": frozenset({"low", "medium", "high", "xhigh", "max"}),
+    "background": frozenset({"transparent", "opaque"}),
+    "output_format": frozenset({"png", "webp", "jpeg"}),
+}
 
 
 class ImageRequest(_Strict):
@@ -71,7 +77,7 @@ class ImageRequest(_Strict):
     model: Annotated[str, Field(min_length=1, max_length=200)]
     prompt: Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
     n: integer(ge=1, le=MAX_IMAGES) | None = None
-    size: Annotated[str, Field(pattern=r"^(auto|[0-9]{2,5}x[0-9]{2,5})$")] | None = None
+    size: Annotated[str, Field(pattern=SIZE_PATTERN)] | None = None
     quality: Quality | None = None
     response_format: Literal["url", "b64_json"] | None = None
     style: Literal["vivid", "natural"] | None = None
@@ -109,23 +115,24 @@ def parse_image_request(raw: bytes) -> tuple[ImageRequest, dict]:
             raise invalid_request(
                 f"Unrecognized request argument supplied: {name}", param=name, code="unknown_parameter"
             )
+    size = body.get("size")
+    if isinstance(size, str) and size != "auto":
+        dimensions(size)  # its own message: pydantic's would recite the pattern
     try:
         request = ImageRequest.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
-    if request.size is not None and request.size != "auto":
-        dimensions(request.size)
-    if isinstance(body.get("n"), float):
-        body["n"] = request.n
+    for name in ("n", "output_compression"):  # 2.0 is 2 (gateway.schemas.integer): providers want integers
+        if isinstance(body.get(name), float):
+            body[name] = getattr(request, name)
     return request, body
 
 
 def dimensions(size: str) -> tuple[int, int]:
     """(width, height) of a `size` such as "1024x1536". Raises GatewayError(400) on anything else."""
     match = SIZE.match(size)
-    if match is None or not all(MIN_SIDE <= int(side) <= MAX_SIDE for side in match.groups()):
-        expected = f"'auto' or '<width>x<height>', each {MIN_SIDE} to {MAX_SIDE} pixels"
-        message = f"Invalid value for 'size': expected {expected}."
+    if match is None:
+        message = "Invalid value for 'size': expected 'auto' or '<width>x<height>', each 64 to 4096 pixels."
         raise invalid_request(message, param="size", code="invalid_value")
     return int(match[1]), int(match[2])
 
@@ -232,7 +239,8 @@ def charge_images(call: Call, response: dict, images: int) -> Bill:
 async def generate(target: Target, body: dict, *, timeout: float, request_id: str) -> dict:
     """One deployment's images, as OpenAI's answer: straight to a provider that answers in OpenAI's
     format, through litellm.aimage_generation for every other."""
-    args = {name: body[name] for name in IMAGE_PARAMETERS - {"model"} if name in body}
+    # A null is the parameter's default: left out, as the SDK leaves it out (litellm and providers may not take it).
+    args = {name: body[name] for name in IMAGE_PARAMETERS - {"model"} if body.get(name) is not None}
     expected = body.get("n") or 1
     if target.fast is not None and target.fast.images_url is not None:
         payload = await transport.generate_images(target.fast, args, timeout=timeout, request_id=request_id)
@@ -266,7 +274,9 @@ def _openai_answer(payload: dict, expected: int) -> dict:
         "created": int(payload.get("created") or 0),
         "data": [{name: item[name] for name in fields if isinstance(item.get(name), str)} for item in data],
     }
-    for name in ("size", "quality", "background", "output_format"):
-        if isinstance(payload.get(name), str):
+    if isinstance(payload.get("size"), str):
+        answer["size"] = payload["size"]
+    for name, values in ANSWER_VALUES.items():  # what OpenAI's answer may say (the SDK's ImagesResponse)
+        if payload.get(name) in values:
             answer[name] = payload[name]
     return answer
