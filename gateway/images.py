@@ -24,7 +24,7 @@ import re
 from dataclasses import replace
 from decimal import Decimal
 from functools import lru_cache
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import litellm
 import orjson
@@ -61,7 +61,7 @@ _SIDE = "(6[4-9]|[7-9][0-9]|[1-9][0-9]{2}|[1-3][0-9]{3}|40[0-8][0-9]|409[0-6])" 
 SIZE_PATTERN = f"^(auto|{_SIDE}x{_SIDE})$"  # in the schema, so clients and the fuzzer know the bounds
 SIZE = re.compile(f"^{_SIDE}x{_SIDE}$")
 Quality = Literal["low", "medium", "high", "xhigh", "max", "auto", "standard", "hd"]
-QUALITIES: tuple[str, ...] = Quality.__args__  # type: ignore[attr-defined]
+QUALITIES: tuple[str, ...] = get_args(Quality)
 IMAGE_IDENTIFIERS = (("model",), ("user",))
 ANSWER_VALUES = {
     "quality": frozenset({"low", "medium", "high", "xhigh", "max"}),
