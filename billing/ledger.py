@@ -91,6 +91,7 @@ class LedgerRecord:
     screening: dict | None = None  # checks that ran, fired and what was done (gateway.screening), never text
     end_user: str = ""  # the client's `user` field, as sent (gateway.audience)
     session_id: str = ""  # x-sentinel-session or metadata.session_id, as sent
+    images: int = 0  # images generated (gateway.images), billed per image in cost_usd
 
     def encode(self) -> bytes:
         # orjson serializes dataclasses itself, much faster than through asdict(): this is on the request path.

@@ -85,6 +85,9 @@ class LedgerEntry(models.Model):
     reasoning_cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0, db_default=0)
     batch = models.BooleanField(default=False, db_default=False, help_text="A Batch API item, billed at batch rates.")
     price = models.ForeignKey(Price, null=True, on_delete=models.PROTECT, related_name="+")
+    images = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="Images generated (POST /v1/images/generations); 0 for other requests."
+    )
     cache_tier = models.CharField(max_length=16, choices=CacheTier.choices, default=CacheTier.MISS)
     saved_cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0)
     latency_ms = models.PositiveIntegerField(default=0)

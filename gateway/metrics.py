@@ -75,7 +75,7 @@ REQUESTS = Counter(
 )
 ENDPOINT_REQUESTS = Counter(
     "sentinel_endpoint_requests",
-    "Requests to the hot API endpoints (chat_completions, embeddings, responses, messages, "
+    "Requests to the hot API endpoints (chat_completions, embeddings, images_generations, responses, messages, "
     "messages_count_tokens, models) by the status answered (a stream counts when it starts).",
     ("endpoint", "status"),
 )

@@ -1,5 +1,5 @@
 """The mock provider's other wire formats: Anthropic Messages and Gemini generateContent, and
-OpenAI's embeddings.
+OpenAI's embeddings and image generation.
 
 Each answers the prompt with the same deterministic words as the OpenAI-format chat endpoint
 (gateway.mock_answers.answer_tokens), and counts the prompt as OpenAI would count the same
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import io
 import struct
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
 EMBEDDING_DIMENSIONS = 8  # default length of a mock embedding (`dimensions` in the request changes it)
 MAX_EMBEDDING_DIMENSIONS = 4096  # as the gateway bounds `dimensions`: more is a 400
+IMAGE_SIDE = 8  # the mock's images are this many pixels square, whatever size was asked for
+MOCK_IMAGE_CREATED = 1_700_000_000
 
 
 def routes(mock: MockProvider, app: web.Application) -> None:
@@ -47,6 +50,7 @@ def routes(mock: MockProvider, app: web.Application) -> None:
         app.router.add_post(prefix + "/v1/messages", _handler(mock, anthropic_messages))
         app.router.add_post(prefix + "/v1beta/models/{action}", _handler(mock, gemini_generate))
         app.router.add_post(prefix + "/v1/embeddings", _handler(mock, embeddings))
+        app.router.add_post(prefix + "/v1/images/generations", _handler(mock, images))
 
 
 def _handler(mock: MockProvider, serve: Callable[..., Awaitable[web.StreamResponse]]):
@@ -416,3 +420,35 @@ async def gemini_embeddings(state: ProviderState, model: str, body: dict) -> web
     return web.json_response(
         {"embeddings": [{"values": embedding_of(t, d)} for t, d in zip(texts, dimensions, strict=True)]}
     )
+
+
+# --- OpenAI image generation ---------------------------------------------------------------------
+
+
+def image_of(prompt: str, index: int = 0) -> bytes:
+    """A small PNG (Pillow's) in a colour from the prompt's digest: the same prompt and index, the same image."""
+    from PIL import Image
+
+    red, green, blue = hashlib.sha256(f"{index}:{prompt}".encode()).digest()[:3]
+    buffer = io.BytesIO()
+    Image.new("RGB", (IMAGE_SIDE, IMAGE_SIDE), (red, green, blue)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+async def images(request: web.Request, state: ProviderState, body: dict) -> web.StreamResponse:
+    """OpenAI's images/generations: `n` PNGs as base64 (b64_json), or as data URLs when
+    `response_format` is "url"; `size` and `quality` echoed when asked for, as gpt-image models do."""
+    prompt, count = body.get("prompt"), body.get("n", 1)
+    if not isinstance(prompt, str) or not prompt or not isinstance(count, int) or not 1 <= count <= 10:
+        return web.json_response({"error": {"message": "bad input", "type": "invalid_request_error"}}, status=400)
+    state.last_model = body.get("model") or "mock-image"
+    await _pace(state, 0)
+    data = []
+    for index in range(count):
+        encoded = base64.b64encode(image_of(prompt, index)).decode()
+        url = body.get("response_format") == "url"
+        data.append({"url": "data:image/png;base64," + encoded} if url else {"b64_json": encoded})
+    answer: dict = {"created": MOCK_IMAGE_CREATED, "data": data}
+    answer.update({name: body[name] for name in ("size", "quality") if name in body})
+    state.completed += 1
+    return web.json_response(answer)

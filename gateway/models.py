@@ -240,6 +240,13 @@ class Deployment(models.Model):
     batch_output_price_override = _price_override("USD per completion token of a batch request.")
     batch_cache_read_price_override = _price_override("USD per cache-read prompt token of a batch request.")
     batch_cache_write_price_override = _price_override("USD per cache-write prompt token of a batch request.")
+    image_price_override = models.DecimalField(
+        max_digits=20,
+        decimal_places=15,
+        null=True,
+        blank=True,
+        help_text="USD per generated image, whatever its size and quality, instead of litellm's per-image prices.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -13,13 +13,14 @@ import warnings
 from typing import Any
 
 from litellm.types.llms.anthropic_messages.anthropic_response import AnthropicMessagesResponse
-from openai.types import Batch, CreateEmbeddingResponse, FileDeleted, FileObject
+from openai.types import Batch, CreateEmbeddingResponse, FileDeleted, FileObject, ImagesResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel, TypeAdapter
 
 from gateway.batches.schemas import BatchCreate
 from gateway.bodies import BATCH_CREATE_IDENTIFIERS, CHAT_IDENTIFIERS, NO_CONTROL, document_limits
 from gateway.embeddings import EMBEDDING_IDENTIFIERS, EmbeddingRequest
+from gateway.images import IMAGE_IDENTIFIERS, ImageRequest
 from gateway.messages import MESSAGES_IDENTIFIERS, CountTokensRequest, MessagesRequest
 from gateway.responses.schemas import RESPONSES_IDENTIFIERS, ResponsesRequest
 from gateway.schemas import ChatRequest
@@ -353,6 +354,39 @@ def embedding_paths(components: dict[str, Any]) -> dict[str, Any]:
                 "responses": {
                     "200": {
                         "description": "One vector per input, in order.",
+                        "headers": {k: v for k, v in _COMPLETION_HEADERS.items() if k not in _CHAT_ONLY_HEADERS},
+                        "content": {"application/json": {"schema": answer}},
+                    },
+                    **_error_responses(_CALL_ERRORS),
+                },
+            }
+        }
+    }
+
+
+def image_paths(components: dict[str, Any]) -> dict[str, Any]:
+    request = _component(ImageRequest, "Images", components)
+    answer = _component(ImagesResponse, "OpenAIImages", components)
+    return {
+        "/v1/images/generations": {
+            "post": {
+                "operationId": "images_generate",
+                "summary": "Generate images (OpenAI-compatible)",
+                "description": (
+                    "OpenAI's image generation over the model's chain of image deployments, failing over as "
+                    "chat does: the fields of OpenAI's request schema; its streaming and video fields are "
+                    "refused (400 `unsupported_parameter`), any other field too (400 `unknown_parameter`). "
+                    "`size` is `auto` or `<width>x<height>` (64 to 4,096 pixels a side). Billed per image by "
+                    "size and quality (docs/billing.md); budgets reserve `n` images at the dearest price the "
+                    "chain can charge. The tenant's input screening sees the prompt. Nothing is cached."
+                ),
+                "tags": ["gateway"],
+                "security": _KEY_SECURITY,
+                "parameters": [_REQUEST_ID_PARAMETER, _SESSION_PARAMETER],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+                "responses": {
+                    "200": {
+                        "description": "The images, as URLs or base64 (`b64_json`), as the provider gave them.",
                         "headers": {k: v for k, v in _COMPLETION_HEADERS.items() if k not in _CHAT_ONLY_HEADERS},
                         "content": {"application/json": {"schema": answer}},
                     },
@@ -833,6 +867,7 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     result["paths"] = {
         **gateway_paths(schemas),
         **embedding_paths(schemas),
+        **image_paths(schemas),
         **responses_paths(schemas),
         **messages_paths(schemas),
         **batch_paths(schemas),
@@ -844,6 +879,7 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
         schemas, prefix="Embeddings", component="EmbeddingsEmbeddingRequest", identifiers=EMBEDDING_IDENTIFIERS
     )
     schemas["EmbeddingsEmbeddingRequest"]["properties"]["cache"] = CACHE_CONTROLS
+    document_limits(schemas, prefix="Images", component="ImagesImageRequest", identifiers=IMAGE_IDENTIFIERS)
     # One call covers both requests' nested models (the count's shares them).
     document_limits(schemas, prefix="Messages", component="MessagesMessagesRequest", identifiers=MESSAGES_IDENTIFIERS)
     schemas["MessagesMessagesRequest"]["properties"]["cache"] = CACHE_CONTROLS

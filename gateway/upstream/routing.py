@@ -49,6 +49,7 @@ class Target:
     fallback_on: frozenset[str] = DEFAULT_FALLBACK_ON  # failure kinds of its chain that fail over
     context_window: int | None = None  # prompt tokens it takes, from litellm's model map
     price_overrides: PriceOverrides = NO_OVERRIDES  # its own prices, over the price table's
+    image_price_override: Decimal | None = None  # its own price per image (gateway.images)
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ def _load_chain(model: ModelAlias) -> tuple[Target, ...]:
                 fallback_on=fallback_on,
                 context_window=_context_window(deployment.litellm_model),
                 price_overrides=price_overrides(deployment),
+                image_price_override=deployment.image_price_override,
             )
         )
     return tuple(targets)

@@ -67,6 +67,12 @@ class FastRoute:
         suffix = "/chat/completions"
         return self.url[: -len(suffix)] + "/embeddings" if self.url.endswith(suffix) else None
 
+    @property
+    def images_url(self) -> str | None:
+        """The provider's image generation endpoint beside its chat endpoint (OpenAI's layout), if it has one."""
+        suffix = "/chat/completions"
+        return self.url[: -len(suffix)] + "/images/generations" if self.url.endswith(suffix) else None
+
     def body(self, client_body: dict, *, stream: bool) -> bytes:
         """The provider's body: OpenAI's parameters from the client's (the allowlist), mapped by
         litellm for this model; the URL and the headers are the deployment's alone."""
@@ -174,6 +180,15 @@ async def embed(route: FastRoute, body: dict, *, timeout: float, request_id: str
     url = route.embeddings_url
     if url is None:
         raise ValueError("this deployment has no embeddings endpoint beside its chat endpoint")
+    return await _post_json(route, url, orjson.dumps({**body, "model": route.model}), timeout, request_id)
+
+
+async def generate_images(route: FastRoute, body: dict, *, timeout: float, request_id: str) -> dict:
+    """One image generation call to an OpenAI-format provider; its answer parsed, nothing else done
+    to it. `body` is what the provider gets besides the model (prompt, n, size, ...)."""
+    url = route.images_url
+    if url is None:
+        raise ValueError("this deployment has no image endpoint beside its chat endpoint")
     return await _post_json(route, url, orjson.dumps({**body, "model": route.model}), timeout, request_id)
 
 

@@ -24,6 +24,7 @@ from tests.servers import start_gateway
 EXAMPLES_PER_OPERATION = 40
 FUZZ_MODEL = unique("fuzz-model")
 FUZZ_EMBEDDING_MODEL = unique("fuzz-embedding-model")
+FUZZ_IMAGE_MODEL = unique("fuzz-image-model")
 FUZZ_KEY = "sk-sen-" + secrets.token_urlsafe(32)
 FUZZ_SESSION = secrets.token_hex(16)
 FUZZ_CSRF = secrets.token_hex(16)  # Django accepts any 32 alphanumerics as cookie and header
@@ -70,6 +71,12 @@ def fuzz_target(gateway, django_db_blocker, mock_provider):
         )
         embeddings = ModelAlias.objects.create(name=FUZZ_EMBEDDING_MODEL)
         ChainEntry.objects.create(alias=embeddings, deployment=embedder, position=0)
+        painter = Deployment.objects.create(
+            name=unique("fuzz-image"), provider=provider, litellm_model="openai/gpt-image-1"
+        )
+        ChainEntry.objects.create(
+            alias=ModelAlias.objects.create(name=FUZZ_IMAGE_MODEL), deployment=painter, position=0
+        )
         user = get_user_model().objects.create_superuser(unique("fuzzer"), password=None)
         data = {
             SESSION_KEY: str(user.pk),
@@ -91,12 +98,13 @@ def served_schema() -> dict:
 
 
 def fuzzable(raw: dict) -> dict:
-    # Generated chat, embeddings, responses and messages requests name the models the fixture serves (invalid ones still
-    # name anything).
+    # Generated chat, embeddings, images, responses and messages requests name the models the fixture
+    # serves (invalid ones still name anything).
     raw = copy.deepcopy(raw)
     raw["components"]["schemas"]["ChatChatRequest"]["properties"]["model"]["enum"] = [FUZZ_MODEL]
     raw["components"]["schemas"]["EmbeddingsEmbeddingRequest"]["properties"]["model"]["enum"] = [FUZZ_EMBEDDING_MODEL]
     raw["components"]["schemas"]["ResponsesResponsesRequest"]["properties"]["model"]["enum"] = [FUZZ_MODEL]
+    raw["components"]["schemas"]["ImagesImageRequest"]["properties"]["model"]["enum"] = [FUZZ_IMAGE_MODEL]
     for name in ("MessagesMessagesRequest", "MessagesCountTokensRequest"):
         raw["components"]["schemas"][name]["properties"]["model"]["enum"] = [FUZZ_MODEL]
     return raw

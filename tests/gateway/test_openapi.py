@@ -80,6 +80,16 @@ def test_the_embeddings_request_schema_is_the_one_the_gateway_validates_with(sch
     assert [member["type"] for member in vector["anyOf"]] == ["array", "string"]  # floats or base64
 
 
+def test_the_images_request_schema_is_the_one_the_gateway_validates_with(schema):
+    from gateway.images import IMAGE_PARAMETERS
+
+    assert set(schema["paths"]["/v1/images/generations"]) == {"post"}
+    documented = schema["components"]["schemas"]["ImagesImageRequest"]
+    assert set(documented["properties"]) == IMAGE_PARAMETERS
+    assert documented["required"] == ["model", "prompt"]
+    assert documented["additionalProperties"] is False
+
+
 def test_the_responses_endpoints_are_documented_from_the_request_model(schema):
     from gateway.responses.schemas import RESPONSES_PARAMETERS
 
