@@ -11,6 +11,7 @@ as any other; a prompt against its English translation is not the same request (
 language differs). Run: python tests/data/cache_pairs/build.py
 """
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -50,7 +51,7 @@ def pairs():
         by_topic.setdefault(topic, []).append(prompt)
         for p in paraphrases:
             yield topic, prompt, p, "paraphrase"
-        for x, y in zip(paraphrases, paraphrases[1:]):
+        for x, y in itertools.pairwise(paraphrases):
             yield topic, x, y, "paraphrase"
         for n in negatives:
             yield topic, prompt, n, "hard_negative"
