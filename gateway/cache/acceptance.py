@@ -4,8 +4,9 @@ A cosine threshold alone cannot: MiniLM puts "convert 5 km to miles" and "conver
 or "reverse a list in Python" and "... in JavaScript", as close as true paraphrases. A candidate
 above the cosine floor is served only if, in this order:
 
-1. both prompts are in English, or they are the same words (a prompt in another language is served
-   only for itself: nothing here can tell its paraphrases from its near misses);
+1. they are the same words (whatever the case and punctuation), or both are in English (a prompt
+   in another language is served only for its own words: nothing here can tell its paraphrases
+   from its near misses);
 2. pasted text (quotes, backticks, code, the text after "Summarize this:") is the same;
 3. no explicit check finds a difference that changes the answer (verifier/checks.py: numbers,
    units and their order, operators, negation, opposites, named languages, one vs several, the
@@ -62,9 +63,9 @@ def verify(a: str, b: str, similarity: float, threshold: float = DEFAULT_THRESHO
         return Verdict(False, f"cosine {similarity:.3f} below {threshold:.2f}")
     if normalize_prompt(a) == normalize_prompt(b):
         return Verdict(True, "same prompt")
+    if checks.same_words(tokens(a), tokens(b)):
+        return Verdict(True, "the same words")
     if not (checks.in_english(a) and checks.in_english(b)):
-        if checks.same_words(tokens(a), tokens(b)):
-            return Verdict(True, "the same words")
         return Verdict(False, "not in English: served only for the same words")
     payloads_a, instruction_a = split_payload(a)
     payloads_b, instruction_b = split_payload(b)

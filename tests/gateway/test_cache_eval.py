@@ -10,7 +10,7 @@ from gateway.models import CacheEntry
 from tenants.models import Tenant
 
 PAIRS = [
-    {"a": "How do I reset my password?", "b": "how can i reset my password", "same": True, "kind": "paraphrase"},
+    {"a": "How do I reset my password?", "b": "how do i reset my password", "same": True, "kind": "paraphrase"},
     {
         "a": "What is the capital of Australia?",
         "b": "whats the capital of australia?",

@@ -386,9 +386,16 @@ def first_difference(ta: Tokens, tb: Tokens) -> str | None:
     return None
 
 
+_POLITENESS = frozenset("please pls plz kindly thanks thx ty hi hey hello cheers".split())
+
+
 def same_words(ta: Tokens, tb: Tokens) -> bool:
-    """The same words in the same order, whatever the case and punctuation."""
-    return [t.text for t in ta if t.kind != "punct"] == [t.text for t in tb if t.kind != "punct"]
+    """The same words in the same order, whatever the case, punctuation and politeness."""
+
+    def words(ts: Tokens) -> list[str]:
+        return [t.text for t in ts if t.kind != "punct" and t.text not in _POLITENESS]
+
+    return words(ta) == words(tb)
 
 
 __all__ = ["CHECKS", "Token", "first_difference", "in_english", "numbers_in", "same_words"]
