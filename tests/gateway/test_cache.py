@@ -18,7 +18,7 @@ from gateway.models import CacheEntry
 from tests.servers import scrape_metrics, start_gateway
 
 PARAPHRASES = [
-    ("How do I reset my password?", "how can i reset my password"),
+    ("How do I reset my password?", "how do i reset my password"),
     ("What is the capital of Australia?", "whats the capital of australia?"),
 ]
 
@@ -282,7 +282,7 @@ def test_a_new_partition_is_neither_embedded_nor_searched_until_it_is_asked_agai
     assert entry.embedding is None
     assert [b - a for a, b in zip(start, counters(), strict=True)] == [1, 0, 0, 0]
 
-    hit = converse("how can i reset my password")
+    hit = converse("how do i reset my password")
     assert hit.headers["x-sentinel-cache"] == "hit-semantic"
     assert hit.parse().choices[0].message.content == answer_text("How do I reset my password?")
     assert [b - a for a, b in zip(start, counters(), strict=True)] == [1, 1, 1, 1]

@@ -1,8 +1,9 @@
-"""Unit tests of the semantic-cache acceptance step: every rejection rule fires on a clear example
-and says why, and paraphrases of each allowed style are accepted.
+"""Unit tests of the semantic-cache verifier: each explicit check fires on a clear example and says
+why, whichever prompt was cached; prompts in other languages are served only for the same words;
+the pair model accepts plain rewordings and its coefficients load.
 
-The similarity passed in is a stand-in for the embedding cosine (0.95 = a near neighbour), so these
-tests exercise the verifier alone and need no model.
+The similarity passed in stands in for the embedding cosine (0.95 = a near neighbour), so these
+tests exercise the verifier alone: no embedding model, no server.
 """
 
 from __future__ import annotations
@@ -10,238 +11,113 @@ from __future__ import annotations
 import pytest
 
 from gateway.cache.acceptance import DEFAULT_THRESHOLD, Verdict, normalize_prompt, verify
+from gateway.cache.verifier.features import NAMES
+from gateway.cache.verifier.model import pair_model
 
 NEAR = 0.95
 
 
-# --- exact tier ------------------------------------------------------------------------------
-
-
-def test_normalize_collapses_whitespace_and_trims() -> None:
-    assert normalize_prompt("  What is\tthe  capital\r\nof France?  ") == ("What is the capital of France?")
-
-
-def test_normalize_keeps_case_and_code_blocks() -> None:
-    prompt = "Fix   this:\n```python\ndef f():\n    return  1\n```"
-    assert normalize_prompt(prompt) == "Fix this: ```python\ndef f():\n    return  1\n```"
+def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
+    assert normalize_prompt("  What is\tthe  capital\r\nof France?  ") == "What is the capital of France?"
+    assert normalize_prompt("Fix   this:\n```python\ndef f():\n    return  1\n```") == (
+        "Fix this: ```python\ndef f():\n    return  1\n```"
+    )
     assert normalize_prompt("the Users table") != normalize_prompt("the users table")
-
-
-def test_normalize_unicode_nfc() -> None:
     assert normalize_prompt("cafe\u0301") == normalize_prompt("caf\u00e9")
-
-
-# --- rejections: each rule on a clear example --------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("a", "b", "reason"),
     [
+        # direction of a conversion and of "X to Y" (issue #17's two wrong hits among them)
+        ("How many liters are in a US gallon?", "How many US gallons are in a liter?", "order swapped"),
+        ("How many tablespoons are in a cup?", "How many cups are in a tablespoon?", "order swapped"),
         (
-            "Give me 5 ideas for a birthday party.",
-            "Give me 10 ideas for a birthday party.",
-            "numbers differ",
+            "How do I convert a List<String> to an array in Java?",
+            "How do I convert a String array to a List<String> in Java?",
+            "order swapped",
         ),
-        ("Who won the World Cup in 2018?", "Who won the World Cup in 2014?", "numbers differ"),
-        (
-            "What is the cost of 1,000 shares?",
-            "What is the cost of 10,000 shares?",
-            "numbers differ",
-        ),
-        (
-            "Who was the first president of France?",
-            "Who was the second president of France?",
-            "numbers differ",
-        ),
-        ("Convert 2.5 GB to MB.", "Convert 2.5 MB to GB.", "units differ"),
-        ("Convert 100 US dollars to euros.", "Convert 100 euros to US dollars.", "units differ"),
-        (
-            "What is 2 to the power of 10?",
-            "What is 10 to the power of 2?",
-            "numbers in a different order",
-        ),
-        ("Solve for x: 3x + 7 = 22", "Solve for x: 3x - 7 = 22", "pasted or quoted text differs"),
+        ("Convert 5 km to miles", "Convert 5 miles to km", "units differ"),
+        ("Translate this into German: good morning", "Translate this from German: good morning", "direction differs"),
+        # numbers, units, operators
+        ("Give me 5 ideas for a birthday party.", "Give me 10 ideas for a birthday party.", "numbers differ"),
+        ("Who was the first president of France?", "Who was the second president of France?", "numbers differ"),
+        ("What is 2 to the power of 10?", "What is 10 to the power of 2?", "numbers in a different order"),
         ("Is 0.1 + 0.2 equal to 0.3?", "Is 0.1 - 0.2 equal to 0.3?", "operators differ"),
+        ("How far is 10 km in miles?", "How far is 10 m in miles?", "units differ"),
+        # negation, opposites, languages, one vs several, the kind of question, the task
         ("Which fruits can dogs eat?", "Which fruits can dogs not eat?", "negation"),
         ("How do I make bread with yeast?", "How do I make bread without yeast?", "'without'"),
-        (
-            "How can I increase my credit limit?",
-            "How can I decrease my credit limit?",
-            "opposite words",
-        ),
-        (
-            "What should I do before a job interview?",
-            "What should I do after a job interview?",
-            "opposite words",
-        ),
-        (
-            "How do I reverse a list in Python?",
-            "How do I reverse a list in JavaScript?",
-            "languages differ",
-        ),
-        (
-            "Translate 'good night' into Spanish.",
-            "Translate 'good night' into Portuguese.",
-            "languages differ",
-        ),
-        (
-            "Write a Dockerfile for a Node app.",
-            "Explain a Dockerfile for a Node app.",
-            "task differs",
-        ),
-        (
-            "Give me an example of a noble gas.",
-            "Give me examples of noble gases.",
-            "one vs several",
-        ),
-        (
-            "When did the Berlin Wall fall?",
-            "Why did the Berlin Wall fall?",
-            "question type differs",
-        ),
-        (
-            "How do I accept a pull request on GitHub?",
-            "How do I create a pull request on GitHub?",
-            "different actions",
-        ),
-        (
-            "How many tablespoons are in a cup?",
-            "How many teaspoons are in a cup?",
-            "words without a counterpart",
-        ),
-        (
-            "Which foods are safe for dogs?",
-            "Which foods are safe for dogs with kidney disease?",
-            "words without a counterpart",
-        ),
-        (
-            "Write a Python script that renames .txt files in a folder to .md.",
-            "Write a Python script that renames .md files in a folder to .txt.",
-            "order swapped",
-        ),
-        (
-            "Translate 'thank you' into German.",
-            "Translate 'thank you' from German.",
-            "direction differs",
-        ),
-        (
-            "Can a landlord sue a tenant for unpaid rent?",
-            "Can a tenant sue a landlord for unpaid rent?",
-            "order swapped",
-        ),
-        (
-            "¿Cuál es la capital de Francia?",
-            "¿Cuál es la capital de Alemania?",
-            "words without a counterpart",
-        ),
-        (
-            "Summarize this: The launch moved to May.",
-            "Summarize this: The launch moved to June.",
-            "pasted or quoted text differs",
-        ),
-        (
-            "What does `git reset --hard` do?",
-            "What does `git reset --soft` do?",
-            "pasted or quoted text differs",
-        ),
+        ("How can I increase my credit limit?", "How can I decrease my credit limit?", "opposite words"),
+        ("What does a higher f-stop do to a photo?", "What does a lower f-stop do to a photo?", "opposite words"),
+        ("How do I reverse a list in Python?", "How do I reverse a list in JavaScript?", "languages differ"),
+        ("Give me an example of a prime number.", "Give me examples of prime numbers.", "one vs several"),
+        ("When did the Berlin Wall fall?", "Why did the Berlin Wall fall?", "question differs"),
+        ("Write a Dockerfile for a Flask app.", "Explain a Dockerfile for a Flask app.", "task differs"),
+        # pasted text
+        ("Summarize this: The launch moved to May.", "Summarize this: The launch moved to June.", "pasted"),
+        ("What does `git reset --hard` do?", "What does `git reset --soft` do?", "pasted"),
+        # other languages: only the same words are served
+        ("¿Cuál es la capital de Francia?", "¿Cuál es la capital de Alemania?", "not in English"),
+        ("Wie viele Kalorien hat ein Apfel?", "Wie viele Kalorien stecken in einem Apfel?", "not in English"),
+        ("What is the capital of Australia?", "¿Cuál es la capital de Australia?", "not in English"),
     ],
 )
 def test_rejects_different_requests(a: str, b: str, reason: str) -> None:
-    verdict = verify(a, b, NEAR)
-    assert not verdict.accepted
-    assert verdict.reason.startswith(reason), verdict.reason
-    assert not verify(b, a, NEAR).accepted  # the rules are symmetric
+    for cached, asked in ((a, b), (b, a)):
+        verdict = verify(cached, asked, NEAR)
+        assert not verdict.accepted
+        assert verdict.reason.startswith(reason), verdict.reason
 
 
 def test_reason_names_the_difference() -> None:
-    verdict = verify("Convert 5 km to miles.", "Convert 10 km to miles.", NEAR)
-    assert verdict == Verdict(False, "numbers differ: {5} vs {10}")
+    assert verify("Convert 5 km to miles.", "Convert 10 km to miles.", NEAR) == Verdict(
+        False, "numbers differ: {5} vs {10}"
+    )
 
 
-def test_rejects_below_threshold() -> None:
-    verdict = verify("How do I bake bread?", "How do I bake bread?", DEFAULT_THRESHOLD - 0.01)
-    assert not verdict.accepted
-    assert verdict.reason.startswith("cosine")
+def test_the_threshold_is_a_floor_and_a_parameter() -> None:
+    a = "How do I bake bread?"
+    assert verify(a, a, DEFAULT_THRESHOLD - 0.01).reason.startswith("cosine")
+    assert verify(a, a, 0.6, threshold=0.5) == Verdict(True, "same prompt")
+    assert not verify(a, a, 0.6, threshold=0.7).accepted
 
 
-def test_threshold_is_a_parameter() -> None:
-    a, b = "How do I bake bread?", "how do i bake bread"
-    assert verify(a, b, 0.6, threshold=0.5).accepted
-    assert not verify(a, b, 0.6, threshold=0.7).accepted
-
-
-# --- acceptances: each paraphrase style ------------------------------------------------------
+def test_other_languages_are_served_for_the_same_words() -> None:
+    assert verify("¿Cuál es la capital de Francia?", "¿cuál es la capital de francia", NEAR) == Verdict(
+        True, "the same words"
+    )
 
 
 @pytest.mark.parametrize(
-    ("a", "b"),
+    ("a", "rewording", "near_miss"),
     [
-        # register and short vs long form
-        ("What is the capital of Australia?", "Which city is Australia's capital?"),
         (
             "How do I reset my router to factory settings?",
-            "router factory settings reset - how do i do it?",
+            "how do i reset my router to factory settings",
+            "How do I reset my modem to factory settings?",
         ),
         (
-            "What's the difference between a list and a tuple in Python?",
-            "python list vs tuple difference",
-        ),
-        (
-            "What is the difference between a list and a tuple?",
-            "What is the difference between a tuple and a list?",
-        ),
-        # politeness and filler
-        (
-            "Hey, quick question: how do I clear the cache in Chrome?",
             "How do I clear the cache in Chrome?",
-        ),
-        (
-            "Could you please tell me how to enable dark mode on Android? Thanks!",
-            "How do I turn on dark mode on Android?",
-        ),
-        # typos
-        ("How do I calcualte the median in Excel?", "How do I calculate the median in Excel?"),
-        (
-            "whats the diffrence between a virus and bacteria",
-            "What is the difference between a virus and bacteria?",
-        ),
-        # clause order
-        ("In Excel, how do I freeze the top row?", "How do I freeze the top row in Excel?"),
-        (
-            "If I deposit $500 a month at 4% interest, what will I have after 10 years?",
-            "What will I have after 10 years if I deposit $500 a month at 4% interest?",
-        ),
-        # numbers, units and abbreviations written differently
-        ("Convert 5 kilometers to miles.", "whats 5 km in miles"),
-        ("What is fifteen percent of 240?", "15% of 240 = ?"),
-        (
-            "How much is $1,000 at 5% simple interest for 3 years?",
-            "How much is 1000 dollars at 5 percent simple interest for three years?",
-        ),
-        ("How long does shipping to Canada take?", "How many days does shipping to Canada take?"),
-        ("What is the least common multiple of 8 and 12?", "Find the LCM of 8 and 12."),
-        ("How do I set up Wi-Fi on a printer?", "How do I setup wifi on a printer?"),
-        # the same pasted text with a differently worded instruction
-        (
-            "Summarize this email in one sentence: The offsite moves to Friday because the venue flooded.",
-            "Give me a one-sentence summary of the following: 'The offsite moves to Friday because the venue flooded.'",
-        ),
-        (
-            "Translate 'where is the station?' into Japanese.",
-            "How do you say 'Where is the station?' in Japanese?",
+            "Hey, quick question: how do I clear the cache in Chrome?",
+            "How do I clear the history in Chrome?",
         ),
     ],
 )
-def test_accepts_paraphrases(a: str, b: str) -> None:
-    verdict = verify(a, b, NEAR)
-    assert verdict.accepted, verdict.reason
-    assert verify(b, a, NEAR).accepted
+def test_the_pair_model_rates_a_rewording_above_a_one_word_change(a: str, rewording: str, near_miss: str) -> None:
+    """At the same cosine, a word-for-word rewording scores higher than a changed subject."""
+    from gateway.cache.verifier.features import pair_features
+    from gateway.cache.verifier.text import tokens
+
+    model = pair_model()
+    same = model.probability(pair_features(tokens(a), tokens(rewording), 0.97))
+    other = model.probability(pair_features(tokens(a), tokens(near_miss), 0.97))
+    assert same > other
+    assert not verify(a, near_miss, 0.97).accepted
 
 
-def test_identical_after_normalization_is_accepted() -> None:
-    assert verify("What is  DNS?", " What is DNS? ", NEAR) == Verdict(True, "same prompt")
-
-
-def test_deterministic() -> None:
-    a, b = "Convert 5 miles to km please.", "whats 5 km in miles"
-    assert {verify(a, b, NEAR) for _ in range(5)} == {verify(a, b, NEAR)}
+def test_the_shipped_model_matches_the_features() -> None:
+    model = pair_model()
+    assert model.names == NAMES
+    assert len(model.coef) == len(model.mean) == len(model.scale) == len(NAMES)
+    assert 0.5 <= model.threshold < 1.0

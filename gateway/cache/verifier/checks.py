@@ -1,0 +1,401 @@
+"""The explicit checks: differences that change the answer whatever the topic, and that no
+similarity score sees reliably (MiniLM puts "5 km to miles" and "5 miles to km" at cosine 0.98).
+
+Each check takes the token streams of the cached prompt and the new one and returns the reason for
+a rejection, or None. They are symmetric and need no training: numbers and their units and order,
+operators, negation, opposites, named languages, the direction of "X to Y" and of "to"/"from".
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from gateway.cache.verifier.text import (
+    LANGUAGE_ALIASES,
+    LANGUAGES,
+    NEGATIONS,
+    STOPWORDS,
+    Token,
+    Tokens,
+    stem,
+    tokens,
+)
+
+# General opposites: one prompt with one side and the other with the other ask different things.
+_OPPOSITES = """
+    increase:decrease increase:reduce raise:lower rise:fall up:down upgrade:downgrade
+    upload:download import:export min:max minimum:maximum minimize:maximize lowest:highest
+    low:high smallest:largest small:large small:big shortest:longest short:long slowest:fastest
+    slow:fast cheap:expensive least:most less:more fewer:more under:over below:above before:after
+    first:last earliest:latest early:late start:end begin:end open:close enable:disable
+    login:logout inside:outside internal:external input:output add:remove add:delete
+    insert:delete include:exclude with:without allow:deny allow:block accept:reject
+    approve:reject encrypt:decrypt encode:decode compress:decompress lock:unlock
+    install:uninstall subscribe:unsubscribe block:unblock hide:show push:pull send:receive
+    buy:sell borrow:lend income:expense profit:loss deposit:withdraw pros:cons
+    advantage:disadvantage safe:toxic safe:dangerous safe:unsafe healthy:unhealthy legal:illegal
+    valid:invalid true:false yes:no positive:negative good:bad best:worst better:worse hot:cold
+    warm:cool wet:dry light:dark light:heavy hard:soft hard:easy difficult:easy strong:weak
+    thick:thin wide:narrow deep:shallow old:new old:young ascending:descending horizontal:vertical
+    left:right top:bottom front:back north:south east:west sunrise:sunset summer:winter day:night
+    morning:evening male:female man:woman adult:child parent:child buyer:seller
+    employer:employee landlord:tenant client:server public:private inner:outer singular:plural
+    prefix:suffix multiply:divide plus:minus sum:difference even:odd full:empty
+    permanent:temporary manual:automatic online:offline active:inactive win:lose pass:fail
+    success:failure agree:disagree like:dislike entry:exit arrival:departure domestic:international
+    local:remote senior:junior hire:fire same:different cause:effect prevent:treat read:write
+    eat:avoid include:avoid catch:throw import:export
+"""
+# Words between two shared words that make their order meaningful ("X to Y", "X than Y").
+_DIRECTION_MARKERS = {"to": "to", "into": "to", "toward": "to", "towards": "to", "from": "from", "in": "in"}
+_DIRECTION_MARKERS |= {"than": "than", "of": "of", "over": "over", "under": "under", "per": "per"}
+
+# Frequent function words of other languages that are not English words: a prompt with more of
+# them than English function words is not in English.
+_FOREIGN_FUNCTION_WORDS = frozenset(
+    """
+    los las una está están del que por para con cómo cuál cuáles cuántos cuántas qué dónde puedo
+    hay tiene les des est sont une avec pour dans qui quoi quel quelle comment combien faut ils
+    elle nous vous mes sur pas der die das und ist sind ein eine einen einem wie viel viele wer
+    warum ich mich mir nicht mit auf für den dem uma com não são como qual quais faço minha meu
+    até gli della delle sono cosa quanto posso che een het ik hoeveel heeft zijn nodig wat hoe
+    """.split()
+)
+
+
+def _opposites() -> dict[str, frozenset[str]]:
+    table: dict[str, set[str]] = {}
+    for pair in _OPPOSITES.split():
+        x, y = (stem(w) for w in pair.split(":"))
+        table.setdefault(x, set()).add(y)
+        table.setdefault(y, set()).add(x)
+    return {word: frozenset(others) for word, others in table.items()}
+
+
+_OPPOSITE = _opposites()
+
+
+def _show(items) -> str:
+    return "{" + ", ".join(sorted(str(i).removeprefix("#ord").lstrip("#") for i in items)) + "}"
+
+
+def in_english(text: str) -> bool:
+    """Written in English (or too short to tell): letters outside ASCII outside quotes, or more
+    function words of other languages than of English, say it is not."""
+    instruction = re.sub(r"(['\"`]).*?\1", " ", text)
+    if any(ch.isalpha() and not ch.isascii() for ch in instruction):
+        return False
+    words = re.findall(r"[a-záéíóúñüöäçàèìòùâêîôûãõ]+", instruction.lower())
+    foreign = sum(w in _FOREIGN_FUNCTION_WORDS for w in words)
+    return foreign < 2 or foreign < sum(w in STOPWORDS for w in words)
+
+
+@dataclass(frozen=True, slots=True)
+class _Number:
+    value: str  # "#5", "#ord2"
+    unit: str | None  # the unit right after it ("100 dollars"), or one word later ("100 US dollars")
+
+
+def _numbers(ts: Tokens) -> list[_Number]:
+    out = []
+    for i, token in enumerate(ts):
+        if token.kind not in ("number", "ordinal"):
+            continue
+        unit = None
+        for following in ts[i + 1 : i + 3]:
+            if following.kind in ("number", "ordinal", "punct"):
+                break
+            units = sorted(k for k in following.keys if k.startswith("unit:"))
+            if units:
+                unit = units[0]
+                break
+        out.append(_Number(next(iter(token.keys)), unit))
+    return out
+
+
+def numbers_in(text: str) -> frozenset[str]:
+    """The numbers a text states (digits or words, read as the number check reads them)."""
+    return frozenset(number.value for number in _numbers(tokens(text)))
+
+
+def numbers(ta: Tokens, tb: Tokens) -> str | None:
+    """Same numbers and ordinals, bound to the same units, in an order that means the same."""
+    na, nb = _numbers(ta), _numbers(tb)
+    ca, cb = Counter(n.value for n in na), Counter(n.value for n in nb)
+    for mine, theirs, other in ((ca, cb, tb), (cb, ca, ta)):
+        if mine["#1"] and not theirs["#1"] and any(t.text in ("a", "an", "per", "each", "single") for t in other):
+            del mine["#1"]  # "one cup" = "a cup"
+    ca, cb = +ca, +cb
+    if ca != cb:
+        return f"numbers differ: {_show(ca)} vs {_show(cb)}"
+    units_a = {n.value: n.unit for n in na if n.unit}
+    units_b = {n.value: n.unit for n in nb if n.unit}
+    for value in sorted(units_a.keys() & units_b.keys()):
+        if units_a[value] != units_b[value]:
+            return f"units differ: {value[1:]} {units_a[value][5:]} vs {value[1:]} {units_b[value][5:]}"
+    order_a = [n.value for n in na if ca[n.value] == 1]
+    order_b = [n.value for n in nb if cb[n.value] == 1]
+    for i, x in enumerate(order_a):
+        for y in order_a[i + 1 :]:
+            # "$1,000 at 5% for 3 years" = "3 years at 5% on $1,000", but "2^10" is not "10^2".
+            distinct_units = units_a.get(x) and units_a.get(y) and units_a[x] != units_a[y]
+            if order_b.index(x) > order_b.index(y) and not distinct_units:
+                return f"numbers in a different order: {x[1:]}, {y[1:]}"
+    return None
+
+
+def operators(ta: Tokens, tb: Tokens) -> str | None:
+    sa = Counter(t.text for t in ta if t.kind == "symbol" and t.text != "*")
+    sb = Counter(t.text for t in tb if t.kind == "symbol" and t.text != "*")
+    return f"operators differ: {_show(sa)} vs {_show(sb)}" if sa != sb else None
+
+
+def negation(ta: Tokens, tb: Tokens) -> str | None:
+    for marker, words in (("negation", NEGATIONS - {"without"}), ("'without'", frozenset({"without"}))):
+        if any(t.text in words for t in ta) != any(t.text in words for t in tb):
+            return f"{marker} in only one prompt"
+    return None
+
+
+def _base(word: str) -> str:
+    """The stem, and for comparatives and superlatives their adjective ("higher" -> "high")."""
+    for suffix in ("est", "er"):
+        if word.endswith(suffix) and len(word) > len(suffix) + 2:
+            base = word[: -len(suffix)]
+            for candidate in (
+                base,
+                base[:-1] if base[-1:] == base[-2:-1] else base,
+                base[:-1] + "y" if base.endswith("i") else base,
+            ):
+                if stem(candidate) in _OPPOSITE:
+                    return stem(candidate)
+    return stem(word)
+
+
+def opposites(ta: Tokens, tb: Tokens) -> str | None:
+    sa = {_base(t.text) for t in ta if t.kind in ("word", "ident")}
+    sb = {_base(t.text) for t in tb if t.kind in ("word", "ident")}
+    for word in sorted(sa - sb):
+        for opposite in sorted(_OPPOSITE.get(word, ())):
+            if opposite in sb and opposite not in sa:
+                return f"opposite words: {word!r} vs {opposite!r}"
+    return None
+
+
+def _languages(ts: Tokens) -> set[str]:
+    return {LANGUAGE_ALIASES.get(t.text, t.text) for t in ts if t.kind in ("word", "ident") and t.text in LANGUAGES}
+
+
+def languages(ta: Tokens, tb: Tokens) -> str | None:
+    """ "reverse a list in Python" vs "... in JavaScript"; "translate into French" vs "into German"."""
+    la, lb = _languages(ta), _languages(tb)
+    return f"languages differ: {_show(la)} vs {_show(lb)}" if la != lb else None
+
+
+def order(ta: Tokens, tb: Tokens) -> str | None:
+    """Swapped roles: "5 km to miles" vs "5 miles to km", "liters in a gallon" vs "gallons in a
+    liter", "can a landlord sue a tenant" vs "can a tenant sue a landlord". Two shared words close
+    together, in swapped order, with the same direction word or the same content word between."""
+    ta = tuple(t for t in ta if t.kind != "punct")
+    tb = tuple(t for t in tb if t.kind != "punct")
+    first_in_b: dict[str, int] = {}
+    for i, token in enumerate(tb):
+        if token.content or token.kind == "number":
+            for key in token.keys:
+                first_in_b.setdefault(key, i)
+    anchors = []
+    for i, token in enumerate(ta):
+        shared = sorted(token.keys & first_in_b.keys())
+        if shared and (token.content or token.kind == "number"):
+            anchors.append((i, first_in_b[shared[0]], token.text))
+    for n, (ia, ib, x) in enumerate(anchors):
+        for ja, jb, y in anchors[n + 1 : n + 7]:
+            if not (0 < ja - ia <= 6 and 0 < ib - jb <= 6):
+                continue
+            between_a, between_b = ta[ia + 1 : ja], tb[jb + 1 : ib]
+            markers_a = {_DIRECTION_MARKERS[t.text] for t in between_a if t.text in _DIRECTION_MARKERS}
+            markers_b = {_DIRECTION_MARKERS[t.text] for t in between_b if t.text in _DIRECTION_MARKERS}
+            same_middle = [t.text for t in between_a] == [t.text for t in between_b]
+            if (markers_a & markers_b) or (same_middle and any(t.content for t in between_a)):
+                return f"order swapped: {x!r} and {y!r}"
+    return None
+
+
+def _sides(ts: Tokens) -> dict[str, str]:
+    """{key of a word: "to" | "from"} for words right after a direction preposition."""
+    found: dict[str, str] = {}
+    side = ""
+    for token in ts:
+        if token.text in ("to", "into", "towards", "toward"):
+            side = "to"
+        elif token.text == "from":
+            side = "from"
+        elif token.text not in ("a", "an", "the", "my", "your", "our", "their", "its"):
+            if side and (token.content or token.kind == "number"):
+                for key in token.keys:
+                    found.setdefault(key, side)
+            side = ""
+    return found
+
+
+def direction(ta: Tokens, tb: Tokens) -> str | None:
+    """One word's direction: "translate into German" vs "translate from German"."""
+    pa, pb = _sides(ta), _sides(tb)
+    for key in sorted(pa.keys() & pb.keys()):
+        if pa[key] != pb[key]:
+            return f"direction differs: {pa[key]} vs {pb[key]} {key}"
+    return None
+
+
+_ENUMERATING = frozenset(
+    stem(w) for w in "give name list suggest recommend provide share write create generate draft".split()
+)
+
+
+def _requested(ts: Tokens) -> dict[str, str]:
+    """{stem of an item asked for: "one" | "several"}, read after a verb that asks for items at
+    the start of a clause: "give me an example" / "list examples"."""
+    words = [t for t in ts if t.kind in ("word", "ident", "number", "punct")]
+    found: dict[str, str] = {}
+    for i, token in enumerate(words):
+        opens = i == 0 or words[i - 1].kind == "punct" or words[i - 1].text in ("please", "you", "me", "to")
+        if not (opens and token.kind == "word" and stem(token.text) in _ENUMERATING):
+            continue
+        rest = [t for t in words[i + 1 : i + 5] if t.text not in ("me", "us", "some")]
+        if rest and rest[0].text in ("a", "an", "single"):
+            for word in rest[1:4]:
+                if word.kind != "word":
+                    break
+                found[stem(word.text)] = "one"
+        else:
+            for word in rest[:3]:
+                if word.kind != "word":
+                    break
+                if word.text.endswith("s") and stem(word.text) != word.text:
+                    found[stem(word.text)] = "several"
+                    break
+    return found
+
+
+def count(ta: Tokens, tb: Tokens) -> str | None:
+    """One or several: "give me an example" is not "give me examples"."""
+    ia, ib = _requested(ta), _requested(tb)
+    for item in sorted(ia.keys() & ib.keys()):
+        if ia[item] != ib[item]:
+            return f"one vs several: {item}"
+    return None
+
+
+_AUXILIARIES = frozenset(
+    "is are was were am can could should would will shall may might must do does did has have had".split()
+)
+_QUANTITY = frozenset("many much long far tall high old often big large heavy deep wide fast".split())
+_REQUEST_VERBS = frozenset(
+    "explain tell show give write help make create draft provide list suggest recommend translate summarize "
+    "rewrite rephrase check fix correct convert calculate compute find generate describe walk put send let".split()
+)
+_WH = {"who": "who", "whom": "who", "whose": "who", "when": "when", "where": "where", "why": "why"}
+_ENTITY_QUESTION = {"year": "when", "date": "when", "day": "when", "month": "when", "time": "when"}
+_ENTITY_QUESTION |= {"city": "where", "country": "where", "place": "where", "person": "who"}
+
+
+def _clauses(ts: Tokens) -> list[list[str]]:
+    clauses: list[list[str]] = [[]]
+    for token in ts:
+        if token.kind == "punct" or token.text in ("and", "or", "but"):
+            clauses.append([])
+        elif token.kind in ("word", "ident", "number"):
+            clauses[-1].append(token.text)
+    return [c for c in clauses if c]
+
+
+def _question_kinds(ts: Tokens) -> set[str]:
+    """Kinds of answer asked for, from each clause that opens with a question word or an
+    auxiliary: "when", "where", "who", "why", "how" (manner), "quantity", "yesno"; "what year"
+    asks "when". "What" and "which" alone say nothing."""
+    kinds = set()
+    for clause in _clauses(ts):
+        while clause and clause[0] in ("hi", "hey", "hello", "please", "so", "ok", "okay", "quick", "question"):
+            clause = clause[1:]
+        if len(clause) > 1 and clause[0] in ("for", "in", "at", "on", "by", "to", "from"):
+            clause = clause[1:]
+        if not clause:
+            continue
+        head, following = clause[0], clause[1] if len(clause) > 1 else ""
+        if clause[-1] in _WH and len(clause) > 2:
+            kinds.add(_WH[clause[-1]])  # "the Mona Lisa was painted by who?"
+        if head in ("what", "which") and following in _ENTITY_QUESTION:
+            kinds.add(_ENTITY_QUESTION[following])
+        elif head == "how":
+            kinds.add(("when" if following == "often" else "quantity") if following in _QUANTITY else "how")
+        elif head in ("when", "where", "why") and (not following or following in _AUXILIARIES):
+            kinds.add(head)
+        elif head in ("who", "whom", "whose"):
+            kinds.add("who")
+        elif head in _AUXILIARIES:
+            verb = next((w for w in clause[2:] if w not in ("please", "kindly", "just")), "")
+            if not (following == "you" and verb in _REQUEST_VERBS):
+                kinds.add("yesno")  # "can you explain ..." is a request, not a question
+    return kinds
+
+
+def question(ta: Tokens, tb: Tokens) -> str | None:
+    """Different kinds of answer: "when did it fall" vs "why did it fall". A prompt that asks no
+    question ("berlin wall fall date") constrains nothing."""
+    qa, qb = _question_kinds(ta), _question_kinds(tb)
+    if qa and qb and qa != qb and (qa | qb) != {"where", "how"}:
+        return f"question differs: {_show(qa)} vs {_show(qb)}"
+    return None
+
+
+# Verbs that name the task itself: two prompts naming different ones ask for different work.
+_TASKS = {
+    stem(word): task
+    for task, words in {
+        "write": "write draft compose create generate",
+        "explain": "explain describe define",
+        "translate": "translate",
+        "summarize": "summarize summarise",
+        "fix": "fix correct debug",
+        "find": "find identify extract detect",
+        "rewrite": "rewrite rephrase reword paraphrase",
+        "classify": "classify categorize categorise",
+        "compare": "compare",
+    }.items()
+    for word in words.split()
+}
+
+
+def task(ta: Tokens, tb: Tokens) -> str | None:
+    """ "write a Dockerfile" vs "explain a Dockerfile". A prompt naming no task is not compared."""
+    ka = {_TASKS[stem(t.text)] for t in ta if t.kind == "word" and stem(t.text) in _TASKS}
+    kb = {_TASKS[stem(t.text)] for t in tb if t.kind == "word" and stem(t.text) in _TASKS}
+    return f"task differs: {_show(ka)} vs {_show(kb)}" if ka and kb and ka != kb else None
+
+
+CHECKS = (numbers, operators, negation, opposites, languages, count, question, task, order, direction)
+
+
+def first_difference(ta: Tokens, tb: Tokens) -> str | None:
+    for check in CHECKS:
+        reason = check(ta, tb)
+        if reason:
+            return reason
+    return None
+
+
+_POLITENESS = frozenset("please pls plz kindly thanks thx ty hi hey hello cheers".split())
+
+
+def same_words(ta: Tokens, tb: Tokens) -> bool:
+    """The same words in the same order, whatever the case, punctuation and politeness."""
+
+    def words(ts: Tokens) -> list[str]:
+        return [t.text for t in ts if t.kind != "punct" and t.text not in _POLITENESS]
+
+    return words(ta) == words(tb)
+
+
+__all__ = ["CHECKS", "Token", "first_difference", "in_english", "numbers_in", "same_words"]

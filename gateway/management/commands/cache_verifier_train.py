@@ -1,0 +1,138 @@
+"""Rebuild the cache verifier's pair model (gateway/cache/verifier/weights.json) from labeled pairs.
+
+Every pair that reaches the model in the cache (cosine at least the floor, no explicit check
+against it) is one training row: features.py's features, label `same`. The threshold is chosen by
+leave-one-topic-out validation: for each topic, a model trained on the other topics scores it; the
+lowest probability at which the pooled held-out hits keep their wrong share within --target is the
+threshold, so the figure it reports predicts topics the model never saw. Then one model is fitted
+on every pair and written with that threshold. Prints the validation per topic; the last line is
+JSON. Needs scikit-learn (requirements.in); the request path reads only the coefficients.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from gateway.cache.acceptance import DEFAULT_THRESHOLD, normalize_prompt
+from gateway.cache.verifier import checks, features
+from gateway.cache.verifier.model import WEIGHTS
+from gateway.cache.verifier.text import split_payload, tokens
+from gateway.management.commands.cache_eval import load_pairs
+
+SOURCES = (
+    "bench/data/paraphrase_dev.jsonl",
+    "tests/data/cache_pairs_holdout.jsonl",
+    "tests/data/cache_pairs_topics.jsonl",
+)
+
+
+def rows_for(pairs: list[dict], vectors: dict[str, np.ndarray]) -> list[tuple[dict, list[float] | None]]:
+    """(pair, features) with features None where the cache would never ask the model."""
+    out = []
+    for pair in pairs:
+        a, b = normalize_prompt(pair["a"]), normalize_prompt(pair["b"])
+        similarity = float(vectors[a] @ vectors[b])
+        x = None
+        if similarity >= DEFAULT_THRESHOLD and a != b and checks.in_english(a) and checks.in_english(b):
+            (pa, ia), (pb, ib) = split_payload(a), split_payload(b)
+            pasted = bool(pa and pb)
+            ta, tb = (tokens(ia), tokens(ib)) if pasted else (tokens(a), tokens(b))
+            if not (pasted and pa != pb) and not checks.first_difference(ta, tb):
+                x = features.pair_features(ta, tb, similarity, pasted=pasted)
+        out.append((pair, x))
+    return out
+
+
+def fit(x: np.ndarray, y: np.ndarray):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=5000)).fit(x, y)
+
+
+class Command(BaseCommand):
+    help = "Train the semantic cache's pair model and choose its threshold by leave-one-topic-out validation."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--target", type=float, default=0.01, help="Largest share of wrong hits (default 0.01).")
+        parser.add_argument("--out", type=Path, default=WEIGHTS)
+
+    def handle(self, *args, target: float, out: Path, **options):
+        from gateway.cache.embedder import Embedder
+
+        pairs = [pair for source in SOURCES for pair in load_pairs(settings.BASE_DIR / source)]
+        texts = sorted({normalize_prompt(p[k]) for p in pairs for k in "ab"})
+        embedder = Embedder(cache_dir=settings.DATA_DIR / "models", threads=settings.EMBEDDER_THREADS)
+        vectors = dict(
+            zip(
+                texts,
+                np.concatenate([embedder.embed(texts[i : i + 64]) for i in range(0, len(texts), 64)]),
+                strict=True,
+            )
+        )
+        rows = rows_for(pairs, vectors)
+        candidates = [(p, x) for p, x in rows if x is not None]
+        topics = sorted({p["domain"] for p, _ in rows})
+
+        held_out: dict[int, float] = {}
+        for topic in topics:
+            train = [(p, x) for p, x in candidates if p["domain"] != topic]
+            test = [(p, x) for p, x in candidates if p["domain"] == topic]
+            if test:
+                model = fit(np.array([x for _, x in train]), np.array([p["same"] for p, _ in train]))
+                scores = model.predict_proba(np.array([x for _, x in test]))[:, 1]
+                held_out.update({id(p): float(s) for (p, _), s in zip(test, scores, strict=True)})
+        threshold, wrong = 1.0, 0
+        for hits, (pair, _) in enumerate(sorted(candidates, key=lambda c: -held_out[id(c[0])]), 1):
+            wrong += not pair["same"]
+            if wrong / hits <= target:
+                threshold = held_out[id(pair)]
+        report = self.report(rows, held_out, threshold, topics)
+
+        model = fit(np.array([x for _, x in candidates]), np.array([p["same"] for p, _ in candidates]))
+        scaler, regression = model[0], model[1]
+        weights = {
+            "features": list(features.NAMES),
+            "mean": scaler.mean_.round(6).tolist(),
+            "scale": scaler.scale_.round(6).tolist(),
+            "coef": regression.coef_[0].round(6).tolist(),
+            "intercept": round(float(regression.intercept_[0]), 6),
+            "threshold": round(threshold, 6),
+            "trained_on": list(SOURCES),
+            "target_wrong_hit_share": target,
+            "leave_one_topic_out": report,
+        }
+        out.write_text(json.dumps(weights, indent=1) + "\n", "utf-8")
+        self.stdout.write(json.dumps({"threshold": weights["threshold"], **report["total"]}))
+
+    def report(self, rows, held_out: dict[int, float], threshold: float, topics: list[str]) -> dict:
+        per: dict[str, Counter] = {topic: Counter() for topic in topics}
+        for pair, _ in rows:
+            hit = held_out.get(id(pair), 0.0) >= threshold
+            counts = per[pair["domain"]]
+            counts["paraphrases"] += pair["same"]
+            counts["recalled"] += hit and pair["same"]
+            counts["hits"] += hit
+            counts["wrong"] += hit and not pair["same"]
+        self.stdout.write(f"{'held-out topic':<18}{'paraphrases':>12}{'recalled':>10}{'hits':>7}{'wrong':>7}")
+        total: Counter = Counter()
+        for topic, counts in per.items():
+            total += counts
+            self.stdout.write(
+                f"{topic:<18}{counts['paraphrases']:>12}{counts['recalled']:>10}{counts['hits']:>7}{counts['wrong']:>7}"
+            )
+        summary = {
+            "recall": round(total["recalled"] / max(total["paraphrases"], 1), 4),
+            "wrong_hit_share": round(total["wrong"] / max(total["hits"], 1), 4),
+            "paraphrases": total["paraphrases"],
+            "hits": total["hits"],
+            "wrong": total["wrong"],
+        }
+        return {"total": summary, "topics": {t: dict(c) for t, c in per.items()}}
