@@ -137,17 +137,16 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None
 
 
-# OpenAI's `include` values. Served: what hosted tools would add (none run here, so there is never
-# anything to add) and input images' URLs (input items are kept as sent). Refused by value: what
-# Sentinel cannot give (token logprobs; reasoning kept encrypted across stateless turns).
+# OpenAI's `include` values Sentinel serves: what hosted tools would add (none run here, so there is
+# never anything to add) and input images' URLs (input items are kept as sent). The schema lists
+# these alone; the values it cannot give (token logprobs; reasoning kept encrypted across stateless
+# turns) are refused by value, as are logprobs and truncation (refuse_unserved).
 INCLUDABLE = Literal[
     "web_search_call.action.sources",
     "code_interpreter_call.outputs",
     "computer_call_output.output.image_url",
     "file_search_call.results",
     "message.input_image.image_url",
-    "message.output_text.logprobs",
-    "reasoning.encrypted_content",
 ]
 NOT_INCLUDED = ("message.output_text.logprobs", "reasoning.encrypted_content")
 
@@ -170,10 +169,10 @@ class ResponsesRequest(_Strict):
     max_tool_calls: integer(ge=1, le=MAX_INT32) | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    top_logprobs: integer(ge=0, le=20) | None = None
+    top_logprobs: integer(ge=0, le=0) | None = None  # 0: Sentinel returns no logprobs
     text: TextOptions | None = None
     reasoning: Reasoning | None = None
-    truncation: Literal["auto", "disabled"] | None = None
+    truncation: Literal["disabled"] | None = None
     include: list[INCLUDABLE] | None = None
     metadata: Metadata | None = None
     moderation: dict[str, Any] | None = None
@@ -198,23 +197,26 @@ def parse_responses_request(raw: bytes) -> tuple[ResponsesRequest, dict]:
         if name in UNSUPPORTED:
             message = f"Sentinel does not support the parameter '{name}' of the Responses API."
             raise invalid_request(message, param=name, code="unsupported_parameter")
+    refuse_unserved(body)
     try:
         request = ResponsesRequest.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
-    refuse_unserved(request)
     return request, body
 
 
-def refuse_unserved(request: ResponsesRequest) -> None:
-    """Values of served fields Sentinel cannot honour: refused, never silently ignored."""
-    for i, value in enumerate(request.include or ()):
-        if value in NOT_INCLUDED:
+def refuse_unserved(body: dict) -> None:
+    """Values of OpenAI's that Sentinel cannot honour: refused by name, never silently ignored (the
+    schema, which lists only what is served, would call them merely invalid)."""
+    include = body.get("include")
+    for i, value in enumerate(include if isinstance(include, list) else ()):
+        if isinstance(value, str) and value in NOT_INCLUDED:
             raise invalid_request(
                 f"Sentinel does not support include value '{value}'.", param=f"include[{i}]", code="unsupported_value"
             )
-    if request.top_logprobs:  # 0 asks for none
+    top = body.get("top_logprobs")
+    if isinstance(top, int) and not isinstance(top, bool) and 0 < top <= 20:
         raise invalid_request("Sentinel does not return logprobs.", param="top_logprobs", code="unsupported_value")
-    if request.truncation == "auto":
+    if body.get("truncation") == "auto":
         message = "Sentinel does not truncate conversations: send truncation 'disabled' (the default)."
         raise invalid_request(message, param="truncation", code="unsupported_value")
