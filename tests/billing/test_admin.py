@@ -362,7 +362,7 @@ def test_the_request_log_finds_a_request_by_its_whole_id_only(spend_data):
         == [entry.request_id] * LedgerEntry.objects.filter(tenant=t.tenant, request_id=entry.request_id).count()
     )
     assert found(f"  {entry.request_id} ") == found(entry.request_id)  # pasted with spaces
-    assert found(entry.request_id[:-1]) == []
+    assert found(entry.request_id[1:]) == []  # (its last character dropped may be another whole id: spend-60, spend-6)
     assert found(entry.request_id.swapcase()) == []
 
 
