@@ -17,7 +17,6 @@ vector (wrong by construction, not an approximation a client could accept).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import struct
@@ -42,7 +41,8 @@ from gateway.pipeline import admit_at, answered, identify, route_and_admit
 from gateway.schemas import _Strict, integer, json_object, validation_error
 from gateway.settlement import charge, finish, ledger_record, store_answer
 from gateway.upstream import transport
-from gateway.upstream.failures import UpstreamError, classify
+from gateway.upstream.failures import UpstreamError
+from gateway.upstream.providers import deployment_arguments, through_litellm
 from gateway.upstream.routing import ModelRoute, Target
 
 # Retries are the chain's (gateway.chain.call_chain), never litellm's: its OpenAI and Azure
@@ -290,19 +290,8 @@ async def embed(target: Target, body: dict, *, timeout: float, request_id: str) 
             request_id=request_id,
         )
         return _openai_answer(payload, expected)
-    args.update(dict(target.litellm_params))
-    args.update(
-        model=target.litellm_model, input=body["input"], num_retries=0, metadata={"sentinel_request_id": request_id}
-    )
-    if target.api_base:
-        args["api_base"] = target.api_base
-    if target.api_key:
-        args["api_key"] = target.api_key
-    try:
-        async with asyncio.timeout(timeout):
-            response = await litellm.aembedding(**args, timeout=timeout)
-    except Exception as exc:  # every provider failure is classified, none escapes raw
-        raise classify(exc) from exc
+    args.update(deployment_arguments(target, request_id=request_id, input=body["input"], num_retries=0))
+    response = await through_litellm(litellm.aembedding, args, timeout=timeout)
     return _openai_answer(response.model_dump(exclude_none=True), expected)
 
 

@@ -19,7 +19,6 @@ Nothing is cached: the same prompt is meant to give a new image.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import replace
 from decimal import Decimal
@@ -42,7 +41,8 @@ from gateway.schemas import _Strict, integer, json_object, validation_error
 from gateway.screening import engine as screening
 from gateway.settlement import finish, ledger_record
 from gateway.upstream import transport
-from gateway.upstream.failures import UpstreamError, classify
+from gateway.upstream.failures import UpstreamError
+from gateway.upstream.providers import deployment_arguments, through_litellm
 from gateway.upstream.routing import ModelRoute, Target
 
 MAX_IMAGES = 10  # OpenAI's limit on `n`
@@ -236,17 +236,8 @@ async def generate(target: Target, body: dict, *, timeout: float, request_id: st
     if target.fast is not None and target.fast.images_url is not None:
         payload = await transport.generate_images(target.fast, args, timeout=timeout, request_id=request_id)
         return _openai_answer(payload, expected)
-    args.update(dict(target.litellm_params))
-    args.update(model=target.litellm_model, metadata={"sentinel_request_id": request_id})
-    if target.api_base:
-        args["api_base"] = target.api_base
-    if target.api_key:
-        args["api_key"] = target.api_key
-    try:
-        async with asyncio.timeout(timeout):
-            response = await litellm.aimage_generation(**args, timeout=timeout)
-    except Exception as exc:  # every provider failure is classified, none escapes raw
-        raise classify(exc) from exc
+    args.update(deployment_arguments(target, request_id=request_id))
+    response = await through_litellm(litellm.aimage_generation, args, timeout=timeout)
     return _openai_answer(response.model_dump(exclude_none=True), expected)
 
 

@@ -28,14 +28,32 @@ async def complete(target: Target, body: dict, *, timeout: float, request_id: st
     """A non-streamed completion as an OpenAI response dict."""
     if target.fast is not None:
         return await transport.complete(target.fast, body, timeout=timeout, request_id=request_id)
+    args = _arguments(target, body, stream=False, request_id=request_id)
+    response = await through_litellm(litellm.acompletion, args, timeout=timeout)
+    return _clean(response.model_dump(exclude_none=True))
+
+
+async def through_litellm(function, args: dict, *, timeout: float):
+    """One litellm call (acompletion, aembedding, aimage_generation) bounded by `timeout`; every
+    provider failure is classified, none escapes raw."""
     try:
         async with asyncio.timeout(timeout):
-            response = await litellm.acompletion(
-                **_arguments(target, body, stream=False, request_id=request_id), timeout=timeout
-            )
-    except Exception as exc:  # every provider failure is classified, none escapes raw
+            return await function(**args, timeout=timeout)
+    except Exception as exc:
         raise classify(exc) from exc
-    return _clean(response.model_dump(exclude_none=True))
+
+
+def deployment_arguments(target: Target, *, request_id: str, **call) -> dict:
+    """litellm's keywords for one deployment: its settings, then its model and `call`'s own keywords,
+    then where and with which key it is called (never from the client's body)."""
+    args = dict(target.litellm_params)
+    # litellm's own metadata (its logging reads settings from it): the client's OpenAI metadata is replaced.
+    args.update(model=target.litellm_model, metadata={"sentinel_request_id": request_id}, **call)
+    if target.api_base:
+        args["api_base"] = target.api_base
+    if target.api_key:
+        args["api_key"] = target.api_key
+    return args
 
 
 async def open_stream(
@@ -75,19 +93,9 @@ def _arguments(target: Target, body: dict, *, stream: bool, request_id: str) -> 
     """litellm's keywords: OpenAI's parameters from the client's body (the allowlist, so nothing
     the body holds besides can set where or how the call is made), then the deployment's settings."""
     args = forwarded(body)
-    args.update(dict(target.litellm_params))
     args.update(
-        model=target.litellm_model,
-        messages=body["messages"],
-        stream=stream,
-        num_retries=0,
-        # litellm's own (its logging reads settings from it): the client's OpenAI metadata is replaced.
-        metadata={"sentinel_request_id": request_id},
+        deployment_arguments(target, request_id=request_id, messages=body["messages"], stream=stream, num_retries=0)
     )
-    if target.api_base:
-        args["api_base"] = target.api_base
-    if target.api_key:
-        args["api_key"] = target.api_key
     if stream:
         args["stream_options"] = {"include_usage": True}
     return args
