@@ -4,6 +4,8 @@ the ORM's own work per query (about 1 ms for one INSERT, measured on the Respons
 
 A purpose names the pool and how its connections are set up (`configure`), so the vector store's
 session settings (timeouts, pgvector types) never apply to another purpose's queries.
+
+A connection handed back still in pipeline mode is closed, never reused (`_refuse_mid_pipeline`).
 """
 
 from __future__ import annotations
@@ -48,10 +50,32 @@ async def _open(info: str, configure: Configure | None, max_size: int):
     from psycopg_pool import AsyncConnectionPool
 
     opened = AsyncConnectionPool(
-        info, min_size=1, max_size=max_size, kwargs={"autocommit": True}, configure=configure, open=False, timeout=5
+        info,
+        min_size=1,
+        max_size=max_size,
+        kwargs={"autocommit": True},
+        configure=configure,
+        reset=_refuse_mid_pipeline,
+        open=False,
+        timeout=5,
     )
     await opened.open()
     return opened
+
+
+async def _refuse_mid_pipeline(connection) -> None:
+    """The pool's check of a connection handed back (raising makes it close the connection).
+
+    A task cancelled while its pipeline was being synced (a lookup past its time limit) can leave
+    the connection in libpq's pipeline mode although psycopg 3.3 reports it idle. Its next user's
+    statements then run and answer, but no Sync ever ends their implicit transaction: nothing they
+    write is committed, and the open snapshot holds back vacuum and CREATE INDEX CONCURRENTLY.
+    """
+    from psycopg import OperationalError
+    from psycopg.pq import PipelineStatus
+
+    if connection.pgconn.pipeline_status != PipelineStatus.OFF:
+        raise OperationalError("handed back in pipeline mode (its task was cancelled mid-sync)")
 
 
 async def close(purpose: str) -> None:
