@@ -318,21 +318,13 @@ def _expired(stored: dict) -> bool:
 
 
 async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float) -> Hit | None:
-    async with (await pool()).connection() as conn:
-        async with conn.pipeline():
-            searched = await conn.execute(
-                "select id, prompt, answer, cost_usd, 1 - (embedding <=> %s) as similarity "
-                "from gateway_cacheentry where partition = %s and expires_at > now() and embedding is not null "
-                "order by embedding <=> %s limit %s",
-                (embedding, key.partition, embedding, CANDIDATES),
-            )
-            deferred = await conn.execute(
-                "select id, prompt, answer, cost_usd from gateway_cacheentry "
-                "where partition = %s and expires_at > now() and embedding is null limit %s",
-                (key.partition, DEFERRED_INLINE + 1),
-            )
-        rows = await searched.fetchall()
-        pending = await deferred.fetchall()
+    # The lookup's time limit cancels this coroutine, never the search: a task cancelled inside its
+    # pipeline can hand its connection back still in pipeline mode (async_db then closes it). The
+    # search ends on its own, bounded by the connection's statement_timeout; a late answer is dropped.
+    search = asyncio.get_running_loop().create_task(_search(key.partition, embedding))
+    _backfills.add(search)
+    search.add_done_callback(_search_done)
+    rows, pending = await asyncio.shield(search)
     # Embedding happens with the connection back in the pool: holding connections while waiting
     # for the embedder starved the other lookups of them.
     if len(pending) > DEFERRED_INLINE:
@@ -349,6 +341,30 @@ async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float) 
         if verdict.accepted:
             return Hit("hit-semantic", answer, entry_id, cost, float(similarity))
     return None
+
+
+def _search_done(search: asyncio.Task) -> None:
+    _backfills.discard(search)
+    if not search.cancelled():
+        search.exception()  # retrieved: a search whose lookup gave up already counted as failed open
+
+
+async def _search(partition: str, embedding) -> tuple[list, list]:
+    """The partition's nearest entries, and up to DEFERRED_INLINE + 1 stored without an embedding."""
+    async with (await pool()).connection() as conn:
+        async with conn.pipeline():
+            searched = await conn.execute(
+                "select id, prompt, answer, cost_usd, 1 - (embedding <=> %s) as similarity "
+                "from gateway_cacheentry where partition = %s and expires_at > now() and embedding is not null "
+                "order by embedding <=> %s limit %s",
+                (embedding, partition, embedding, CANDIDATES),
+            )
+            deferred = await conn.execute(
+                "select id, prompt, answer, cost_usd from gateway_cacheentry "
+                "where partition = %s and expires_at > now() and embedding is null limit %s",
+                (partition, DEFERRED_INLINE + 1),
+            )
+        return await searched.fetchall(), await deferred.fetchall()
 
 
 async def _embed_deferred(pending: list, embedding) -> list:
