@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +144,28 @@ def gateway(test_database_name, mock_provider, embedding_model) -> GatewayServer
     server = start_gateway(test_database_name)
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_database_state():
+    """What one test leaves of this process's database state is never the next test's problem. A
+    test stopped mid-query (pytest-timeout's signal) leaves Django's connection with a command in
+    progress, and every later query of the session fails with "another command is already in
+    progress"; a test that made localstate think the database is away would make the next ones
+    read nothing for 2 s. Both are reset here, and a broken connection is reported on stderr."""
+    yield
+    import sys
+
+    from psycopg.pq import TransactionStatus
+
+    from sentinel import localstate
+
+    raw = connection.connection
+    if raw is not None and raw.info.transaction_status in (TransactionStatus.ACTIVE, TransactionStatus.UNKNOWN):
+        print(f"closing this process's database connection: left {raw.info.transaction_status.name}", file=sys.stderr)
+        with suppress(Exception):
+            connection.close()
+    localstate._suspect = localstate._probing = False
 
 
 @pytest.fixture
