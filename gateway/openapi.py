@@ -336,10 +336,11 @@ def embedding_paths(components: dict[str, Any]) -> dict[str, Any]:
     }
     return {
         "/v1/embeddings": {
-            "post": {
-                "operationId": "embeddings_create",
-                "summary": "Create embeddings (OpenAI-compatible)",
-                "description": (
+            "post": _operation(
+                "embeddings_create",
+                "Create embeddings (OpenAI-compatible)",
+                _call_responses("One vector per input, in order.", answer),
+                description=(
                     "OpenAI's embeddings API over any provider litellm embeds with: the fields of OpenAI's "
                     "request schema plus Sentinel's `cache` controls; any other field is refused (400 "
                     "`unknown_parameter`). `input` is a string, an array of strings, an array of token ids, "
@@ -347,19 +348,9 @@ def embedding_paths(components: dict[str, Any]) -> dict[str, Any]:
                     "OpenAI's, in floats or base64 as asked, whichever provider served it. Budgets and "
                     "tokens-per-minute limits count the input's tokens; only the exact cache applies."
                 ),
-                "tags": ["gateway"],
-                "security": _KEY_SECURITY,
-                "parameters": [_REQUEST_ID_PARAMETER, _SESSION_PARAMETER],
-                "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
-                "responses": {
-                    "200": {
-                        "description": "One vector per input, in order.",
-                        "headers": {k: v for k, v in _COMPLETION_HEADERS.items() if k not in _CHAT_ONLY_HEADERS},
-                        "content": {"application/json": {"schema": answer}},
-                    },
-                    **_error_responses(_CALL_ERRORS),
-                },
-            }
+                parameters=[_SESSION_PARAMETER],
+                requestBody={"required": True, "content": {"application/json": {"schema": request}}},
+            )
         }
     }
 
@@ -369,10 +360,11 @@ def image_paths(components: dict[str, Any]) -> dict[str, Any]:
     answer = _component(ImagesResponse, "OpenAIImages", components)
     return {
         "/v1/images/generations": {
-            "post": {
-                "operationId": "images_generate",
-                "summary": "Generate images (OpenAI-compatible)",
-                "description": (
+            "post": _operation(
+                "images_generate",
+                "Generate images (OpenAI-compatible)",
+                _call_responses("The images, as URLs or base64 (`b64_json`), as the provider gave them.", answer),
+                description=(
                     "OpenAI's image generation over the model's chain of image deployments, failing over as "
                     "chat does: the fields of OpenAI's request schema; its streaming and video fields are "
                     "refused (400 `unsupported_parameter`), any other field too (400 `unknown_parameter`). "
@@ -380,20 +372,22 @@ def image_paths(components: dict[str, Any]) -> dict[str, Any]:
                     "size and quality (docs/billing.md); budgets reserve `n` images at the dearest price the "
                     "chain can charge. The tenant's input screening sees the prompt. Nothing is cached."
                 ),
-                "tags": ["gateway"],
-                "security": _KEY_SECURITY,
-                "parameters": [_REQUEST_ID_PARAMETER, _SESSION_PARAMETER],
-                "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
-                "responses": {
-                    "200": {
-                        "description": "The images, as URLs or base64 (`b64_json`), as the provider gave them.",
-                        "headers": {k: v for k, v in _COMPLETION_HEADERS.items() if k not in _CHAT_ONLY_HEADERS},
-                        "content": {"application/json": {"schema": answer}},
-                    },
-                    **_error_responses(_CALL_ERRORS),
-                },
-            }
+                parameters=[_SESSION_PARAMETER],
+                requestBody={"required": True, "content": {"application/json": {"schema": request}}},
+            )
         }
+    }
+
+
+def _call_responses(description: str, answer: dict) -> dict[str, Any]:
+    """A non-chat call's answer (JSON, with the completion headers but the chat-only ones) and its errors."""
+    return {
+        "200": {
+            "description": description,
+            "headers": _CALL_HEADERS,
+            "content": {"application/json": {"schema": answer}},
+        },
+        **_error_responses(_CALL_ERRORS),
     }
 
 
@@ -536,6 +530,7 @@ RESPONSES_EVENT = {
 
 
 _CHAT_ONLY_HEADERS = frozenset({"x-sentinel-route"})
+_CALL_HEADERS = {k: v for k, v in _COMPLETION_HEADERS.items() if k not in _CHAT_ONLY_HEADERS}
 
 ANTHROPIC_ERROR = {
     "type": "object",
@@ -621,7 +616,7 @@ def messages_paths(components: dict[str, Any]) -> dict[str, Any]:
                 "responses": {
                     "200": {
                         "description": "The message, or its event stream.",
-                        "headers": {k: v for k, v in _COMPLETION_HEADERS.items() if k not in _CHAT_ONLY_HEADERS},
+                        "headers": _CALL_HEADERS,
                         "content": {
                             "application/json": {"schema": answer},
                             "text/event-stream": {"schema": event},
