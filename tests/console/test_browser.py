@@ -162,7 +162,8 @@ def test_the_live_circuit_view_follows_a_failing_provider_without_a_reload(
 
         # The self-hosted deployment's load arrives with each sample, also without a reload.
         mock_provider.control(primary, load_waiting=6, load_kv_cache=0.5)
-        assert off_the_browser_loop(sample_deployments) == 1
+        # Ours is read (the page shows it next); other tests' self-hosted deployments may be read too.
+        assert off_the_browser_loop(sample_deployments) >= 1
         page.wait_for_function(
             f"document.querySelector(\"tr[data-deployment='{primary}'] td.load\").textContent"
             " === 'saturated: 0 running, 6 waiting, KV cache 50%'",
