@@ -149,9 +149,7 @@ _PATTERNS: tuple[tuple[tuple[str, ...], re.Pattern, re.Pattern], ...] = tuple(
         ),
     )
 )
-# The first ignore-the-instructions, reveal-the-prompt and pretend-there-are-no-rules phrases are
-# left to their anchors: Hyperscan takes seconds to compile them.
-_PREFILTER = Prefilter([any_case for _, any_case, _ in _PATTERNS], leave_out=frozenset({0, 8, 16}))
+_PREFILTER = Prefilter([any_case for _, any_case, _ in _PATTERNS])
 _BASE64 = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{24,}={0,2}(?![A-Za-z0-9+/=])")
 _HEX = re.compile(r"[0-9A-Fa-f](?<![0-9A-Fa-f]{2})[0-9A-Fa-f](?:[0-9A-Fa-f]{2}){15,}(?![0-9A-Fa-f])")
 

@@ -159,14 +159,7 @@ _LOCAL = [
     for category, pattern in _CATEGORIES.items()
 ]
 
-# Violence, illicit and sexual/minors are left to their anchors: Hyperscan takes seconds to compile
-# their phrases.
-_PREFILTER = Prefilter(
-    [any_case for _, _, any_case, _ in _LOCAL],
-    leave_out=frozenset(
-        i for i, (category, *_) in enumerate(_LOCAL) if category in ("violence", "illicit", "sexual/minors")
-    ),
-)
+_PREFILTER = Prefilter([any_case for _, _, any_case, _ in _LOCAL])
 
 
 def find(text: str) -> list[Span]:

@@ -10,6 +10,7 @@ moderation phrases, 0.4 -> 0.14 ms each on 4,000 characters).
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -64,30 +65,51 @@ class Prefilter:
     """Which of many patterns can match a text, found in one pass over it by Hyperscan instead of
     one pass per pattern: Python's engine scans 4,000 characters in 50-200 microseconds a pattern,
     Hyperscan scans them for all of them at once in a few. Each pattern is compiled in Hyperscan's
-    prefilter mode, as a superset of itself (lookarounds and back-references relaxed, and here bounded
-    repeats too: `x{2,5}` is compiled as `x*`, which keeps compiling to a second or so), so a pattern
-    it rules out cannot match; one it lets through is then run by Python's engine as before, so the
-    findings are the same.
+    prefilter mode, as a superset of itself (lookarounds and back-references relaxed), so a pattern it
+    rules out cannot match; one it lets through is then run by Python's engine as before, so the
+    findings are the same. Compiling the four checks' patterns takes about 2 s of CPU, in a thread
+    that leaves the GIL (an event loop beside it is held up by no more than 10 ms).
 
     Only ASCII texts of MIN_CHARS or more are prefiltered (there Python's \\w, \\d, \b and
     case-folding agree with Hyperscan's byte mode; a short text costs Python's engine little). Other
-    texts, the patterns left out (`leave_out`: those whose compiling costs seconds), a pattern
-    Hyperscan cannot compile, or Hyperscan not installed (a binary wheel: x86-64 and arm64 Linux and
-    macOS) leave every such pattern in. The database is compiled on first use, so a process that
-    never screens a long text never pays for it."""
+    texts, a pattern Hyperscan cannot compile, or Hyperscan not installed (a binary wheel: x86-64 and
+    arm64 Linux and macOS) leave every such pattern in. The database is compiled in a thread of its
+    own when the process first meets such a text (`make run` compiles them before its processes
+    start, sentinel.run.prepare); until it is ready every pattern is run, so no request waits for it."""
 
-    MIN_CHARS = 1_000  # as engine.INLINE_CHARS: the first such text, which compiles, is off the event loop
+    MIN_CHARS = 1_000  # as engine.INLINE_CHARS: a text this long is screened off the event loop
 
-    def __init__(self, patterns: list[re.Pattern | Phrase], *, leave_out: frozenset[int] = frozenset()) -> None:
+    def __init__(self, patterns: list[re.Pattern | Phrase]) -> None:
         self.patterns = [pattern.pattern if isinstance(pattern, Phrase) else pattern for pattern in patterns]
         self.count = len(patterns)
-        self._leave_out = leave_out
         self._everything: frozenset[int] = frozenset(range(self.count))
         self._always: frozenset[int] = self._everything
         self._database = None
-        self._compiled = False
+        self._compiling: int | None = None  # the process that started compiling (a fork starts again)
+        self._compiled = threading.Event()
         self._lock = threading.Lock()
         self._local = threading.local()
+
+    def compile(self, timeout: float | None = None) -> bool:
+        """Compile the database now, or wait for the compiling under way; whether it is ready (False
+        also where Hyperscan is not installed or compiled nothing)."""
+        self._start()
+        self._compiled.wait(timeout)
+        return self._database is not None
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._compiling == os.getpid():
+                return
+            self._compiling = os.getpid()
+            self._compiled.clear()
+        threading.Thread(target=self._compile_once, name="hyperscan-prefilter", daemon=True).start()
+
+    def _compile_once(self) -> None:
+        try:
+            self._compile()
+        finally:
+            self._compiled.set()
 
     def _compile(self) -> None:
         try:
@@ -96,8 +118,6 @@ class Prefilter:
             return
         expressions = []
         for index, regex in enumerate(self.patterns):
-            if index in self._leave_out:
-                continue
             flags = hyperscan.HS_FLAG_PREFILTER | hyperscan.HS_FLAG_SINGLEMATCH | hyperscan.HS_FLAG_ALLOWEMPTY
             if regex.flags & re.IGNORECASE:
                 flags |= hyperscan.HS_FLAG_CASELESS
@@ -107,7 +127,7 @@ class Prefilter:
                 flags |= hyperscan.HS_FLAG_MULTILINE
             try:
                 # Python's \v is one character, PCRE's a class of them.
-                source = relaxed(regex.pattern).replace("\\v", "\\x0b").encode()
+                source = regex.pattern.replace("\\v", "\\x0b").encode()
             except UnicodeEncodeError:
                 continue  # a lone surrogate in a pattern: it stays in
             expressions.append((source, index, flags))
@@ -117,25 +137,23 @@ class Prefilter:
             database = _database(hyperscan, expressions)
         if database is not None:
             self._always = self._everything - {index for _, index, _ in expressions}
-            self._database = database
             self._hyperscan = hyperscan
+            self._database = database  # last: candidates() reads the others once it sees this
 
     def candidates(self, text: str) -> frozenset[int] | set[int]:
         """Indexes of the patterns that may match `text` (all of them when it cannot tell)."""
         if len(text) < self.MIN_CHARS or not text.isascii():
             return self._everything
-        if not self._compiled:
-            with self._lock:
-                if not self._compiled:
-                    self._compile()
-                    self._compiled = True
-        if self._database is None:
+        database = self._database
+        if database is None:
+            if self._compiling != os.getpid():
+                self._start()
             return self._everything
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:  # a scratch space per thread: the screening pool scans concurrently
             scratch = self._local.scratch = self._hyperscan.Scratch(self._database)
         found = set(self._always)
-        self._database.scan(text.encode(), match_event_handler=_collect, context=found, scratch=scratch)
+        database.scan(text.encode(), match_event_handler=_collect, context=found, scratch=scratch)
         return found
 
 
@@ -153,39 +171,6 @@ def _database(hyperscan: ModuleType, expressions: list[tuple[bytes, int, int]]) 
     except hyperscan.error:
         return None
     return database
-
-
-_BOUNDED_REPEAT = re.compile(r"\{(\d*),?(\d*)\}")
-
-
-def relaxed(source: str) -> str:
-    """`source` with every bounded repeat ({m}, {m,}, {m,n}) made unbounded (*): a superset of
-    it, which Hyperscan compiles much faster (its prefilter mode expands bounded repeats)."""
-    out, i, in_class = [], 0, False
-    while i < len(source):
-        char = source[i]
-        if char == "\\":
-            out.append(source[i : i + 2])
-            i += 2
-            continue
-        if in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-            out.append(char)
-            i += 1
-            for literal in ("^", "]"):  # "[^]...]" and "[]...]": a leading ] is a literal
-                if source.startswith(literal, i):
-                    out.append(literal)
-                    i += 1
-            continue
-        elif char == "{" and (repeat := _BOUNDED_REPEAT.match(source, i)) and repeat.group() != "{}":
-            out.append("*")
-            i = repeat.end()
-            continue
-        out.append(char)
-        i += 1
-    return "".join(out)
 
 
 def _collect(index: int, start: int, end: int, flags: int, found: set[int]) -> None:
