@@ -2,7 +2,8 @@
 
     authenticate → validate → allowlist → route → admit (limits, budgets: n images at the dearest
     price the chain can charge) → screen the prompt → call the chain (failing over as chat does)
-    → respond → finish (settle, ledger: the image count and their cost)
+    → screen the images (revised prompts, the tenant's guardrail) → respond → finish (settle,
+    ledger: the image count and their cost, also when screening withholds them)
 
 A deployment whose provider answers in OpenAI's format is called directly (gateway.upstream.transport,
 as embeddings are), every other through litellm.aimage_generation, and the answer is always OpenAI's.
@@ -176,9 +177,13 @@ async def _create(call: Call, headers, raw_body: bytes) -> Reply:
     response = await call_chain(call, chain, stream=False, complete=generate)
     images = len(response["data"])
     charged = charge_images(call, response, images)
-    record = ledger_record(call, 200, charged=charged)
+    refusal = await screening.screen_images(call, response)
+    status = refusal.status if refusal else 200
+    record = ledger_record(call, status, charged=charged, error_code=refusal.code if refusal else "")
     record.images = images
     await finish(call, record)
+    if refusal:  # made, so billed, but not delivered
+        return Reply(status, {**response_headers(call, charged.cost), **refusal.headers}, refusal.body())
     return Reply(200, response_headers(call, charged.cost), orjson.dumps(response))
 
 

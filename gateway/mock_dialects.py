@@ -437,7 +437,8 @@ def image_of(prompt: str, index: int = 0) -> bytes:
 
 async def images(request: web.Request, state: ProviderState, body: dict) -> web.StreamResponse:
     """OpenAI's images/generations: `n` PNGs as base64 (b64_json), or as data URLs when
-    `response_format` is "url"; `size` and `quality` echoed when asked for, as gpt-image models do."""
+    `response_format` is "url"; `size` and `quality` echoed when asked for, as gpt-image models do,
+    and a `revised_prompt` when a `style` is."""
     prompt, count = body.get("prompt"), body.get("n", 1)
     if not isinstance(prompt, str) or not prompt or not isinstance(count, int) or not 1 <= count <= 10:
         return web.json_response({"error": {"message": "bad input", "type": "invalid_request_error"}}, status=400)
@@ -448,6 +449,9 @@ async def images(request: web.Request, state: ProviderState, body: dict) -> web.
         encoded = base64.b64encode(image_of(prompt, index)).decode()
         url = body.get("response_format") == "url"
         data.append({"url": "data:image/png;base64," + encoded} if url else {"b64_json": encoded})
+    if isinstance(body.get("style"), str):  # as dall-e-3 does, which takes a style: the prompt it drew
+        for item in data:
+            item["revised_prompt"] = f"{prompt}, in a {body['style']} style"
     answer: dict = {"created": MOCK_IMAGE_CREATED, "data": data}
     answer.update({name: body[name] for name in ("size", "quality") if name in body})
     state.completed += 1

@@ -35,6 +35,8 @@ injections arrive indirectly). A tenant without a policy costs one attribute tes
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import json
 import logging
@@ -483,6 +485,98 @@ def withhold(choice: dict) -> None:
     if isinstance(message, dict):
         message["content"] = ""
     choice["finish_reason"] = CONTENT_FILTER
+
+
+async def screen_images(call, response: dict) -> GatewayError | None:
+    """Screen generated images once made (gateway.images): each revised prompt by the output checks
+    (redacted in place), then the tenant's guardrail, shown the prompt, the revised prompts and each
+    image's URL or, for an inline one, its format, size and digest (never the image itself). Returns
+    the refusal to answer with instead of the images (they were made: the request is billed), or None."""
+    policy: Policy | None = call.key.screening
+    if policy is None or not (policy.screens_output or policy.guardrail_url):
+        return None
+    record = call.screening or Screening(tenant=call.key.tenant_slug)
+    call.screening = record
+    items = response["data"]
+    revised = [item for item in items if item.get("revised_prompt")]
+    refusals: list[str] = []
+    if policy.screens_output:
+        record.ran_out = [
+            name
+            for name, on in (("personal_data", policy.output_personal_data), (MODERATION, policy.output_moderation))
+            if on != OFF
+        ]
+        for item in revised:
+            redact = []
+            for span in output_spans(policy, item["revised_prompt"]):
+                check = check_of(span)
+                if check == MODERATION:
+                    record.categories.add(span.check)
+                action = output_action(policy, check)
+                record.fire(check, OUT, action)
+                if action == BLOCK:
+                    refusals.append(check)
+                elif action == REDACT:
+                    redact.append(Span(check, span.start, span.end))
+            if redact:
+                item["revised_prompt"], _ = mask(item["revised_prompt"], redact)
+    if refusals:
+        return _withheld(refusals)
+    if not policy.guardrail_url:
+        return None
+    texts = [("user", call.body["prompt"])] + [("revised_prompt", item["revised_prompt"]) for item in revised]
+    try:
+        verdict, elapsed = await guardrail.consult(
+            url=policy.guardrail_url,
+            secret=await resources.guardrail_secret(call.key.tenant_id),
+            timeout=policy.guardrail_timeout,
+            request_id=call.request_id,
+            tenant=call.key.tenant_slug,
+            texts=texts,
+            stage="output",
+            images=[image_facts(index, item) for index, item in enumerate(items)],
+        )
+    except guardrail.GuardrailUnavailable as error:
+        record.outage(GUARDRAIL, OUT, policy.guardrail_fail_open, error)
+        return None if policy.guardrail_fail_open else unavailable(GUARDRAIL)
+    record.guardrail_ms = (record.guardrail_ms or 0) + int(elapsed * 1000)
+    if verdict.action == "block" or any(text_id == 0 for text_id, _, _ in verdict.redactions):
+        # A span of the prompt cannot be taken out of an image made from it.
+        record.fire(GUARDRAIL, OUT, BLOCK)
+        return _withheld([GUARDRAIL])
+    if verdict.action == "redact" and verdict.redactions:
+        record.fire(GUARDRAIL, OUT, REDACT)
+        by_text: dict[int, list[Span]] = {}
+        for text_id, start, end in verdict.redactions:
+            by_text.setdefault(text_id, []).append(Span(GUARDRAIL, start, end))
+        for text_id, spans in by_text.items():
+            item = revised[text_id - 1]
+            item["revised_prompt"], _ = mask(item["revised_prompt"], spans)
+    return None
+
+
+def image_facts(index: int, item: dict) -> dict:
+    """What the guardrail is told of one image: its URL, or for an inline one (base64 or a data URL)
+    its format, size in bytes and SHA-256."""
+    url = item.get("url") or ""
+    if url and not url.startswith("data:"):
+        return {"index": index, "url": url}
+    media, _, encoded = url.partition(",") if url else ("data:image/png;base64", ",", item.get("b64_json") or "")
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    image_format = media.removeprefix("data:").split(";")[0].removeprefix("image/") or "png"
+    return {"index": index, "format": image_format, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+
+
+def _withheld(checks: list[str]) -> GatewayError:
+    names = ", ".join(dict.fromkeys(checks))
+    return GatewayError(
+        400,
+        "content_policy_violation",
+        f"The generated images were withheld by the tenant's content policy (check: {names}).",
+    )
 
 
 async def screen_response(call, response: dict) -> None:

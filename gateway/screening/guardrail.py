@@ -1,9 +1,12 @@
 """A tenant's own guardrail: an HTTP endpoint that sees each request's text and answers allow, block
 or redact.
 
-Request: POST <url>, JSON `{"request_id", "tenant", "texts": [{"id", "role", "text"}]}` (the text of
-every message, after Sentinel's own redactions), signed like webhooks: `X-Sentinel-Timestamp` and
-`X-Sentinel-Signature: sha256=HMAC-SHA256(secret, "<timestamp>.<body>")`.
+Request: POST <url>, JSON `{"request_id", "tenant", "stage", "texts": [{"id", "role", "text"}]}` (the
+text of every message, after Sentinel's own redactions; `stage` "input"), signed like webhooks:
+`X-Sentinel-Timestamp` and `X-Sentinel-Signature: sha256=HMAC-SHA256(secret, "<timestamp>.<body>")`.
+Generated images are shown to it too, once made (`stage` "output"): the prompt the provider got, each
+revised prompt (role "revised_prompt") and `images`: `[{"index", "url"}]` for an image at a URL,
+`[{"index", "format", "bytes", "sha256"}]` for one returned inline (base64 or a data URL).
 Answer: `{"action": "allow"}`, `{"action": "block"}`, or
 `{"action": "redact", "redactions": [{"id": <text id>, "start": <int>, "end": <int>}]}` (character
 offsets into that text). Anything else, an error status, or no answer within the timeout is a
@@ -59,16 +62,27 @@ def _verdict(raw: bytes, lengths: list[int]) -> Verdict:
 
 
 async def consult(
-    *, url: str, secret: str, timeout: float, request_id: str, tenant: str, texts: list[tuple[str, str]]
+    *,
+    url: str,
+    secret: str,
+    timeout: float,
+    request_id: str,
+    tenant: str,
+    texts: list[tuple[str, str]],
+    stage: str = "input",
+    images: list[dict] | None = None,
 ) -> tuple[Verdict, float]:
-    """Ask the guardrail about `texts` ([(role, text)]); returns its verdict and how long it took."""
-    body = orjson.dumps(
-        {
-            "request_id": request_id,
-            "tenant": tenant,
-            "texts": [{"id": i, "role": role, "text": text} for i, (role, text) in enumerate(texts)],
-        }
-    )
+    """Ask the guardrail about `texts` ([(role, text)]) and, at the output stage, `images`; returns
+    its verdict and how long it took."""
+    request = {
+        "request_id": request_id,
+        "tenant": tenant,
+        "stage": stage,
+        "texts": [{"id": i, "role": role, "text": text} for i, (role, text) in enumerate(texts)],
+    }
+    if images is not None:
+        request["images"] = images
+    body = orjson.dumps(request)
     timestamp = str(int(time.time()))
     headers = {
         "content-type": "application/json",

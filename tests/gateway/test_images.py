@@ -5,6 +5,8 @@ per-image prices in the ledger, failover, allowlists, budgets, screening of the 
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 from decimal import Decimal
 
 import httpx
@@ -21,11 +23,13 @@ from tenants.models import Budget, VirtualKey
 from tests.conftest import unique
 from tests.gateway.limits.test_admission import holds
 from tests.gateway.test_dialect_chains import ledger_rows
+from tests.servers import Listener
 
 IMAGE_MODEL = "openai/gpt-image-1"
 # litellm's bundled map: gpt-image-1 per image by quality and size.
 LOW_1024X1536 = Decimal("0.016")
-HIGH_1024X1024 = Decimal("0.167")  # the dearest quality at the default size: "auto" is billed at it
+HIGH_1024X1024 = Decimal("0.167")
+LOW_1024X1024 = Decimal("0.011")  # the dearest quality at the default size: "auto" is billed at it
 
 
 @pytest.fixture
@@ -194,3 +198,157 @@ def test_bad_input_is_a_400_in_openais_shape(gateway, api_key, image_chain, mock
         assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param), body
         assert set(error) == {"message", "type", "param", "code"}
     assert mock_provider.stats(provider)["calls"] == 0
+
+
+# --- screening the images once made ----------------------------------------------------------------
+
+
+@pytest.fixture
+def image_guardrail(live_db):
+    """A guardrail on 127.0.0.1 that allows every prompt and, once the images are made, blocks those
+    of a prompt holding "withhold", answers 500 to one holding "outage" and redacts "Lisbon" from a
+    revised prompt, or "Porto" from the prompt itself; its requests are kept."""
+
+    def respond(path: str, headers: dict, body: bytes) -> tuple[int, bytes]:
+        sent = json.loads(body)
+        if sent["stage"] == "input":
+            return 200, b'{"action": "allow"}'
+        prompt = sent["texts"][0]["text"]
+        if "outage" in prompt:
+            return 500, b""
+        if "withhold" in prompt:
+            return 200, b'{"action": "block"}'
+        if "Porto" in prompt:  # a span of the prompt itself
+            start = prompt.index("Porto")
+            return 200, json.dumps(
+                {"action": "redact", "redactions": [{"id": 0, "start": start, "end": start + 5}]}
+            ).encode()
+        redactions = [
+            {"id": t["id"], "start": t["text"].index("Lisbon"), "end": t["text"].index("Lisbon") + 6}
+            for t in sent["texts"][1:]
+            if "Lisbon" in t["text"]
+        ]
+        return 200, json.dumps(
+            {"action": "redact", "redactions": redactions} if redactions else {"action": "allow"}
+        ).encode()
+
+    listener = Listener(respond=respond)
+    yield listener
+    listener.close()
+
+
+@pytest.fixture
+def guarded_images(gateway, make_tenant, make_key, image_chain, image_guardrail):
+    """make(**policy) -> (client, model, provider, tenant): images for a tenant whose guardrail is
+    image_guardrail, with the policy's other settings."""
+
+    def make(**policy):
+        tenant = make_tenant()
+        row = ScreeningPolicy(tenant=tenant, guardrail_url=image_guardrail.url("/check"), guardrail_timeout_ms=3000)
+        for name, value in policy.items():
+            setattr(row, name, value)
+        row.set_guardrail_secret("image-guardrail")
+        row.save()
+        model, (provider,) = image_chain()
+        client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0, timeout=30)
+        return client, model, provider, tenant
+
+    return make
+
+
+def output_requests(guardrail: Listener) -> list[dict]:
+    return [body for body in (json.loads(call[3]) for call in guardrail.calls) if body["stage"] == "output"]
+
+
+def test_the_guardrail_sees_the_images_made_and_their_prompt(guarded_images, image_guardrail, mock_provider):
+    client, model, provider, _ = guarded_images()
+    answer = client.images.generate(model=model, prompt="a red fox", n=2)
+    assert [base64.b64decode(item.b64_json) for item in answer.data] == [image_of("a red fox", i) for i in (0, 1)]
+
+    (seen,) = output_requests(image_guardrail)
+    assert seen["texts"] == [{"id": 0, "role": "user", "text": "a red fox"}]
+    assert seen["images"] == [
+        {
+            "index": i,
+            "format": "png",
+            "bytes": len(image_of("a red fox", i)),
+            "sha256": hashlib.sha256(image_of("a red fox", i)).hexdigest(),
+        }
+        for i in (0, 1)
+    ]
+    # As a data URL, the same facts; the input stage saw the prompt first.
+    client.images.generate(model=model, prompt="a blue owl", response_format="url")
+    assert output_requests(image_guardrail)[-1]["images"] == [
+        {
+            "index": 0,
+            "format": "png",
+            "bytes": len(image_of("a blue owl")),
+            "sha256": hashlib.sha256(image_of("a blue owl")).hexdigest(),
+        }
+    ]
+    assert [json.loads(call[3])["stage"] for call in image_guardrail.calls] == ["input", "output"] * 2
+    assert mock_provider.stats(provider)["calls"] == 2
+
+
+def test_images_the_guardrail_blocks_are_withheld_and_billed(guarded_images, image_guardrail, mock_provider):
+    client, model, provider, _ = guarded_images()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.images.with_raw_response.generate(model=model, prompt="withhold this one", n=2, quality="low")
+    error = refused.value.response.json()["error"]
+    assert (error["code"], error["param"]) == ("content_policy_violation", None)
+    assert error["message"] == "The generated images were withheld by the tenant's content policy (check: guardrail)."
+    assert "b64_json" not in refused.value.response.text
+    # Made, so billed: the provider charged for them.
+    assert Decimal(refused.value.response.headers["x-sentinel-cost-usd"]) == 2 * LOW_1024X1024
+    request_id = refused.value.response.headers["x-sentinel-request-id"]
+    row = ledger_rows([request_id])[request_id]
+    assert (row.status_code, row.error_code, row.images, row.cost_usd) == (
+        400,
+        "content_policy_violation",
+        2,
+        2 * LOW_1024X1024,
+    )
+    assert row.screening["fired"] == [["guardrail", "out", "block"]]
+    assert mock_provider.stats(provider)["calls"] == 1
+
+
+def test_a_guardrail_outage_after_the_images_follows_the_tenants_setting(guarded_images, mock_provider):
+    client, model, provider, _ = guarded_images()  # fails closed, the default
+    with pytest.raises(openai.InternalServerError) as refused:
+        client.images.generate(model=model, prompt="an outage at the guardrail")
+    assert mock_provider.stats(provider)["calls"] == 1  # made, then held back
+    assert refused.value.status_code == 503
+    assert refused.value.response.json()["error"]["code"] == "screening_unavailable"
+    request_id = refused.value.response.headers["x-sentinel-request-id"]
+    row = ledger_rows([request_id])[request_id]
+    assert (row.status_code, row.images, row.screening["outages"]) == (503, 1, [["guardrail", "out", "closed"]])
+
+    client, model, _, _ = guarded_images(guardrail_outage="open")
+    answer = client.images.with_raw_response.generate(model=model, prompt="an outage at the guardrail")
+    assert base64.b64decode(answer.parse().data[0].b64_json) == image_of("an outage at the guardrail")
+    row = ledger_rows([answer.headers["x-sentinel-request-id"]])[answer.headers["x-sentinel-request-id"]]
+    assert (row.status_code, row.screening["outages"]) == (200, [["guardrail", "out", "open"]])
+
+
+def test_revised_prompts_are_screened_as_output(guarded_images, image_guardrail, mock_provider):
+    """A revised prompt is text the provider wrote: the output checks redact it, and the guardrail
+    may too (a span of the client's own prompt cannot be taken out of the image: that blocks)."""
+    client, model, _, _ = guarded_images(email="off", output_personal_data="redact")  # the provider gets it
+    raw = client.images.with_raw_response.generate(
+        model=model, prompt="a postcard from Lisbon to ann.meyer@example.com", style="vivid", n=2
+    )
+    answer = raw.parse()
+    assert [item.revised_prompt for item in answer.data] == [
+        "a postcard from [REDACTED] to [EMAIL], in a vivid style"
+    ] * 2
+    (seen,) = output_requests(image_guardrail)
+    # The guardrail saw the revised prompts after the local redaction, never the address.
+    assert [t["role"] for t in seen["texts"]] == ["user", "revised_prompt", "revised_prompt"]
+    assert "ann.meyer" not in json.dumps(seen["texts"][1:])
+    request_id = raw.headers["x-sentinel-request-id"]
+    row = ledger_rows([request_id])[request_id]
+    assert sorted(row.screening["fired"]) == [["email", "out", "redact"], ["guardrail", "out", "redact"]]
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.images.generate(model=model, prompt="a postcard from Porto", style="vivid")
+    assert refused.value.response.json()["error"]["code"] == "content_policy_violation"
