@@ -232,7 +232,10 @@ def console_at_localhost(gateway) -> str:
     return gateway.url.replace("127.0.0.1", "localhost")
 
 
-def register_key(page, console: str) -> None:
+def register_key(page, gateway, console: str, user, password: str) -> None:
+    """Signs `user` in and registers a key on the page's virtual authenticator."""
+    page.context.clear_cookies()
+    sign_in(page, gateway, user, password, console=console)
     page.goto(f"{console}/admin/two-factor/")
     assert page.evaluate("window.isSecureContext") is True
     page.click("#passkey-register-button")
@@ -262,8 +265,7 @@ def test_a_member_registers_a_security_key_and_signs_in_with_it(browser, gateway
     console = console_at_localhost(gateway)
     with browser() as page:
         cdp, authenticator = virtual_authenticator(page)
-        sign_in(page, gateway, t.viewer, t.password, console=console)
-        register_key(page, console)
+        register_key(page, gateway, console, t.viewer, t.password)
         assert "Security key 1" in page.inner_text("#security-keys")
         assert len(cdp.send("WebAuthn.getCredentials", {"authenticatorId": authenticator})["credentials"]) == 1
         screenshot(page, "console-security-keys")
@@ -283,14 +285,11 @@ def test_without_the_registered_key_the_sign_in_is_refused(browser, gateway, ten
     console = console_at_localhost(gateway)
     with browser() as page:
         cdp, first = virtual_authenticator(page)
-        sign_in(page, gateway, t.owner, t.password, console=console)
-        register_key(page, console)
+        register_key(page, gateway, console, t.owner, t.password)
         cdp.send("WebAuthn.removeVirtualAuthenticator", {"authenticatorId": first})
 
         virtual_authenticator(page)
-        page.context.clear_cookies()
-        sign_in(page, gateway, t.outsider, t.password, console=console)
-        register_key(page, console)  # the second authenticator holds the outsider's key
+        register_key(page, gateway, console, t.outsider, t.password)  # the second one holds the outsider's key
 
         sign_in_to_key_step(page, console, t.owner, t.password)
         page.click("#passkey-verification-button")
