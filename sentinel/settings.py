@@ -7,9 +7,11 @@ fails loudly at start-up instead of being guessed at.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.templatetags.static import static
@@ -124,6 +126,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_otp",
     "django_otp.plugins.otp_totp",
+    "django_otp_webauthn",
     "mozilla_django_oidc",
     "rest_framework",
     "drf_spectacular",
@@ -214,10 +217,51 @@ AUTHENTICATION_BACKENDS = ["sentinel.authentication.GuardedModelBackend"]
 REQUIRE_TWO_FACTOR = envbool(
     "SENTINEL_REQUIRE_TWO_FACTOR",
     False,
-    "Every console account that signs in with a password must also give a one-time code (TOTP); "
+    "Every console account that signs in with a password must also give a second factor (a one-time code or a "
+    "security key); "
     "tenants can require it of their own members alone.",
 )
 OTP_TOTP_ISSUER = "Sentinel"
+
+
+def _webauthn_origin() -> str:
+    """Where browsers open the console, from SENTINEL_WEBAUTHN_ORIGIN or else the installation's own
+    host settings: https://<first host name in SENTINEL_ALLOWED_HOSTS> behind SENTINEL_HTTPS, otherwise
+    http://<that name>:<SENTINEL_PORT> (http://localhost:8000 by default). Never the request's Host."""
+    origin = envstr(
+        "SENTINEL_WEBAUTHN_ORIGIN",
+        "",
+        "The console's origin as browsers reach it (scheme://host[:port]): security keys and passkeys are bound "
+        "to its host name (the WebAuthn relying party). Unset: https://<first host name in SENTINEL_ALLOWED_HOSTS> "
+        "with SENTINEL_HTTPS, else http://<that name>:<SENTINEL_PORT>.",
+    )
+    if not origin:
+        names = [host for host in ALLOWED_HOSTS if _is_host_name(host)]
+        name = names[0] if names else "localhost"
+        port = envint("SENTINEL_PORT", 8000, "Port of the gateway (API, console, websockets) under `make run`.")
+        origin = f"https://{name}" if HTTPS else f"http://{name}:{port}"
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not _is_host_name(parts.hostname or "") or parts.path not in ("", "/"):
+        raise ValueError(f"SENTINEL_WEBAUTHN_ORIGIN must be scheme://host[:port] with a host name, not {origin!r}")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _is_host_name(host: str) -> bool:
+    """A DNS name a WebAuthn relying party can be (not an IP address, not an ALLOWED_HOSTS pattern)."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return bool(host) and not host.startswith(".") and "*" not in host
+    return False
+
+
+# Security keys and passkeys (django-otp-webauthn): a second factor after the password, never a
+# sign-in alone (sentinel.console.securitykeys).
+WEBAUTHN_ORIGIN = _webauthn_origin()
+OTP_WEBAUTHN_RP_ID = urlsplit(WEBAUTHN_ORIGIN).hostname
+OTP_WEBAUTHN_RP_NAME = "Sentinel console"
+OTP_WEBAUTHN_ALLOWED_ORIGINS = [WEBAUTHN_ORIGIN]
+OTP_WEBAUTHN_ALLOW_PASSWORDLESS_LOGIN = False
 PASSWORD_SIGN_IN = envstr(
     "SENTINEL_PASSWORD_SIGN_IN",
     "all",

@@ -31,6 +31,8 @@ urlpatterns = [
     path("", include("gateway.urls")),
     path("admin/", admin.site.urls),
     path("oidc/", include("mozilla_django_oidc.urls")),  # single sign-on (sentinel.console.sso)
+    # security keys' ceremonies (sentinel.console.securitykeys), named as django-otp-webauthn's scripts expect
+    path("webauthn/", include(("sentinel.console.securitykeys", "otp_webauthn"))),
     path("api/v1/", include("billing.urls")),
     # One scrape adds up every web worker's samples, django-prometheus's and the gateway's.
     path("metrics", gateway_views.metrics_export, name="metrics"),

@@ -117,6 +117,9 @@ def start_gateway(
         **os.environ,
         "DATABASE_URL": database_url_for(database),
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        # Security keys are bound to where the browser tests open the console: http://localhost is a
+        # secure context, and an IP address can be no WebAuthn relying party.
+        "SENTINEL_WEBAUTHN_ORIGIN": f"http://localhost:{port}",
         **(env or {}),
     }
     log_path = BASE_DIR / "tests" / "artifacts" / f"gateway-{port}.log"

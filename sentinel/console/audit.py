@@ -30,9 +30,18 @@ def signed_in(sender, request, user, **kwargs) -> None:
     audit_record_for_user(
         user=user,
         action=AuditEntry.Action.LOGIN_SSO if sso else AuditEntry.Action.LOGIN,
-        detail="with a one-time code" if getattr(user, "otp_device", None) is not None else "",
+        detail=second_factor(getattr(user, "otp_device", None)),
         request=request,
     )
+
+
+def second_factor(device) -> str:
+    """How a sign-in's second factor is named in its audit entry (blank: none)."""
+    from django_otp_webauthn.models import WebAuthnCredential
+
+    if device is None:
+        return ""
+    return "with a security key" if isinstance(device, WebAuthnCredential) else "with a one-time code"
 
 
 def sign_in_failed(sender, credentials, request=None, **kwargs) -> None:

@@ -20,9 +20,10 @@ from tenants.services import key_create
 from tests.conftest import unique
 
 
-def sign_in(page, gateway, user, password: str) -> None:
-    """Signs `user` in to the console in a browser page (tests/console/test_browser.py)."""
-    page.goto(f"{gateway.url}/admin/login/")
+def sign_in(page, gateway, user, password: str, *, console: str | None = None) -> None:
+    """Signs `user` in to the console in a browser page (tests/console/test_browser.py), at the
+    gateway's URL or at `console` (the same server under another name)."""
+    page.goto(f"{console or gateway.url}/admin/login/")
     page.fill("#id_username", user.get_username())
     page.fill("#id_password", password)
     page.click("[type=submit]")  # Unfold: a <button>

@@ -1,7 +1,8 @@
 """The console in a real browser (Debian's chromium, driven by Playwright) against a real gateway
 process: the dashboard's charts and live panel, the live circuit view following a failing provider
 without a reload, and a member's two-factor enrolment and sign-in (a key from creation to revocation
-is in test_walkthroughs.py). Screenshots go to tests/artifacts/ (docs/ holds copies of the
+is in test_walkthroughs.py), and a security key registered and signing in, through Chromium's
+virtual authenticator. Screenshots go to tests/artifacts/ (docs/ holds copies of the
 dashboard's and the circuit view's)."""
 
 from __future__ import annotations
@@ -204,3 +205,97 @@ def test_a_member_enrols_an_authenticator_and_signs_in_with_its_code(browser, ga
         page.fill("#id_otp_token", code(secret, 1))  # the enrolment used the current code
         page.click("[type=submit]")
         page.wait_for_selector("#nav-sidebar-inner")
+
+
+def virtual_authenticator(page) -> tuple[object, str]:
+    """Chromium's virtual authenticator (DevTools' WebAuthn domain): a platform passkey that always
+    verifies its user, standing in for a security key."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("WebAuthn.enable")
+    added = cdp.send(
+        "WebAuthn.addVirtualAuthenticator",
+        {
+            "options": {
+                "protocol": "ctap2",
+                "transport": "internal",
+                "hasResidentKey": True,
+                "hasUserVerification": True,
+                "isUserVerified": True,
+            }
+        },
+    )
+    return cdp, added["authenticatorId"]
+
+
+def console_at_localhost(gateway) -> str:
+    """The console where security keys work: http://localhost (a secure context, and the relying
+    party the test gateway is given; 127.0.0.1 is an address, which no key can be bound to)."""
+    return gateway.url.replace("127.0.0.1", "localhost")
+
+
+def register_key(page, gateway, console: str, user, password: str) -> None:
+    """Signs `user` in and registers a key on the page's virtual authenticator."""
+    page.context.clear_cookies()
+    sign_in(page, gateway, user, password, console=console)
+    page.goto(f"{console}/admin/two-factor/")
+    assert page.evaluate("window.isSecureContext") is True
+    page.click("#passkey-register-button")
+    page.wait_for_selector("#security-keys tbody tr")  # the page reloads with the key listed
+
+
+def sign_in_to_key_step(page, console: str, user, password: str) -> None:
+    page.context.clear_cookies()  # signed out
+    page.goto(f"{console}/admin/login/")
+    page.fill("#id_username", user.get_username())
+    page.fill("#id_password", password)
+    page.click("[type=submit]")
+    page.wait_for_selector("#passkey-verification-button")
+
+
+def login_actions(user) -> list[tuple[str, str]]:
+    from tenants.models import AuditEntry
+
+    rows = AuditEntry.objects.filter(target=f"user {user.username}", action__startswith="login").order_by("pk")
+    return [(row.action, row.detail) for row in rows]
+
+
+def test_a_member_registers_a_security_key_and_signs_in_with_it(browser, gateway, tenancy):
+    """Security keys (#21) in the browser: Chromium's virtual authenticator registers a key on the
+    two-factor page, then, signed out, the password and the key sign the member in."""
+    t = tenancy
+    console = console_at_localhost(gateway)
+    with browser() as page:
+        cdp, authenticator = virtual_authenticator(page)
+        register_key(page, gateway, console, t.viewer, t.password)
+        assert "Security key 1" in page.inner_text("#security-keys")
+        assert len(cdp.send("WebAuthn.getCredentials", {"authenticatorId": authenticator})["credentials"]) == 1
+        screenshot(page, "console-security-keys")
+
+        sign_in_to_key_step(page, console, t.viewer, t.password)
+        page.click("#passkey-verification-button")
+        page.wait_for_selector("#nav-sidebar-inner")  # signed in
+        page.goto(f"{console}/admin/tenants/virtualkey/")
+        page.wait_for_selector("#nav-sidebar-inner")
+    assert off_the_browser_loop(login_actions, t.viewer)[-1] == ("login.succeeded", "with a security key")
+
+
+def test_without_the_registered_key_the_sign_in_is_refused(browser, gateway, tenancy):
+    """The key registered on one authenticator; the sign-in tried with that authenticator gone and
+    another one present (holding a key of its own for another member): nobody is signed in."""
+    t = tenancy
+    console = console_at_localhost(gateway)
+    with browser() as page:
+        cdp, first = virtual_authenticator(page)
+        register_key(page, gateway, console, t.owner, t.password)
+        cdp.send("WebAuthn.removeVirtualAuthenticator", {"authenticatorId": first})
+
+        virtual_authenticator(page)
+        register_key(page, gateway, console, t.outsider, t.password)  # the second one holds the outsider's key
+
+        sign_in_to_key_step(page, console, t.owner, t.password)
+        page.click("#passkey-verification-button")
+        page.wait_for_selector("#passkey-verification-status-message[data-status-enum='not-allowed-or-aborted']")
+        screenshot(page, "console-security-key-refused")
+        page.goto(f"{console}/admin/tenants/virtualkey/")
+        page.wait_for_selector("#login-form")  # not signed in: back at the sign-in page
+    assert ("login.succeeded", "with a security key") not in off_the_browser_loop(login_actions, t.owner)

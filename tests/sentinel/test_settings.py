@@ -1,10 +1,14 @@
 """Security settings from the environment, as a web process started with them applies them:
 SENTINEL_HTTPS=1 behind a TLS-terminating proxy gives Secure cookies, HSTS and a redirect of plain
-HTTP console pages; the original scheme is taken only from a trusted proxy (FORWARDED_ALLOW_IPS)."""
+HTTP console pages; the original scheme is taken only from a trusted proxy (FORWARDED_ALLOW_IPS).
+Security keys are bound to the host the settings name, never to a request's."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -68,3 +72,40 @@ def test_plain_http_console_pages_are_redirected_and_only_a_trusted_proxy_may_sa
         assert direct.get("/v1/models").status_code == 401
         assert direct.get("/health/ready").status_code == 200
         assert direct.get("/metrics").status_code == 200
+
+
+def webauthn_settings(**env: str) -> tuple[str, str] | str:
+    """The security keys' origin and relying party ID the settings give under `env` (read in a child
+    process: settings are read once per process), or the error that stopped them."""
+    names = ("SENTINEL_WEBAUTHN_ORIGIN", "SENTINEL_HTTPS", "SENTINEL_ALLOWED_HOSTS", "SENTINEL_PORT")
+    child_env = {k: v for k, v in os.environ.items() if k not in names} | {"SENTINEL_SECRET_KEY": "check", **env}
+    code = "from django.conf import settings as s; print(s.WEBAUTHN_ORIGIN, s.OTP_WEBAUTHN_RP_ID)"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'sentinel.settings'; {code}",
+        ],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        return done.stderr.strip().splitlines()[-1]
+    origin, rp_id = done.stdout.split()
+    return origin, rp_id
+
+
+def test_security_keys_are_bound_to_the_installations_host_never_a_request():
+    assert webauthn_settings() == ("http://localhost:8000", "localhost")  # `make run`
+    assert webauthn_settings(SENTINEL_PORT="8400") == ("http://localhost:8400", "localhost")
+    behind_tls = {"SENTINEL_HTTPS": "true", "SENTINEL_ALLOWED_HOSTS": "10.0.0.7,.example.com,console.example.com"}
+    assert webauthn_settings(**behind_tls) == ("https://console.example.com", "console.example.com")
+    explicit = {**behind_tls, "SENTINEL_WEBAUTHN_ORIGIN": "https://sentinel.example.com:8443"}
+    assert webauthn_settings(**explicit) == ("https://sentinel.example.com:8443", "sentinel.example.com")
+    for bad in ("https://10.0.0.7", "https://console.example.com/admin", "console.example.com"):
+        error = webauthn_settings(SENTINEL_WEBAUTHN_ORIGIN=bad)
+        assert (
+            error == f"ValueError: SENTINEL_WEBAUTHN_ORIGIN must be scheme://host[:port] with a host name, not {bad!r}"
+        )
