@@ -13,7 +13,7 @@ from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 
 from django.db import connection
-from django.db.models import Aggregate, Count, F, FloatField, Max, Q, QuerySet, Sum
+from django.db.models import Aggregate, Count, F, FloatField, Func, IntegerField, Max, Q, QuerySet, Sum
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
@@ -57,6 +57,13 @@ class PercentileCont(Aggregate):
 
     def __init__(self, expression, fraction: float, **extra):
         super().__init__(expression, fraction=float(fraction), **extra)
+
+
+class Unnest(Func):
+    """An array's elements, one row each (in the select list: arrays of one row are read in step)."""
+
+    function = "unnest"
+    output_field = IntegerField()
 
 
 ANSWERED = Q(status_code=200)
@@ -200,20 +207,18 @@ def _sources(tenant_ids: Sequence[int] | None, since: datetime, until: datetime,
 
 def _latency_histogram(sources: _Sources) -> Counter[int]:
     """How many answered requests of the window took each latency_ms: the ledger's rows counted by
-    latency, plus the rolled-up days' histograms added up (in PostgreSQL: a few thousand distinct
+    latency, plus the rolled-up days' histograms added up in PostgreSQL (a few thousand distinct
     latencies come back, not the window's rows)."""
     histogram: Counter[int] = Counter(
         dict(sources.entries.filter(ANSWERED).values_list("latency_ms").annotate(requests=Count("id")))
     )
     if sources.latency is not None:
-        days, params = sources.latency.values("latencies", "counts").query.sql_with_params()
+        # unnest in the select list (a ProjectSet), not in FROM: a function scan per day materialises
+        # its rows and PostgreSQL memoises them, three times slower (150 ms against 55 ms for 58 days).
+        days = sources.latency.values(ms=Unnest("latencies"), requests=Unnest("counts"))
+        sql, params = days.query.sql_with_params()
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT latency.ms, SUM(latency.requests) "  # noqa: S608 (the ORM's SQL and its parameters)
-                f"FROM ({days}) AS histogram, unnest(histogram.latencies, histogram.counts) AS latency(ms, requests) "
-                "GROUP BY latency.ms",
-                params,
-            )
+            cursor.execute(f"SELECT ms, SUM(requests) FROM ({sql}) AS latency GROUP BY ms", params)  # noqa: S608
             histogram.update(dict(cursor.fetchall()))
     return histogram
 
