@@ -222,20 +222,16 @@ def _roll_up_traffic(day: date, tenant_ids: set[int], entries) -> None:
 
 
 def _roll_up_latency(day: date, tenant_ids: set[int], entries) -> None:
-    """Each tenant's answered requests of the day counted by latency_ms (DailyLatency)."""
+    """Each tenant's answered requests of the day counted by latency_ms (DailyLatency), built in
+    PostgreSQL: a busy tenant's day holds thousands of distinct latencies, none of which need to
+    travel to this process."""
     DailyLatency.objects.filter(day=day, tenant_id__in=tenant_ids).delete()
-    histograms: dict[int, DailyLatency] = {}
-    counted = (
-        entries.filter(ANSWERED)
-        .values("tenant_id", "latency_ms")
-        .annotate(requests=Count("id"))
-        .order_by("tenant_id", "latency_ms")
-        .values_list("tenant_id", "latency_ms", "requests")
-    )
-    for tenant_id, latency_ms, requests in counted:
-        if tenant_id not in histograms:
-            histograms[tenant_id] = DailyLatency(day=day, tenant_id=tenant_id, latencies=[], counts=[])
-        histogram = histograms[tenant_id]
-        histogram.latencies.append(latency_ms)
-        histogram.counts.append(requests)
-    DailyLatency.objects.bulk_create(histograms.values(), batch_size=1000)
+    counted = entries.filter(ANSWERED).values("tenant_id", "latency_ms").annotate(requests=Count("id"))
+    sql, params = counted.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {DailyLatency._meta.db_table} (day, tenant_id, latencies, counts) "  # noqa: S608
+            "SELECT %s, tenant_id, array_agg(latency_ms ORDER BY latency_ms), array_agg(requests ORDER BY latency_ms) "
+            f"FROM ({sql}) AS counted GROUP BY tenant_id",
+            [day, *params],
+        )
