@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -292,6 +293,28 @@ class DailyUserTraffic(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} tenant {self.tenant_id} {self.end_user}"
+
+
+class DailyLatency(models.Model):
+    """The latencies of a tenant's answered requests (status 200) on a UTC day, counted at the ledger's
+    1 ms resolution: `latencies` holds each distinct latency_ms once, ascending, and `counts` how many
+    answered requests took it. Adding up the days of a window gives every answered request's latency,
+    so its percentiles are exactly PostgreSQL's percentile_cont over those rows (docs/console.md).
+    One row per tenant's day, recomputed with the day's DailyRollup."""
+
+    day = models.DateField()
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")
+    latencies = ArrayField(models.IntegerField())
+    counts = ArrayField(models.IntegerField())
+
+    class Meta:
+        constraints = [
+            # Day first: the operator's windows read every tenant's days, a tenant admin's a few tenants'.
+            models.UniqueConstraint(fields=["day", "tenant"], name="one_latency_histogram_per_day")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} tenant {self.tenant_id}: {sum(self.counts)} answered"
 
 
 class SpendReport(DailyRollup):

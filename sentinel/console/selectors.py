@@ -4,16 +4,20 @@ deployment's breaker state for the circuit view. The caller decides which tenant
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 
-from django.db.models import Aggregate, Count, F, FloatField, Max, Q, QuerySet, Sum
+from django.db import connection
+from django.db.models import Aggregate, Count, F, FloatField, Func, IntegerField, Max, Q, QuerySet, Sum
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
-from billing.models import DailyTraffic, DailyUserTraffic, LedgerEntry, RollupDue
+from billing.models import DailyLatency, DailyTraffic, DailyUserTraffic, LedgerEntry, RollupDue
 from billing.money import ZERO
 from billing.selectors import (
     LEDGER_TRAFFIC,
@@ -53,6 +57,13 @@ class PercentileCont(Aggregate):
 
     def __init__(self, expression, fraction: float, **extra):
         super().__init__(expression, fraction=float(fraction), **extra)
+
+
+class Unnest(Func):
+    """An array's elements, one row each (in the select list: arrays of one row are read in step)."""
+
+    function = "unnest"
+    output_field = IntegerField()
 
 
 ANSWERED = Q(status_code=200)
@@ -162,36 +173,81 @@ class Dashboard:
 
 @dataclass
 class _Sources:
-    """Where a window's figures are read: DailyTraffic and DailyUserTraffic for the UTC days wholly inside
-    it that are rolled up (none for windows drawn by the minute or hour), the ledger for the rest (the
-    first day's part, today's, and any day with rows the rollup job has not folded in yet). `window` is
-    all of the window's ledger rows (latency percentiles are read from them)."""
+    """Where a window's figures are read: DailyTraffic, DailyUserTraffic and DailyLatency for the UTC days
+    wholly inside it that are rolled up (none for windows drawn by the minute or hour), the ledger for
+    the rest (the first day's part, today's, and any day with rows the rollup job has not folded in yet)."""
 
-    window: QuerySet[LedgerEntry]
     entries: QuerySet[LedgerEntry]
     traffic: QuerySet[DailyTraffic] | None = None
     users: QuerySet[DailyUserTraffic] | None = None
+    latency: QuerySet[DailyLatency] | None = None
 
 
 def _sources(tenant_ids: Sequence[int] | None, since: datetime, until: datetime, rollups: bool) -> _Sources:
     scoped = LedgerEntry.objects.order_by()
     if tenant_ids is not None:
         scoped = scoped.filter(tenant_id__in=tenant_ids)
-    window = scoped.filter(created_at__gte=since, created_at__lt=until)
     days = whole_days(since, until) if rollups else []
     if not days:
-        return _Sources(window=window, entries=window)
+        return _Sources(entries=scoped.filter(created_at__gte=since, created_at__lt=until))
     scope = {} if tenant_ids is None else {"tenant_id__in": tenant_ids}
     due = set(RollupDue.objects.filter(day__in=days, **scope).values_list("tenant_id", "day").distinct())
-    traffic = DailyTraffic.objects.filter(day__in=days, **scope).exclude(pairs_filter(due, rollups=True))
-    users = DailyUserTraffic.objects.filter(day__in=days, **scope).exclude(pairs_filter(due, rollups=True))
+    rolled_up = [
+        model.objects.filter(day__in=days, **scope).exclude(pairs_filter(due, rollups=True)).order_by()
+        for model in (DailyTraffic, DailyUserTraffic, DailyLatency)
+    ]
     rest = pairs_filter(due, rollups=False)
     outside = outside_days(days, since, until)
     if outside is not None:
         rest |= outside
     # The spans alone, not within the window's range too: so PostgreSQL reads each span's range of the
     # index (a bitmap OR), not the whole window's rows to filter them.
-    return _Sources(window=window, entries=scoped.filter(rest), traffic=traffic.order_by(), users=users.order_by())
+    return _Sources(scoped.filter(rest), *rolled_up)
+
+
+def _latency_histogram(sources: _Sources) -> Counter[int]:
+    """How many answered requests of the window took each latency_ms: the ledger's rows counted by
+    latency, plus the rolled-up days' histograms added up in PostgreSQL (a few thousand distinct
+    latencies come back, not the window's rows)."""
+    histogram: Counter[int] = Counter(
+        dict(sources.entries.filter(ANSWERED).values_list("latency_ms").annotate(requests=Count("id")))
+    )
+    if sources.latency is not None:
+        # unnest in the select list (a ProjectSet), not in FROM: a function scan per day materialises
+        # its rows and PostgreSQL memoises them, three times slower (150 ms against 55 ms for 58 days).
+        days = sources.latency.values(ms=Unnest("latencies"), requests=Unnest("counts"))
+        sql, params = days.query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT ms, SUM(requests) FROM ({sql}) AS latency GROUP BY ms", params)  # noqa: S608
+            histogram.update(dict(cursor.fetchall()))
+    return histogram
+
+
+def percentile_cont(histogram: Mapping[int, int], fraction: float) -> float | None:
+    """PostgreSQL's percentile_cont(fraction) over the values `histogram` counts ({value: rows}), to
+    the same double: the values at 0-based ranks floor and ceil of fraction × (rows - 1) in sorted
+    order, interpolated as PostgreSQL does (float8_lerp). None when there are no rows, as SQL's NULL."""
+    values = sorted(value for value, rows in histogram.items() if rows)
+    ends: list[int] = []  # ends[i]: how many rows hold values[i] or less
+    total = 0
+    for value in values:
+        total += histogram[value]
+        ends.append(total)
+    if not total:
+        return None
+    position = fraction * (total - 1)
+    first, second = math.floor(position), math.ceil(position)
+    low = float(values[bisect_right(ends, first)])
+    if first == second:
+        return low
+    high = float(values[bisect_right(ends, second)])
+    return low + (position - first) * (high - low)
+
+
+def _latency(sources: _Sources) -> dict[str, float | None]:
+    """Latency percentiles of the window's answered requests, exactly percentile_cont over their rows."""
+    histogram = _latency_histogram(sources)
+    return {name: percentile_cont(histogram, fraction) for name, fraction in PERCENTILES.items()}
 
 
 def _zero(names: Sequence[str]) -> dict:
@@ -446,7 +502,7 @@ def dashboard(
     until = now or timezone.now()
     since = until - length
     sources = _sources(tenant_ids, since, until, rollups and unit == "day")
-    totals = tidy({**_grouped(sources, {})[()], **sources.window.aggregate(**latency_percentiles())})
+    totals = tidy({**_grouped(sources, {})[()], **_latency(sources)})
     spend = None
     spend_totals = {}
     budgets, budget_count = None, 0

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from billing import prices
-from billing.models import DailyRollup, LedgerEntry, Price, RollupDue
+from billing.models import DailyLatency, DailyRollup, LedgerEntry, Price, RollupDue
 from billing.services import ROLLUP_LOCK_ID, price_change, price_create, spend_roll_up
 from sentinel.localstate import GENERATION_KEY
 from sentinel.redis_clients import sync_redis
@@ -146,6 +146,39 @@ def test_rollups_count_cache_hits_and_saved_cost(empty_queue, tenant):
     assert rollup.cost_usd == Decimal("0.0600000001")
     assert (rollup.prompt_tokens, rollup.completion_tokens) == (55, 200)
     assert not RollupDue.objects.filter(tenant=tenant).exists()
+
+
+def test_rollup_counts_each_answered_latency_of_the_day_once(empty_queue, tenant, make_tenant):
+    """DailyLatency: a tenant's day of answered requests by latency_ms, distinct values ascending with
+    their counts; failures and other tenants and days left out; a day rolled up again is replaced."""
+    day = datetime(2026, 4, 2, tzinfo=UTC)
+    other = make_tenant()
+    latencies = [250, 7, 250, 1000, 7, 250, 0, 31_000]
+    hand_off_all(
+        [
+            *(record(tenant, at=day + timedelta(hours=i), latency_ms=ms) for i, ms in enumerate(latencies)),
+            record(tenant, at=day + timedelta(hours=23, minutes=59), latency_ms=8, status=503),
+            record(tenant, at=day + timedelta(hours=23, minutes=59), latency_ms=9, status=429),
+            record(tenant, at=day + timedelta(days=1), latency_ms=5),
+            record(other, at=day, latency_ms=6),
+        ]
+    )
+    drain_all()
+    while spend_roll_up():
+        pass
+
+    def histogram() -> list[tuple]:
+        return list(DailyLatency.objects.filter(tenant=tenant, day=day.date()).values_list("latencies", "counts"))
+
+    assert histogram() == [([0, 7, 250, 1000, 31_000], [1, 2, 3, 1, 1])]
+    RollupDue.objects.create(tenant=tenant, day=day.date())
+    assert spend_roll_up() == 1
+    assert histogram() == [([0, 7, 250, 1000, 31_000], [1, 2, 3, 1, 1])]  # replaced, not added to
+    hand_off_all([record(tenant, at=day + timedelta(hours=12), latency_ms=7)])
+    drain_all()
+    assert spend_roll_up() == 1
+    assert histogram() == [([0, 7, 250, 1000, 31_000], [1, 3, 3, 1, 1])]
+    assert DailyLatency.objects.get(tenant=other, day=day.date()).counts == [1]
 
 
 def test_rollup_recomputes_only_days_with_new_rows(spend_data):

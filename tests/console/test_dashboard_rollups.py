@@ -1,16 +1,20 @@
 """The dashboard's long windows read the daily rollups for their whole days and the ledger for the rest,
-to exactly the figures the ledger alone gives; the keys' own budgets are on it, for their tenant only."""
+to exactly the figures the ledger alone gives (latency percentiles included: percentile_cont's own
+values); the keys' own budgets are on it, for their tenant only."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import connection
 
-from billing.models import DailyTraffic
+from billing.models import DailyTraffic, LedgerEntry
 from billing.services import spend_roll_up
-from sentinel.console.selectors import _sources, dashboard
+from sentinel.console.selectors import PERCENTILES, PercentileCont, _latency, _sources, dashboard, percentile_cont
 from tenants.models import Budget
 from tenants.services import key_create
 from tests.billing.conftest import drain_all, hand_off_all, record
@@ -140,3 +144,111 @@ def test_key_budgets_show_spent_against_limit_for_the_tenant_only(tenancy):
     assert 'id="key-budget-table"' not in as_user(tenancy.viewer).get("/admin/dashboard/").content.decode()
     other = as_user(tenancy.outsider).get("/admin/dashboard/").content.decode()
     assert kb.name in other and k1.name not in other and k2.name not in other
+
+
+# --- latency percentiles from the daily histograms -------------------------------------------------
+
+# Hand-made latency sets (ms): ties, even and odd counts, a single row. The rows of the k-th set are
+# spread over LATENCY_HOURS (hours back from NOW) from its k-th: today's part, whole days, and the
+# 30-day window's partial first day (718 h back).
+LATENCY_SETS = {
+    "single row": [777],  # today: read from the ledger
+    "single row, a whole day": [777],  # 40 h back: read from the rollups
+    "two rows": [10, 21],
+    "ties": [5, 5, 5, 5, 8, 8, 13, 13, 13, 1000],
+    "all equal": [300] * 7,
+    "even count with ties": [(i * 37) % 101 for i in range(40)] + [50] * 6,
+    "odd count, wide": [1, 2, 3, 60_000, 4, 5, 250, 250, 250, 7, 9_999, 0, 0],
+}
+LATENCY_HOURS = [1, 40, 14, 100, 718, 170, 400, 16, 700, 60]
+# Windows ending at NOW: the dashboard's, and others whose first day is partial at other hours.
+LATENCY_WINDOWS = [timedelta(days=7), timedelta(days=30), timedelta(hours=50), timedelta(hours=101), timedelta(days=2)]
+
+
+def ledger_percentiles(tenant_ids, since: datetime, until: datetime) -> dict:
+    """PostgreSQL's percentile_cont over the window's answered ledger rows: what the rollups must equal."""
+    rows = LedgerEntry.objects.filter(created_at__gte=since, created_at__lt=until, status_code=200)
+    if tenant_ids is not None:
+        rows = rows.filter(tenant_id__in=tenant_ids)
+    return rows.aggregate(**{name: PercentileCont("latency_ms", f) for name, f in PERCENTILES.items()})
+
+
+@pytest.fixture
+def latency_sets(make_tenant):
+    """A tenant per latency set, each with failed requests (excluded: any other status) much slower
+    than any answer, and a neighbour tenant whose answers are slower still on the same days; rolled up."""
+    neighbour = make_tenant()
+    tenants, records = {}, []
+    for k, (name, latencies) in enumerate(LATENCY_SETS.items()):
+        tenant = tenants[name] = make_tenant()
+        for i, latency in enumerate(latencies):
+            at = NOW - timedelta(hours=LATENCY_HOURS[(i + k) % len(LATENCY_HOURS)], minutes=i)
+            records.append(record(tenant, at=at, latency_ms=latency, request_id=f"{name}-{i}"))
+        for i, hours in enumerate(LATENCY_HOURS):
+            at = NOW - timedelta(hours=hours, minutes=30)
+            records.append(record(tenant, at=at, latency_ms=500_000, status=503, request_id=f"{name}-failed-{i}"))
+            records.append(record(neighbour, at=at, latency_ms=900_000 + i, request_id=f"{name}-neighbour-{i}"))
+    hand_off_all(records)
+    drain_all()
+    roll_up()
+    return {"tenants": tenants, "neighbour": neighbour}
+
+
+def test_latency_percentiles_from_rollups_equal_percentile_cont_over_the_ledger(latency_sets):
+    rolled_up = set()
+    for name, tenant in latency_sets["tenants"].items():
+        for length in LATENCY_WINDOWS:
+            since = NOW - length
+            sources = _sources([tenant.pk], since, NOW, rollups=True)
+            if sources.latency is not None and sources.latency.exists():
+                rolled_up.add(name)
+            expected = ledger_percentiles([tenant.pk], since, NOW)
+            assert _latency(sources) == expected, (name, length)  # the same doubles, not merely close
+            assert expected["p50"] is None or expected["p99"] < 500_000  # neither failures nor the neighbour
+    assert rolled_up == set(LATENCY_SETS) - {"single row"}  # which has no answered request on a whole day
+    # A single answered row, read from the ledger (today) or from its day's histogram; no row at all.
+    single, whole_day = latency_sets["tenants"]["single row"], latency_sets["tenants"]["single row, a whole day"]
+    assert _latency(_sources([single.pk], NOW - timedelta(hours=30), NOW, rollups=True)) == dict.fromkeys(
+        PERCENTILES, 777.0
+    )
+    sources = _sources([whole_day.pk], NOW - timedelta(days=7), NOW, rollups=True)
+    assert not sources.entries.filter(status_code=200).exists() and sources.latency.exists()
+    assert _latency(sources) == dict.fromkeys(PERCENTILES, 777.0)
+    empty = _sources([single.pk], NOW - timedelta(days=3), NOW - timedelta(hours=50), rollups=True)
+    assert _latency(empty) == dict.fromkeys(PERCENTILES)
+
+
+def test_operator_and_several_tenants_percentiles_from_rollups_equal_the_ledger(latency_sets):
+    tenants = latency_sets["tenants"]
+    scopes = [[t.pk for t in tenants.values()], [tenants["ties"].pk, latency_sets["neighbour"].pk], None]
+    for tenant_ids in scopes:
+        for length in LATENCY_WINDOWS:
+            sources = _sources(tenant_ids, NOW - length, NOW, rollups=True)
+            assert _latency(sources) == ledger_percentiles(tenant_ids, NOW - length, NOW), (tenant_ids, length)
+
+
+def test_dashboard_latency_is_the_tenants_own(latency_sets, tenancy):
+    """A tenant's dashboard counts its own answered requests only, by whichever path it reads them."""
+    ties = latency_sets["tenants"]["ties"]
+    for window, length in (("24h", timedelta(hours=24)), ("7d", timedelta(days=7)), ("30d", timedelta(days=30))):
+        expected = {name: round(value) for name, value in ledger_percentiles([ties.pk], NOW - length, NOW).items()}
+        totals = dashboard(tenant_ids=[ties.pk], spend_tenants=None, window=window, now=NOW).totals
+        assert {name: totals[name] for name in PERCENTILES} == expected, window
+        assert totals["p99"] <= 1000
+        both = dashboard(tenant_ids=[ties.pk, latency_sets["neighbour"].pk], spend_tenants=None, window=window, now=NOW)
+        assert both.totals["p99"] >= 900_000  # the neighbour's rows are there to be left out
+
+
+def test_percentile_cont_over_a_histogram_is_postgresqls_own(live_db):
+    """The interpolation to the last bit of the double, over random multisets with many ties."""
+    rng = random.Random(18)
+    fractions = [*PERCENTILES.values(), 0.0, 1.0, 0.1, 1 / 3, 0.999]
+    with connection.cursor() as cursor:
+        for _ in range(200):
+            values = [rng.choice([rng.randint(0, 20), rng.randint(0, 120_000)]) for _ in range(rng.randint(1, 60))]
+            cursor.execute(
+                "SELECT percentile_cont(%s::float8[]) WITHIN GROUP (ORDER BY v) FROM unnest(%s::int[]) AS v",
+                [fractions, values],
+            )
+            expected = cursor.fetchone()[0]
+            assert [percentile_cont(Counter(values), f) for f in fractions] == expected, values
