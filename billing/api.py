@@ -119,6 +119,7 @@ class SpendTotalsSerializer(serializers.Serializer):
     cache_read_cost_usd = _money("Of cost_usd: cache reads.", source="metrics.cache_read_cost_usd")
     cache_write_cost_usd = _money("Of cost_usd: cache writes.", source="metrics.cache_write_cost_usd")
     reasoning_cost_usd = _money("Of cost_usd: reasoning tokens.", source="metrics.reasoning_cost_usd")
+    images = serializers.IntegerField(source="metrics.images", help_text="Images generated; their cost is in cost_usd.")
 
 
 class SpendRowSerializer(SpendTotalsSerializer):
@@ -298,6 +299,7 @@ class RequestLogApi(APIView):
             max_digits=20, decimal_places=10, help_text="Of cost_usd: reasoning tokens."
         )
         batch = serializers.BooleanField(help_text="A Batch API item, billed at batch rates.")
+        images = serializers.IntegerField(help_text="Images generated; their cost is in cost_usd.")
         price = PriceRefSerializer(allow_null=True)
         cache_tier = serializers.CharField()
         saved_cost_usd = serializers.DecimalField(max_digits=20, decimal_places=10)

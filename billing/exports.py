@@ -60,6 +60,7 @@ COLUMN_LABELS = {
     "cache_read_cost_usd": "cache read $",
     "cache_write_cost_usd": "cache write $",
     "reasoning_cost_usd": "reasoning $",
+    "images": "images",
 }
 MONEY_FORMAT = "#,##0.00########"
 PRICE_FORMAT = "0.000000000000000"
@@ -207,6 +208,7 @@ REQUEST_LOG_COLUMNS = [
     "cache_write_cost_usd",
     "reasoning_cost_usd",
     "batch",
+    "images",
 ]
 
 

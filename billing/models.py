@@ -236,6 +236,7 @@ class DailyRollup(models.Model):
     exact_hits = models.PositiveIntegerField(default=0)
     semantic_hits = models.PositiveIntegerField(default=0)
     saved_cost_usd = models.DecimalField(max_digits=24, decimal_places=10, default=0)
+    images = models.PositiveBigIntegerField(default=0, help_text="Images generated (their cost is in cost_usd).")
     computed_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -41,6 +41,7 @@ METRICS = (
     "cache_read_cost_usd",
     "cache_write_cost_usd",
     "reasoning_cost_usd",
+    "images",  # generated (POST /v1/images/generations); what they cost is in cost_usd
 )
 MONEY_METRICS = frozenset(
     {"cost_usd", "saved_cost_usd", "cache_read_cost_usd", "cache_write_cost_usd", "reasoning_cost_usd"}

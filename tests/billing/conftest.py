@@ -148,6 +148,7 @@ def spend_data(tenancy, make_virtual_key, empty_queue) -> SpendData:
                             cache_read_cost_usd="0" if hit else varied_cost(i + 2)[:6],
                             cache_write_cost_usd="0" if hit else varied_cost(i + 3)[:6],
                             reasoning_cost_usd="0" if hit else varied_cost(i + 4)[:6],
+                            images=0 if hit else i % 3,  # as if an image model too
                             request_id=f"spend-{i}",
                         )
                     )

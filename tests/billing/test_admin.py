@@ -263,7 +263,7 @@ def test_the_report_with_every_grouping_reads_in_words_and_scrolls_inside_the_pa
     page = as_user(t.finance).get(PAGE, {**RANGE, "group_by": every})
     html = page.content.decode()
     headings = page.context["labels"]
-    assert len(headings) == len(page.context["columns"]) == 33  # 20, then 7 kinds of price and 6 of tokens and cost
+    assert len(headings) == len(page.context["columns"]) == 34  # 20, 7 kinds of price, 6 of tokens and cost, images
     assert not any("_" in heading for heading in headings)
     assert "input $/token" in headings and '<th scope="col">cost $</th>' in html
     # Headings wrap and the table scrolls inside its card (console.css: .console-page th, .table-wrap).

@@ -34,7 +34,11 @@ def ledger_for(line: dict, tenants) -> dict:
     filters["created_at__gte"] = datetime.combine(start, time.min, tzinfo=UTC)
     filters["created_at__lt"] = datetime.combine(end, time.min, tzinfo=UTC) + timedelta(days=1)
     return LedgerEntry.objects.filter(**filters).aggregate(
-        requests=Count("id"), cost=Sum("cost_usd"), saved=Sum("saved_cost_usd"), prompt=Sum("prompt_tokens")
+        requests=Count("id"),
+        cost=Sum("cost_usd"),
+        saved=Sum("saved_cost_usd"),
+        prompt=Sum("prompt_tokens"),
+        images=Sum("images"),
     )
 
 
@@ -55,6 +59,8 @@ def test_csv_opens_with_the_csv_module_and_matches_the_ledger_exactly(spend_data
         assert Decimal(line["cost_usd"]) == expected["cost"], line
         assert Decimal(line["saved_cost_usd"]) == expected["saved"], line
         assert int(line["prompt_tokens"]) == expected["prompt"], line
+        assert int(line["images"]) == expected["images"], line
+    assert int(lines[-1]["images"]) > 0  # the data has images to count
 
 
 def test_xlsx_opens_with_openpyxl_and_matches_the_ledger_to_the_cent(spend_data):

@@ -102,6 +102,7 @@ def assert_reconciles(report, tenants) -> None:
             cache_read_cost_usd=Sum("cache_read_cost_usd"),
             cache_write_cost_usd=Sum("cache_write_cost_usd"),
             reasoning_cost_usd=Sum("reasoning_cost_usd"),
+            images=Sum("images"),
         )
         assert row.metrics == expected, (row, filters)
 
