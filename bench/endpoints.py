@@ -2,7 +2,8 @@
 chat completions, the Responses API, Anthropic's Messages API and embeddings, on the fast path (an
 OpenAI-format deployment) and through litellm's translation (an Anthropic-format deployment).
 
-    python -m bench endpoints [--requests 400] [--rounds 1] [--only ROW,...] [--quick] [--workers N] [--out DIR]
+    python -m bench endpoints [--requests 400] [--rounds 1] [--alternate] [--only ROW,...] [--quick]
+                              [--workers N] [--out DIR]
 
 Zero-latency mock, one request at a time (c=1), non-stream; the cache bypassed per request so every
 request reaches the provider (the endpoints' cache rules differ: docs/api.md); authentication,
@@ -15,8 +16,9 @@ endpoint's added p50 within 1 ms of chat completions' on the fast path.
 On a shared machine one pass compares rows measured seconds apart, under whatever else ran then:
 `--rounds N` measures the rows N times in turn (odd rounds in reverse order) and gives each row the
 median of its rounds' p50s, and each endpoint's difference to chat as the median of the differences
-within a round. `--only` measures some rows (by name; `direct: chat completions` and `chat
-completions` are always measured, every comparison needs them).
+within a round. `--alternate` measures the rows side by side instead, one request to each in turn,
+so that every row sees the same moments of the machine. `--only` measures some rows (by name;
+`direct: chat completions` and `chat completions` are always measured, every comparison needs them).
 """
 
 from __future__ import annotations
@@ -145,6 +147,39 @@ def measure(stack: Stack, row: Row, total: int, warmup: int, first: int = 0) -> 
     }
 
 
+def measure_alternating(stack: Stack, rows: list[Row], total: int, warmup: int, first: int = 0) -> list[dict]:
+    """The rows side by side: one request to each in turn (gateway rows on one connection, so one web
+    worker). The web workers' CPU is not told apart by row here."""
+
+    def targets(offset: int) -> list[loadgen.Target]:
+        made = []
+        for row in rows:
+            url, headers = target(stack, row)
+            made.append(loadgen.Target(url, lambda i, row=row: body_of(row, offset + i), headers))
+        return made
+
+    loadgen.run(loadgen.run_alternating(targets(-1 - warmup), total=warmup))
+    results = loadgen.run(loadgen.run_alternating(targets(first), total=total))
+    measured = []
+    for row, result in zip(rows, results, strict=True):
+        summary = result.summary()
+        measured.append(
+            {
+                "row": row.name,
+                "target": row.target,
+                "path": row.path,
+                "fast_path": row.fast_path,
+                "baseline": row.baseline,
+                "requests": result.requests,
+                "errors": result.errors,
+                "p50_ms": summary.get("p50_ms"),
+                "p99_ms": summary.get("p99_ms"),
+                "server_cpu_ms_per_request": None,
+            }
+        )
+    return measured
+
+
 def compare(rows: list[dict]) -> None:
     """Added p50 against each row's direct call, and each endpoint's against chat completions'."""
     by_name = {r["row"]: r for r in rows}
@@ -186,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=400, help="requests per row and round")
     parser.add_argument("--rounds", type=int, default=1, help="measure the rows this many times in turn")
     parser.add_argument("--only", default="", help="rows to measure, by name, comma-separated")
+    parser.add_argument(
+        "--alternate",
+        action="store_true",
+        help="one request to each row in turn instead of row after row (no CPU figures)",
+    )
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     total, warmup = (40, 10) if args.quick else (args.requests, 50)
@@ -198,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     result["config"] = {
         "requests_per_row": total,
         "rounds": args.rounds,
+        "alternate": args.alternate,
         "concurrency": 1,
         "stream": False,
         "web_server": web_server(args),
@@ -208,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         prepare_models(stack.mock_url)
         rounds = []
         for n in range(args.rounds):
+            if args.alternate:
+                rounds.append(measure_alternating(stack, selected, total, warmup, first=n * total))
+                print(f"round {n + 1}: {rounds[-1]}", flush=True)
+                continue
             measured = {}
             for row in selected if n % 2 == 0 else selected[::-1]:
                 measured[row.name] = measure(stack, row, total, warmup, first=n * total)
