@@ -44,7 +44,7 @@ async def _configure(connection) -> None:
 
 
 async def _pool():
-    return await async_db.pool("stored responses", _configure, max_size=4)
+    return await async_db.pool("stored responses", _configure, max_size=4, pipelines=False)
 
 
 def _json(value) -> Jsonb:
