@@ -18,7 +18,7 @@ On a shared machine one pass compares rows measured seconds apart, under whateve
 median of its rounds' p50s, and each endpoint's difference to chat as the median of the differences
 within a round. `--alternate` measures the rows side by side instead, one request to each in turn,
 so that every row sees the same moments of the machine. `--only` measures some rows (by name;
-`direct: chat completions` and `chat completions` are always measured, every comparison needs them).
+with their direct baselines, and chat completions, which every comparison needs).
 """
 
 from __future__ import annotations
@@ -233,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = only - {row.name for row in ROWS}
     if unknown:
         parser.error(f"no row named {', '.join(sorted(unknown))}; rows: {', '.join(row.name for row in ROWS)}")
-    selected = [row for row in ROWS if not only or row.name in only | {"direct: chat completions", "chat completions"}]
+    wanted = only | {"direct: chat completions", "chat completions"}
+    wanted |= {row.baseline for row in ROWS if row.name in wanted}
+    selected = [row for row in ROWS if not only or row.name in wanted]
     result = report.envelope(SCENARIO, quick=args.quick)
     result["config"] = {
         "requests_per_row": total,
