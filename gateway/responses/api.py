@@ -3,8 +3,8 @@
     authenticate → validate → the previous response's conversation (this tenant's) → translate to
     a chat request (litellm's bridge) → pick the model, allowlist, route, admit → screen input
     → cache → call the chain (stream or not; screened, escalated, billed, cached as chat is)
-    → store the response (unless `store: false`; a non-streamed one while the ledger is handed
-    off, both awaited before the client has it) → respond in the Responses dialect
+    → store the response (unless `store: false`; while the ledger is handed off, both awaited
+    before the client has the response or a stream's last event) → respond in the Responses dialect
 
 The same admission, limits, budgets, screening, cache, breakers, failover and ledger as chat
 completions, because it is the chat request that runs: only the edges speak Responses. The
