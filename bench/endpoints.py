@@ -2,7 +2,8 @@
 chat completions, the Responses API, Anthropic's Messages API and embeddings, on the fast path (an
 OpenAI-format deployment) and through litellm's translation (an Anthropic-format deployment).
 
-    python -m bench endpoints [--requests 400] [--quick] [--workers N] [--out DIR]
+    python -m bench endpoints [--requests 400] [--rounds 1] [--alternate] [--only ROW,...] [--quick]
+                              [--workers N] [--out DIR]
 
 Zero-latency mock, one request at a time (c=1), non-stream; the cache bypassed per request so every
 request reaches the provider (the endpoints' cache rules differ: docs/api.md); authentication,
@@ -11,11 +12,19 @@ p50 of the same upstream call made directly (chat's direct call for chat, respon
 over the OpenAI format; the mock's Messages endpoint for the Anthropic format; its embeddings
 endpoint for embeddings) and the web workers' CPU per request. Issue #16's target: each new
 endpoint's added p50 within 1 ms of chat completions' on the fast path.
+
+On a shared machine one pass compares rows measured seconds apart, under whatever else ran then:
+`--rounds N` measures the rows N times in turn (odd rounds in reverse order) and gives each row the
+median of its rounds' p50s, and each endpoint's difference to chat as the median of the differences
+within a round. `--alternate` measures the rows side by side instead, one request to each in turn,
+so that every row sees the same moments of the machine. `--only` measures some rows (by name;
+with their direct baselines, and chat completions, which every comparison needs).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 from dataclasses import dataclass
 
 from bench import loadgen, report
@@ -114,12 +123,14 @@ def target(stack: Stack, row: Row) -> tuple[str, dict[str, str]]:
     return f"{stack.gateway_url}{row.path}", headers
 
 
-def measure(stack: Stack, row: Row, total: int, warmup: int) -> dict:
+def measure(stack: Stack, row: Row, total: int, warmup: int, first: int = 0) -> dict:
     url, headers = target(stack, row)
     loadgen.run(loadgen.run_load(url, lambda i: body_of(row, -1 - i), concurrency=1, total=warmup, headers=headers))
     server = "mock" if row.target == "direct" else "web"
     cpu_before = stack.cpu_seconds(server)
-    result = loadgen.run(loadgen.run_load(url, lambda i: body_of(row, i), concurrency=1, total=total, headers=headers))
+    result = loadgen.run(
+        loadgen.run_load(url, lambda i: body_of(row, first + i), concurrency=1, total=total, headers=headers)
+    )
     cpu = stack.cpu_seconds(server) - cpu_before
     summary = result.summary()
     return {
@@ -136,6 +147,39 @@ def measure(stack: Stack, row: Row, total: int, warmup: int) -> dict:
     }
 
 
+def measure_alternating(stack: Stack, rows: list[Row], total: int, warmup: int, first: int = 0) -> list[dict]:
+    """The rows side by side: one request to each in turn (gateway rows on one connection, so one web
+    worker). The web workers' CPU is not told apart by row here."""
+
+    def targets(offset: int) -> list[loadgen.Target]:
+        made = []
+        for row in rows:
+            url, headers = target(stack, row)
+            made.append(loadgen.Target(url, lambda i, row=row: body_of(row, offset + i), headers))
+        return made
+
+    loadgen.run(loadgen.run_alternating(targets(-1 - warmup), total=warmup))
+    results = loadgen.run(loadgen.run_alternating(targets(first), total=total))
+    measured = []
+    for row, result in zip(rows, results, strict=True):
+        summary = result.summary()
+        measured.append(
+            {
+                "row": row.name,
+                "target": row.target,
+                "path": row.path,
+                "fast_path": row.fast_path,
+                "baseline": row.baseline,
+                "requests": result.requests,
+                "errors": result.errors,
+                "p50_ms": summary.get("p50_ms"),
+                "p99_ms": summary.get("p99_ms"),
+                "server_cpu_ms_per_request": None,
+            }
+        )
+    return measured
+
+
 def compare(rows: list[dict]) -> None:
     """Added p50 against each row's direct call, and each endpoint's against chat completions'."""
     by_name = {r["row"]: r for r in rows}
@@ -150,16 +194,53 @@ def compare(rows: list[dict]) -> None:
             r["within_1ms_of_chat"] = r["added_vs_chat_ms"] <= 1.0 if r["fast_path"] else None
 
 
+def combine(rounds: list[list[dict]]) -> list[dict]:
+    """One row from each row's rounds: the medians of its p50s, p99s and CPU, and (rounds compared
+    first, then the median) its difference to chat completions within the same round."""
+    for measured in rounds:
+        compare(measured)
+    rows = []
+    for i, first in enumerate(rounds[0]):
+        each = [measured[i] for measured in rounds]
+        row = {**first, "requests": sum(r["requests"] for r in each), "errors": sum(r["errors"] for r in each)}
+        for field in ("p50_ms", "p99_ms", "server_cpu_ms_per_request", "added_p50_ms", "added_vs_chat_ms"):
+            values = [r[field] for r in each if r.get(field) is not None]
+            if values:
+                row[field] = round(statistics.median(values), 3)
+            if len(rounds) > 1 and values:
+                row[f"{field}_rounds"] = values
+        if row.get("added_vs_chat_ms") is not None:
+            row["within_1ms_of_chat"] = row["added_vs_chat_ms"] <= 1.0 if row["fast_path"] else None
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench endpoints", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="40 requests a row: a smoke test")
-    parser.add_argument("--requests", type=int, default=400, help="requests per row")
+    parser.add_argument("--requests", type=int, default=400, help="requests per row and round")
+    parser.add_argument("--rounds", type=int, default=1, help="measure the rows this many times in turn")
+    parser.add_argument("--only", default="", help="rows to measure, by name, comma-separated")
+    parser.add_argument(
+        "--alternate",
+        action="store_true",
+        help="one request to each row in turn instead of row after row (no CPU figures)",
+    )
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     total, warmup = (40, 10) if args.quick else (args.requests, 50)
+    only = {name.strip() for name in args.only.split(",") if name.strip()}
+    unknown = only - {row.name for row in ROWS}
+    if unknown:
+        parser.error(f"no row named {', '.join(sorted(unknown))}; rows: {', '.join(row.name for row in ROWS)}")
+    wanted = only | {"direct: chat completions", "chat completions"}
+    wanted |= {row.baseline for row in ROWS if row.name in wanted}
+    selected = [row for row in ROWS if not only or row.name in wanted]
     result = report.envelope(SCENARIO, quick=args.quick)
     result["config"] = {
         "requests_per_row": total,
+        "rounds": args.rounds,
+        "alternate": args.alternate,
         "concurrency": 1,
         "stream": False,
         "web_server": web_server(args),
@@ -168,11 +249,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     with running_stack(out_dir=args.out, data_dir=args.data_dir, workers=args.workers, mock_profile="zero") as stack:
         prepare_models(stack.mock_url)
-        rows = []
-        for row in ROWS:
-            rows.append(measure(stack, row, total, warmup))
-            print(f"{row.name}: {rows[-1]}", flush=True)
-    compare(rows)
+        rounds = []
+        for n in range(args.rounds):
+            if args.alternate:
+                rounds.append(measure_alternating(stack, selected, total, warmup, first=n * total))
+                print(f"round {n + 1}: {rounds[-1]}", flush=True)
+                continue
+            measured = {}
+            for row in selected if n % 2 == 0 else selected[::-1]:
+                measured[row.name] = measure(stack, row, total, warmup, first=n * total)
+                print(f"round {n + 1}, {row.name}: {measured[row.name]}", flush=True)
+            rounds.append([measured[row.name] for row in selected])
+    rows = combine(rounds)
     result["rows"] = rows
     report.write_json(args.out, SCENARIO, result)
     print(
@@ -190,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 for r in rows
             ],
-            "c=1, non-stream, zero-latency mock, cache bypassed (CPU: mock's on direct rows, else web workers')",
+            f"c=1, non-stream, zero-latency mock, cache bypassed, {args.rounds} round(s), medians"
+            " (CPU: mock's on direct rows, else web workers')",
         )
     )
     return 1 if any(r["errors"] for r in rows) else 0

@@ -241,6 +241,42 @@ async def run_load(
     return result
 
 
+@dataclass(frozen=True)
+class Target:
+    url: str
+    body_for: Callable[[int], dict]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def run_alternating(targets: list[Target], *, total: int, timeout: float = 60.0) -> list[Result]:
+    """One request at a time, to each target in turn, `total` rounds: targets measured side by side
+    see the same moment of a shared machine. Each round starts one target further on, so every target
+    follows every other equally often (a request can slow the next one down with work it leaves
+    behind, such as the ledger worker's). Targets on one host share one keep-alive connection (so
+    one server process, where workers each own a socket). One Result per target."""
+    results = [Result() for _ in targets]
+    sessions: dict[str, aiohttp.ClientSession] = {}
+    clients = []
+    try:
+        for target, result in zip(targets, results, strict=True):
+            host = target.url.split("/", 3)[2]
+            session = sessions.get(host) or sessions.setdefault(host, _session(1, timeout))
+            headers = {"content-type": "application/json", **target.headers}
+            clients.append(_Client(session, target.url, result, headers, (), None))
+        started = time.perf_counter()
+        pairs = list(zip(clients, targets, strict=True))
+        for i in range(total):
+            start = i % len(pairs)
+            for client, target in pairs[start:] + pairs[:start]:
+                await client.one(i, target.body_for(i))
+        for result in results:
+            result.wall = time.perf_counter() - started
+    finally:
+        for session in sessions.values():
+            await session.close()
+    return results
+
+
 async def run_rate(
     url: str,
     body_for: Callable[[int], dict],

@@ -385,9 +385,15 @@ async def complete_from_chain(call: Call, chain: list[Target]) -> Reply:
     return Reply(200, headers, orjson.dumps(response))
 
 
-async def answer_from_chain(call: Call, chain: list[Target]) -> tuple[dict, dict[str, str]]:
+async def answer_from_chain(
+    call: Call, chain: list[Target], *, alongside: Callable[[dict], Awaitable[None]] | None = None
+) -> tuple[dict, dict[str, str]]:
     """A non-streamed answer from the chain, screened, escalated if it was a refusal, billed and
-    cached: OpenAI's chat completion and the response headers, for the dialect to render."""
+    cached: OpenAI's chat completion and the response headers, for the dialect to render.
+
+    `alongside(response)` is what the dialect does with the final answer before the client may have
+    it (the Responses API stores it): it runs while the ledger is handed off, so its round trip to
+    PostgreSQL and the hand-off's to Redis overlap, and it is done when this returns."""
     response = await call_chain(call, chain, stream=False)
     await screening.screen_response(call, response)
     charged = await charge(call, response.get("usage") or {})
@@ -401,7 +407,12 @@ async def answer_from_chain(call: Call, chain: list[Target]) -> tuple[dict, dict
     headers = response_headers(call, charged.cost)
     answer = answer_from_response(response)
     call.answer_text = (answer or {}).get("content")
-    await finish(call, ledger_record(call, 200, charged=charged))
+    beside = asyncio.ensure_future(alongside(response)) if alongside is not None else None
+    try:
+        await finish(call, ledger_record(call, 200, charged=charged))
+    finally:
+        if beside is not None:
+            await beside
     if call.escalated_from is None:  # an escalated answer is not the asked-for model's to cache
         remember(call, answer, charged.cost)
     return response, headers

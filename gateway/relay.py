@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Protocol
@@ -88,8 +89,15 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event], dialect: S
             answer.add(chunk)
             yield dialect.chunk(event)
         recorded = True
-        record, stored = await stream_completed(call, usage, answer, first.data.get("model", ""))
-        yield await dialect.end(Decimal(record.cost_usd), stored)
+        record, stored = await stream_answer(call, usage, answer, first.data.get("model", ""))
+        # The dialect's last events are made while the record is handed off: the Responses API
+        # stores the response meanwhile, two round trips at once, both done before the client has them.
+        ending = asyncio.ensure_future(dialect.end(Decimal(record.cost_usd), stored))
+        try:
+            await finish(call, record)
+        finally:
+            last = await ending
+        yield last
         remember(call, stored, Decimal(record.cost_usd))
     except UpstreamError as error:
         yield dialect.broken(stream_broke(call, error))
@@ -104,10 +112,16 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event], dialect: S
 
 async def stream_completed(call: Call, usage: dict, answer: Answer, model: str) -> tuple[LedgerRecord, dict]:
     """A relayed stream that ended well: its ledger record written, its answer put together to cache."""
+    record, stored = await stream_answer(call, usage, answer, model)
+    await finish(call, record)
+    return record, stored
+
+
+async def stream_answer(call: Call, usage: dict, answer: Answer, model: str) -> tuple[LedgerRecord, dict]:
+    """A relayed stream that ended well: its ledger record, and its answer put together to cache."""
     record = await stream_record(call, 200, "", usage)
     stored = answer.stored(usage, model)
     call.answer_text = stored["content"]
-    await finish(call, record)
     return record, stored
 
 

@@ -5,7 +5,9 @@ the ORM's own work per query (about 1 ms for one INSERT, measured on the Respons
 A purpose names the pool and how its connections are set up (`configure`), so the vector store's
 session settings (timeouts, pgvector types) never apply to another purpose's queries.
 
-A connection handed back still in pipeline mode is closed, never reused (`_refuse_mid_pipeline`).
+A connection handed back still in pipeline mode is closed, never reused (`_refuse_mid_pipeline`), in
+the pools whose users run pipelines; the others skip that check, which the pool runs in its worker
+task (a hop through the event loop on every use).
 """
 
 from __future__ import annotations
@@ -32,12 +34,15 @@ def conninfo(url: str = "") -> str:
 Configure = Callable[..., Awaitable[None]]
 
 
-async def pool(purpose: str, configure: Configure | None = None, *, url: str = "", max_size: int = 8):
-    """This event loop's pool for `purpose`, opened on first use (autocommit connections)."""
+async def pool(
+    purpose: str, configure: Configure | None = None, *, url: str = "", max_size: int = 8, pipelines: bool = True
+):
+    """This event loop's pool for `purpose`, opened on first use (autocommit connections).
+    `pipelines`: whether its users run pipelines (connections handed back are then checked)."""
     pools = _pools.setdefault(asyncio.get_running_loop(), {})
     opening = pools.get(purpose)
     if opening is None:  # the first caller opens it; callers meanwhile wait for the same pool
-        opening = pools[purpose] = asyncio.ensure_future(_open(conninfo(url), configure, max_size))
+        opening = pools[purpose] = asyncio.ensure_future(_open(conninfo(url), configure, max_size, pipelines))
     try:
         return await asyncio.shield(opening)
     except BaseException:
@@ -46,7 +51,7 @@ async def pool(purpose: str, configure: Configure | None = None, *, url: str = "
         raise
 
 
-async def _open(info: str, configure: Configure | None, max_size: int):
+async def _open(info: str, configure: Configure | None, max_size: int, pipelines: bool):
     from psycopg_pool import AsyncConnectionPool
 
     opened = AsyncConnectionPool(
@@ -55,7 +60,7 @@ async def _open(info: str, configure: Configure | None, max_size: int):
         max_size=max_size,
         kwargs={"autocommit": True},
         configure=configure,
-        reset=_refuse_mid_pipeline,
+        reset=_refuse_mid_pipeline if pipelines else None,
         open=False,
         timeout=5,
     )

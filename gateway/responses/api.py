@@ -3,7 +3,8 @@
     authenticate → validate → the previous response's conversation (this tenant's) → translate to
     a chat request (litellm's bridge) → pick the model, allowlist, route, admit → screen input
     → cache → call the chain (stream or not; screened, escalated, billed, cached as chat is)
-    → store the response (unless `store: false`) → respond in the Responses dialect
+    → store the response (unless `store: false`; while the ledger is handed off, both awaited
+    before the client has the response or a stream's last event) → respond in the Responses dialect
 
 The same admission, limits, budgets, screening, cache, breakers, failover and ledger as chat
 completions, because it is the chat request that runs: only the edges speak Responses. The
@@ -15,6 +16,7 @@ GET /v1/responses/{id}, DELETE it, and its input_items are Django views (gateway
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -61,8 +63,18 @@ class Turn:
         self.shape = Shape(new_id("resp"), request, body, store=request.store is not False)
         self.items = input_items(body["input"])
         self.system = 1 if request.instructions else 0
+        self.body = b""  # the Response as sent, once rendered (answer)
 
-    async def keep(self, response: dict) -> None:
+    async def answer_completion(self, completion: dict) -> None:
+        """A chat completion as this turn's Response, serialized and kept (answer)."""
+        await self.answer(response_from_completion(self.shape, completion))
+
+    async def answer(self, response: dict) -> None:
+        """This turn's Response serialized once (self.body), for the client and the store, and kept."""
+        self.body = orjson.dumps(response)
+        await self.keep(response, self.body)
+
+    async def keep(self, response: dict, serialized: bytes | None = None) -> None:
         """Stored before the client has it, unless it asked not to be. A database that refuses the
         write does not take the paid-for answer from the client: the failure is logged, and the
         response cannot be continued or read back."""
@@ -76,7 +88,7 @@ class Turn:
                 key_id=call.key.key_id,
                 response_id=self.shape.response_id,
                 request_id=call.request_id,
-                response=response,
+                response=serialized or response,
                 input_items=self.items,
                 conversation=conversation,
             )
@@ -109,23 +121,27 @@ async def _create(call: Call, headers, raw_body: bytes) -> Reply:
         return await serve_from_cache(call, hit, turn)
     if request.stream:
         return await stream_from_chain(call, chain, ResponsesEvents(turn.shape, turn.keep))
-    completion, headers = await answer_from_chain(call, chain)
-    response = response_from_completion(turn.shape, completion)
-    await turn.keep(response)
-    return Reply(200, headers, orjson.dumps(response))
+    # Rendered and stored as soon as the answer is final, while the ledger is handed off.
+    _, headers = await answer_from_chain(call, chain, alongside=turn.answer_completion)
+    return Reply(200, headers, turn.body)
 
 
 async def serve_from_cache(call: Call, hit: cache.Hit, turn: Turn) -> Reply:
     """A cached answer (the chat path's: its text), as a Response or replayed as its events."""
-    headers = await record_hit(call, hit)
     answer = hit.answer
     if not call.request.stream:
         output = [message_item(new_id("msg"), answer.get("content") or "", None)]
         status = status_of(answer.get("finish_reason"))
         usage = usage_of(answer.get("usage") or {})
         response = turn.shape.response(status=status, model=answer.get("model", ""), output=output, usage=usage)
-        await turn.keep(response)
-        return Reply(200, headers, orjson.dumps(response))
+        # Stored while the hit is recorded (the ledger's hand-off): two round trips at once.
+        keeping = asyncio.ensure_future(turn.answer(response))
+        try:
+            headers = await record_hit(call, hit)
+        finally:
+            await keeping
+        return Reply(200, headers, turn.body)
+    headers = await record_hit(call, hit)
     headers["content-type"] = "text/event-stream"
     headers["cache-control"] = "no-cache"
     return Reply(200, headers, stream=replay(ResponsesEvents(turn.shape, turn.keep), answer))

@@ -44,11 +44,16 @@ async def _configure(connection) -> None:
 
 
 async def _pool():
-    return await async_db.pool("stored responses", _configure, max_size=4)
+    return await async_db.pool("stored responses", _configure, max_size=4, pipelines=False)
 
 
 def _json(value) -> Jsonb:
-    return Jsonb(value, dumps=lambda v: orjson.dumps(v).decode())
+    """`value` as jsonb: serialized with orjson, or already serialized (bytes)."""
+    return Jsonb(value, dumps=_dumps)
+
+
+def _dumps(value) -> bytes:
+    return value if isinstance(value, bytes) else orjson.dumps(value)
 
 
 def not_found(response_id: str, param: str | None = None) -> GatewayError:
@@ -69,7 +74,7 @@ async def response_save(
     key_id: int,
     response_id: str,
     request_id: str,
-    response: dict,
+    response: dict | bytes,
     input_items: list[dict],
     conversation: list[dict],
 ) -> None:

@@ -109,3 +109,26 @@ def test_open_loop_keeps_the_rate_and_sheds_over_the_in_flight_cap(mock_provider
     capped = loadgen.run(loadgen.run_rate(url, body_for(False), rate=40, duration=0.375, max_in_flight=5))
     # 15 arrivals within 350 ms, none answered before a second: only the first 5 fit under the cap.
     assert (capped.requests, capped.shed, capped.errors) == (5, 10, 0)
+
+
+def test_alternating_sends_one_request_to_each_target_in_turn_starting_one_further_each_round(mock_provider):
+    providers = [unique("alt") for _ in range(3)]
+    urls = [mock_provider.api_base(p) + "/chat/completions" for p in providers]
+    sent: list[tuple[int, int]] = []
+
+    def body(n: int):
+        def make(i: int) -> dict:
+            sent.append((i, n))
+            return {"model": "m", "messages": [{"role": "user", "content": f"alt {n} {i}"}]}
+
+        return make
+
+    results = loadgen.run(
+        loadgen.run_alternating([loadgen.Target(url, body(n)) for n, url in enumerate(urls)], total=4)
+    )
+
+    assert [(r.requests, r.errors, len(r.latencies)) for r in results] == [(4, 0, 4)] * 3
+    assert [mock_provider.stats(p)["completed"] for p in providers] == [4, 4, 4]
+    # Round i starts at target i mod 3: each target follows each other one as often.
+    assert [n for _, n in sent] == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]
+    assert [i for i, _ in sent] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]

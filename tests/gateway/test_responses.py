@@ -232,6 +232,26 @@ def test_stored_responses_older_than_the_retention_go_and_younger_ones_stay(
     assert StoredResponse.objects.exclude(public_id__in=[edge.id, young.id]).count() == everyone_else
 
 
+def test_deleting_a_key_or_its_tenant_reaches_their_stored_responses(make_tenant, make_key):
+    """The table has no database constraint on its tenant and key (its check locked both rows on
+    every insert): deleting them through Django still nulls the key and deletes the tenant's rows."""
+    from tenants.models import VirtualKey
+
+    tenant, other = make_tenant(), make_tenant()
+    make_key(tenant)
+    key = VirtualKey.objects.get(tenant=tenant)
+    fields = {"request_id": "r", "response": {}, "input_items": [], "conversation": []}
+    kept = StoredResponse.objects.create(public_id="resp_kept", tenant=tenant, key=key, **fields)
+    theirs = StoredResponse.objects.create(public_id="resp_theirs", tenant=other, key=None, **fields)
+
+    key.delete()
+    kept.refresh_from_db()
+    assert kept.key_id is None
+    tenant.delete()
+    assert not StoredResponse.objects.filter(pk=kept.pk).exists()
+    assert StoredResponse.objects.filter(pk=theirs.pk).exists()
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_a_chain_fails_over_from_openai_to_anthropic(gateway, api_key, dialect_chain, mock_provider, stream):
     model, (first, second) = dialect_chain("openai", "anthropic")
