@@ -33,6 +33,7 @@ from django_otp_webauthn.views import (
     CompleteCredentialRegistrationView,
 )
 
+from sentinel.console.factors import console_allows, must_enrol
 from tenants.audit import audit_record_for_user
 from tenants.models import AuditEntry
 
@@ -70,8 +71,6 @@ class _ConsoleRegistration:
     """Registration is for console users the console lets in, or who must enrol before it does."""
 
     def check_can_register(self):
-        from sentinel.console.twofactor import console_allows, must_enrol
-
         user = self.request.user
         if not (user.is_active and user.is_staff and (console_allows(self.request) or must_enrol(self.request))):
             raise exceptions.NotAuthenticated()

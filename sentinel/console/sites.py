@@ -28,7 +28,7 @@ class ConsoleSite(UnfoldAdminSite):
         self.login_form = ConsoleAuthenticationForm
 
     def has_permission(self, request):
-        from sentinel.console.twofactor import console_allows
+        from sentinel.console.factors import console_allows
 
         return super().has_permission(request) and console_allows(request)
 
@@ -50,7 +50,7 @@ class ConsoleSite(UnfoldAdminSite):
         """Django's login page; a sign-in the brute-force guard refused is 429 with Retry-After
         (sentinel.authentication), not the form again."""
         from sentinel.authentication import refused_wait
-        from sentinel.console.twofactor import must_enrol
+        from sentinel.console.factors import must_enrol
         from sentinel.views import too_many_sign_ins
 
         if must_enrol(request):

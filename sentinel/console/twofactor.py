@@ -17,24 +17,21 @@ from io import BytesIO
 import qrcode
 import qrcode.image.svg
 from django import forms
-from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth import BACKEND_SESSION_KEY
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 from django_otp import login as otp_login
-from django_otp import user_has_device
 from django_otp.plugins.otp_totp.models import TOTPDevice
 from unfold.forms import AuthenticationForm
 from unfold.widgets import BASE_INPUT_CLASSES
 
-from sentinel.console.audit import SSO_BACKEND
+from sentinel.console.factors import has_second_factor, required_for
 from sentinel.console.securitykeys import key_remove, key_step_start, keys_of
 from tenants.audit import audit_record_for_user
-from tenants.models import AuditEntry, Tenant
+from tenants.models import AuditEntry
 
 WRONG_CODE = "That one-time code is wrong or used already. Enter the current code from your authenticator app."
 STAYS_ON = "Your tenant (or this installation) requires two-factor sign-in: it stays on."
@@ -44,49 +41,6 @@ SIGN_IN_AGAIN = "Sign in again with your code or security key first: this sessio
 def device_of(user) -> TOTPDevice | None:
     """The user's enrolled authenticator (confirmed), if any."""
     return TOTPDevice.objects.filter(user=user, confirmed=True).first()
-
-
-def has_second_factor(user) -> bool:
-    """An authenticator app or a security key, confirmed."""
-    return user_has_device(user, confirmed=True)
-
-
-def required_for(user) -> bool:
-    """Whether the installation or one of the user's tenants requires a second factor of them."""
-    return (
-        settings.REQUIRE_TWO_FACTOR or Tenant.objects.filter(memberships__user=user, require_two_factor=True).exists()
-    )
-
-
-def signed_in_by_sso(request) -> bool:
-    return request.session.get(BACKEND_SESSION_KEY) == SSO_BACKEND
-
-
-def console_allows(request) -> bool:
-    """Whether this session's sign-in is strong enough for console pages (read once per request)."""
-    allowed = getattr(request, "_two_factor_allows", None)
-    if allowed is None:
-        user = request.user
-        allowed = (
-            not user.is_authenticated
-            or signed_in_by_sso(request)
-            or user.is_verified()
-            or (not has_second_factor(user) and not required_for(user))
-        )
-        request._two_factor_allows = allowed
-    return allowed
-
-
-def must_enrol(request) -> bool:
-    user = request.user
-    return (
-        user.is_authenticated
-        and user.is_active
-        and user.is_staff
-        and not signed_in_by_sso(request)
-        and not has_second_factor(user)
-        and required_for(user)
-    )
 
 
 class ConsoleAuthenticationForm(AuthenticationForm):
