@@ -163,6 +163,7 @@ async def within(seconds: float, awaitable, outage: Outage):
     Redis's silence times out, not this process's own load."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
+    cancelling = task.cancelling()  # cancellations already asked of this task (as asyncio.timeout counts them)
     state = {"expired": False, "done": False}
 
     def verdict() -> None:
@@ -179,7 +180,7 @@ async def within(seconds: float, awaitable, outage: Outage):
     try:
         return await awaitable
     except asyncio.CancelledError:
-        if state["expired"] and task.uncancel() == 0:
+        if state["expired"] and task.uncancel() <= cancelling:
             raise redis.exceptions.TimeoutError(f"Redis did not answer for {seconds * 1000:.0f} ms") from None
         raise
     finally:

@@ -4,6 +4,7 @@ that stop waiting on a Redis that does not answer, and one check at a time for w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 
@@ -55,6 +56,26 @@ def test_silence_times_out_and_other_cancellations_pass_through():
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(cancelled_from_outside())
+
+
+def test_silence_times_out_in_a_task_a_cancellation_was_asked_of_before():
+    """Counted as asyncio.timeout counts them: a cancellation asked of the task earlier and handled
+    there (not uncancelled) does not turn this command's own time limit into a CancelledError, which
+    escaped the request handler as a 500 from the server (seen once, under load)."""
+
+    async def earlier_cancellation_then_silence() -> str:
+        task = asyncio.current_task()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):  # handled, the count left as it is
+            await asyncio.sleep(1)
+        assert task.cancelling() == 1
+        try:
+            await within(0.05, asyncio.Event().wait(), redis_clients.Outage())
+        except redis.exceptions.TimeoutError:
+            return "timed out"
+        return "answered"
+
+    assert asyncio.run(earlier_cancellation_then_silence()) == "timed out"
 
 
 def test_a_busy_redis_is_waited_for():
