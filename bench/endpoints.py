@@ -3,10 +3,11 @@ chat completions, the Responses API, Anthropic's Messages API and embeddings, on
 OpenAI-format deployment) and through litellm's translation (an Anthropic-format deployment).
 
     python -m bench endpoints [--requests 400] [--rounds 1] [--alternate] [--only ROW,...] [--quick]
-                              [--workers N] [--out DIR]
+                              [--cache bypass|miss] [--workers N] [--out DIR]
 
 Zero-latency mock, one request at a time (c=1), non-stream; the cache bypassed per request so every
-request reaches the provider (the endpoints' cache rules differ: docs/api.md); authentication,
+request reaches the provider (the endpoints' cache rules differ: docs/api.md), or with `--cache
+miss` on, as tenants have it, every prompt unique (a miss: looked up and stored); authentication,
 admission, budgets and the ledger on. Each row gives the p50/p99 latency, what Sentinel adds to the
 p50 of the same upstream call made directly (chat's direct call for chat, responses and messages
 over the OpenAI format; the mock's Messages endpoint for the Anthropic format; its embeddings
@@ -36,6 +37,7 @@ ANTHROPIC_MODEL = "anthropic/claude-3-5-haiku-20241022"
 EMBEDDING_ALIAS = "bench-embed"
 EMBEDDING_MODEL = "openai/text-embedding-3-small"
 BYPASS = {"x-sentinel-cache-control": "no-cache, no-store"}
+CACHE_HEADERS = {"bypass": BYPASS, "miss": {}}  # --cache miss: every prompt unique, through the cache
 PROMPT = "Say something about the sea."
 
 
@@ -113,18 +115,18 @@ def prepare_models(mock_url: str) -> None:
     announce_change()
 
 
-def target(stack: Stack, row: Row) -> tuple[str, dict[str, str]]:
+def target(stack: Stack, row: Row, cache: str = "bypass") -> tuple[str, dict[str, str]]:
     if row.target == "direct":
         headers = {"authorization": "Bearer sk-mock-bench", "x-api-key": "sk-mock-bench"}
         return f"{stack.mock_url}/p/{PROVIDER}{row.path}", headers
-    headers = {"authorization": f"Bearer {stack.key}", **BYPASS}
+    headers = {"authorization": f"Bearer {stack.key}", **CACHE_HEADERS[cache]}
     if row.path == "/v1/messages":
         headers["anthropic-version"] = "2023-06-01"
     return f"{stack.gateway_url}{row.path}", headers
 
 
-def measure(stack: Stack, row: Row, total: int, warmup: int, first: int = 0) -> dict:
-    url, headers = target(stack, row)
+def measure(stack: Stack, row: Row, total: int, warmup: int, first: int = 0, cache: str = "bypass") -> dict:
+    url, headers = target(stack, row, cache)
     loadgen.run(loadgen.run_load(url, lambda i: body_of(row, -1 - i), concurrency=1, total=warmup, headers=headers))
     server = "mock" if row.target == "direct" else "web"
     cpu_before = stack.cpu_seconds(server)
@@ -132,6 +134,11 @@ def measure(stack: Stack, row: Row, total: int, warmup: int, first: int = 0) -> 
         loadgen.run_load(url, lambda i: body_of(row, first + i), concurrency=1, total=total, headers=headers)
     )
     cpu = stack.cpu_seconds(server) - cpu_before
+    return measured(row, result, round(cpu * 1000 / result.ok, 3) if result.ok else None)
+
+
+def measured(row: Row, result, cpu_ms_per_request: float | None) -> dict:
+    """One row's figures, as the table and the results file show them."""
     summary = result.summary()
     return {
         "row": row.name,
@@ -143,41 +150,26 @@ def measure(stack: Stack, row: Row, total: int, warmup: int, first: int = 0) -> 
         "errors": result.errors,
         "p50_ms": summary.get("p50_ms"),
         "p99_ms": summary.get("p99_ms"),
-        "server_cpu_ms_per_request": round(cpu * 1000 / result.ok, 3) if result.ok else None,
+        "server_cpu_ms_per_request": cpu_ms_per_request,
     }
 
 
-def measure_alternating(stack: Stack, rows: list[Row], total: int, warmup: int, first: int = 0) -> list[dict]:
+def measure_alternating(
+    stack: Stack, rows: list[Row], total: int, warmup: int, first: int = 0, cache: str = "bypass"
+) -> list[dict]:
     """The rows side by side: one request to each in turn (gateway rows on one connection, so one web
     worker). The web workers' CPU is not told apart by row here."""
 
     def targets(offset: int) -> list[loadgen.Target]:
         made = []
         for row in rows:
-            url, headers = target(stack, row)
+            url, headers = target(stack, row, cache)
             made.append(loadgen.Target(url, lambda i, row=row: body_of(row, offset + i), headers))
         return made
 
     loadgen.run(loadgen.run_alternating(targets(-1 - warmup), total=warmup))
     results = loadgen.run(loadgen.run_alternating(targets(first), total=total))
-    measured = []
-    for row, result in zip(rows, results, strict=True):
-        summary = result.summary()
-        measured.append(
-            {
-                "row": row.name,
-                "target": row.target,
-                "path": row.path,
-                "fast_path": row.fast_path,
-                "baseline": row.baseline,
-                "requests": result.requests,
-                "errors": result.errors,
-                "p50_ms": summary.get("p50_ms"),
-                "p99_ms": summary.get("p99_ms"),
-                "server_cpu_ms_per_request": None,
-            }
-        )
-    return measured
+    return [measured(row, result, None) for row, result in zip(rows, results, strict=True)]
 
 
 def compare(rows: list[dict]) -> None:
@@ -245,19 +237,19 @@ def main(argv: list[str] | None = None) -> int:
         "stream": False,
         "web_server": web_server(args),
         "mock": "zero latency",
-        "cache": "bypassed per request (no-cache, no-store)",
+        "cache": "bypassed per request (no-cache, no-store)" if args.cache == "bypass" else "on, every prompt a miss",
     }
     with running_stack(out_dir=args.out, data_dir=args.data_dir, workers=args.workers, mock_profile="zero") as stack:
         prepare_models(stack.mock_url)
         rounds = []
         for n in range(args.rounds):
             if args.alternate:
-                rounds.append(measure_alternating(stack, selected, total, warmup, first=n * total))
+                rounds.append(measure_alternating(stack, selected, total, warmup, first=n * total, cache=args.cache))
                 print(f"round {n + 1}: {rounds[-1]}", flush=True)
                 continue
             measured = {}
             for row in selected if n % 2 == 0 else selected[::-1]:
-                measured[row.name] = measure(stack, row, total, warmup, first=n * total)
+                measured[row.name] = measure(stack, row, total, warmup, first=n * total, cache=args.cache)
                 print(f"round {n + 1}, {row.name}: {measured[row.name]}", flush=True)
             rounds.append([measured[row.name] for row in selected])
     rows = combine(rounds)
@@ -278,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 for r in rows
             ],
-            f"c=1, non-stream, zero-latency mock, cache bypassed, {args.rounds} round(s), medians"
+            f"c=1, non-stream, zero-latency mock, cache {'bypassed' if args.cache == 'bypass' else 'on (misses)'},"
+            f" {args.rounds} round(s), medians"
             " (CPU: mock's on direct rows, else web workers')",
         )
     )
