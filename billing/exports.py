@@ -10,7 +10,7 @@ from datetime import date, datetime
 from decimal import Decimal
 
 from billing.prices import KIND_COLUMNS
-from billing.selectors import METRICS, MONEY_METRICS, SpendReport, SpendRow
+from billing.selectors import METRICS, MONEY_METRICS, TOKEN_KINDS, SpendReport, SpendRow
 
 DIMENSION_COLUMNS = {
     "day": ["day"],
@@ -201,12 +201,7 @@ REQUEST_LOG_COLUMNS = [
     "saved_cost_usd",
     "latency_ms",
     # Added later, so last.
-    "cache_read_tokens",
-    "cache_write_tokens",
-    "reasoning_tokens",
-    "cache_read_cost_usd",
-    "cache_write_cost_usd",
-    "reasoning_cost_usd",
+    *TOKEN_KINDS,
     "batch",
     "images",
 ]

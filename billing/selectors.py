@@ -24,6 +24,16 @@ ONE_DAY = timedelta(days=1)
 # ledger itself (rollups do not keep end users), so it is not among the defaults.
 DIMENSIONS = ("day", "tenant", "key", "end_user", "model", "price")
 DEFAULT_DIMENSIONS = ("day", "tenant", "key", "model", "price")
+# The kinds of token within the prompt and completion tokens, and what each kind cost within cost_usd
+# (issue #16: priced as the provider prices them): in reports, statements and the request log.
+TOKEN_KINDS = (
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "reasoning_tokens",
+    "cache_read_cost_usd",
+    "cache_write_cost_usd",
+    "reasoning_cost_usd",
+)
 METRICS = (
     "requests",
     "successful_requests",
@@ -33,14 +43,8 @@ METRICS = (
     "exact_hits",
     "semantic_hits",
     "saved_cost_usd",
-    # Added later, so last (exports' columns keep their places): the kinds of token within the
-    # prompt and completion tokens, and what each kind cost within cost_usd.
-    "cache_read_tokens",
-    "cache_write_tokens",
-    "reasoning_tokens",
-    "cache_read_cost_usd",
-    "cache_write_cost_usd",
-    "reasoning_cost_usd",
+    # Added later, so last (exports' columns keep their places).
+    *TOKEN_KINDS,
     "images",  # generated (POST /v1/images/generations); what they cost is in cost_usd
 )
 MONEY_METRICS = frozenset(

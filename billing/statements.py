@@ -15,21 +15,13 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.utils import timezone
 
 from billing.exports import cell_text
-from billing.selectors import SpendReport, spend_report
+from billing.selectors import TOKEN_KINDS, SpendReport, spend_report
 from tenants.models import Tenant
 
 CENT = Decimal("0.01")
 COLUMNS = ["key", "model", "requests", "prompt_tokens", "completion_tokens", "cost_usd"]
-# The kinds of token within the prompt and completion tokens, and what each cost within cost_usd
-# (issue #16: priced as the provider prices them), after the columns above so theirs keep places.
-KINDS = [
-    "cache_read_tokens",
-    "cache_write_tokens",
-    "reasoning_tokens",
-    "cache_read_cost_usd",
-    "cache_write_cost_usd",
-    "reasoning_cost_usd",
-]
+# After the columns above, so theirs keep their places.
+KINDS = list(TOKEN_KINDS)
 KIND_LABELS = {"cache_read": "Cache reads", "cache_write": "Cache writes", "reasoning": "Reasoning"}
 
 
