@@ -135,7 +135,7 @@ def _stop(children: list[Child]) -> None:
             child.process.wait()
 
 
-def banner(*, gateway: str, mock: str, data_dir: Path, demo, embedded: bool) -> str:
+def banner(*, gateway: str, console: str, mock: str, data_dir: Path, demo, embedded: bool) -> str:
     login = (
         f"{demo.admin_username} / {demo.admin_password}"
         if demo.admin_password
@@ -156,7 +156,7 @@ def banner(*, gateway: str, mock: str, data_dir: Path, demo, embedded: bool) -> 
 Sentinel is running.
 
   Gateway (OpenAI API)  {gateway}/v1
-  Console (admin)       {gateway}/admin/    login: {login}
+  Console (admin)       {console}/admin/    login: {login}
   Mock provider         {mock}    (faults: POST {mock}/_control/primary)
   Storage               {storage}
   Metrics               {gateway}/metrics    (API schema and docs: {gateway}/api/docs/)
@@ -332,7 +332,16 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if not stopping:
             print(
-                banner(gateway=gateway, mock=mock_url, data_dir=settings.DATA_DIR, demo=demo, embedded=embedded),
+                banner(
+                    gateway=gateway,
+                    # The console at the host name security keys are bound to (an IP address cannot be
+                    # a WebAuthn relying party: docs/governance.md).
+                    console=f"http://localhost:{args.port}" if args.host in ("127.0.0.1", "localhost") else gateway,
+                    mock=mock_url,
+                    data_dir=settings.DATA_DIR,
+                    demo=demo,
+                    embedded=embedded,
+                ),
                 flush=True,
             )
         while not stopping:
