@@ -310,7 +310,7 @@ def remembered_spans(
 
 
 def compile_prefilters(timeout: float | None = None) -> bool:
-    """Compile every check's Hyperscan prefilter now (about a second of CPU in all, once per process),
+    """Compile every check's Hyperscan prefilter now (about 2 s of CPU in all, once per process),
     rather than on the first long text; whether all are ready."""
     modules = (credentials, injection, moderation, personal_data)
     return all([module._PREFILTER.compile(timeout) for module in modules])
@@ -455,11 +455,15 @@ async def _screen_input_remotely(call, policy: Policy, record: Screening, texts:
 
 
 def _apply_guardrail_redactions(messages: list, texts: list[Text], verdict: guardrail.Verdict) -> None:
+    for text_id, spans in _redactions_by_text(verdict).items():
+        _write(messages, texts[text_id], spans)
+
+
+def _redactions_by_text(verdict: guardrail.Verdict) -> dict[int, list[Span]]:
     by_text: dict[int, list[Span]] = {}
     for text_id, start, end in verdict.redactions:
         by_text.setdefault(text_id, []).append(Span(GUARDRAIL, start, end))
-    for text_id, spans in by_text.items():
-        _write(messages, texts[text_id], spans)
+    return by_text
 
 
 # --- output ------------------------------------------------------------------------------------
@@ -487,6 +491,31 @@ def withhold(choice: dict) -> None:
     choice["finish_reason"] = CONTENT_FILTER
 
 
+def _output_record(call, policy: Policy) -> Screening:
+    """The request's screening record (started at input, or now), with the output checks that run."""
+    record = call.screening or Screening(tenant=call.key.tenant_slug)
+    call.screening = record
+    record.ran_out = policy.output_checks
+    return record
+
+
+def _output_decisions(policy: Policy, record: Screening, spans: list[Span]) -> tuple[list[str], list[Span]]:
+    """What the output checks decide on one text's findings, recorded: the checks that block it, and
+    the spans to redact."""
+    blocks, redact = [], []
+    for span in spans:
+        check = check_of(span)
+        if check == MODERATION:
+            record.categories.add(span.check)
+        action = output_action(policy, check)
+        record.fire(check, OUT, action)
+        if action == BLOCK:
+            blocks.append(check)
+        elif action == REDACT:
+            redact.append(Span(check, span.start, span.end))
+    return blocks, redact
+
+
 async def screen_images(call, response: dict) -> GatewayError | None:
     """Screen generated images once made (gateway.images): each revised prompt by the output checks
     (redacted in place), then the tenant's guardrail, shown the prompt, the revised prompts and each
@@ -495,29 +524,14 @@ async def screen_images(call, response: dict) -> GatewayError | None:
     policy: Policy | None = call.key.screening
     if policy is None or not (policy.screens_output or policy.guardrail_url):
         return None
-    record = call.screening or Screening(tenant=call.key.tenant_slug)
-    call.screening = record
+    record = _output_record(call, policy)
     items = response["data"]
     revised = [item for item in items if item.get("revised_prompt")]
     refusals: list[str] = []
     if policy.screens_output:
-        record.ran_out = [
-            name
-            for name, on in (("personal_data", policy.output_personal_data), (MODERATION, policy.output_moderation))
-            if on != OFF
-        ]
         for item in revised:
-            redact = []
-            for span in output_spans(policy, item["revised_prompt"]):
-                check = check_of(span)
-                if check == MODERATION:
-                    record.categories.add(span.check)
-                action = output_action(policy, check)
-                record.fire(check, OUT, action)
-                if action == BLOCK:
-                    refusals.append(check)
-                elif action == REDACT:
-                    redact.append(Span(check, span.start, span.end))
+            blocks, redact = _output_decisions(policy, record, output_spans(policy, item["revised_prompt"]))
+            refusals += blocks
             if redact:
                 item["revised_prompt"], _ = mask(item["revised_prompt"], redact)
     if refusals:
@@ -546,10 +560,7 @@ async def screen_images(call, response: dict) -> GatewayError | None:
         return _withheld([GUARDRAIL])
     if verdict.action == "redact" and verdict.redactions:
         record.fire(GUARDRAIL, OUT, REDACT)
-        by_text: dict[int, list[Span]] = {}
-        for text_id, start, end in verdict.redactions:
-            by_text.setdefault(text_id, []).append(Span(GUARDRAIL, start, end))
-        for text_id, spans in by_text.items():
+        for text_id, spans in _redactions_by_text(verdict).items():
             item = revised[text_id - 1]
             item["revised_prompt"], _ = mask(item["revised_prompt"], spans)
     return None
@@ -584,13 +595,7 @@ async def screen_response(call, response: dict) -> None:
     policy: Policy | None = call.key.screening
     if policy is None or not policy.screens_output:
         return
-    record = call.screening or Screening(tenant=call.key.tenant_slug)
-    call.screening = record
-    record.ran_out = [
-        name
-        for name, on in (("personal_data", policy.output_personal_data), (MODERATION, policy.output_moderation))
-        if on != OFF
-    ]
+    record = _output_record(call, policy)
     choices = [c for c in response.get("choices") or () if isinstance(c, dict)]
     delivered = []
     for choice in choices:
@@ -598,21 +603,12 @@ async def screen_response(call, response: dict) -> None:
         content = message.get("content")
         if not isinstance(content, str) or not content:
             continue
-        redact, block = [], False
         if len(content) > INLINE_CHARS:
             spans = await asyncio.get_running_loop().run_in_executor(_LOCAL_CHECKS, output_spans, policy, content)
         else:
             spans = output_spans(policy, content)
-        for span in spans:
-            check = check_of(span)
-            if check == MODERATION:
-                record.categories.add(span.check)
-            action = output_action(policy, check)
-            record.fire(check, OUT, action)
-            block = block or action == BLOCK
-            if action == REDACT:
-                redact.append(Span(check, span.start, span.end))
-        if block:
+        blocks, redact = _output_decisions(policy, record, spans)
+        if blocks:
             withhold(choice)
             continue
         if redact:

@@ -46,6 +46,12 @@ class Policy:
     def screens_output(self) -> bool:
         return self.output_personal_data != "off" or self.output_moderation != "off"
 
+    @property
+    def output_checks(self) -> list[str]:
+        """The output checks that run, as the ledger row's screening record names them."""
+        checks = (("personal_data", self.output_personal_data), (MODERATION, self.output_moderation))
+        return [name for name, action in checks if action != "off"]
+
     @classmethod
     def from_json(cls, data: dict) -> Policy:
         return cls(**{**data, "input": tuple(tuple(item) for item in data["input"])})

@@ -74,8 +74,8 @@ class Prefilter:
     case-folding agree with Hyperscan's byte mode; a short text costs Python's engine little). Other
     texts, a pattern Hyperscan cannot compile, or Hyperscan not installed (a binary wheel: x86-64 and
     arm64 Linux and macOS) leave every such pattern in. The database is compiled in a thread of its
-    own when the process first meets such a text (`make run` compiles them before its processes
-    start, sentinel.run.prepare); until it is ready every pattern is run, so no request waits for it."""
+    own when the process first meets such a text (or when asked: engine.compile_prefilters); until
+    it is ready every pattern is run, so no request waits for it."""
 
     MIN_CHARS = 1_000  # as engine.INLINE_CHARS: a text this long is screened off the event loop
 

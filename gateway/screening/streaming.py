@@ -62,11 +62,7 @@ class StreamScreen:
         self.record = record
         self.window = max(policy.stream_window, MIN_HOLD)
         self.choices: dict[int, _Choice] = {}
-        record.ran_out = [
-            name
-            for name, on in (("personal_data", policy.output_personal_data), (MODERATION, policy.output_moderation))
-            if on != "off"
-        ]
+        record.ran_out = policy.output_checks
 
     def screened(self, first: Event, rest: AsyncIterator[Event]) -> tuple[Event, AsyncIterator[Event]]:
         """The first event becomes a role-only chunk (its content, if any, joins the window)."""
