@@ -63,19 +63,20 @@ def lowercase(text: str) -> str | None:
 
 class Prefilter:
     """Which of many patterns can match a text, found in one pass over it by Hyperscan instead of
-    one pass per pattern: Python's engine scans 4,000 characters in 50-200 microseconds a pattern,
-    Hyperscan scans them for all of them at once in a few. Each pattern is compiled in Hyperscan's
-    prefilter mode, as a superset of itself (lookarounds and back-references relaxed), so a pattern it
-    rules out cannot match; one it lets through is then run by Python's engine as before, so the
-    findings are the same. Compiling the four checks' patterns takes about 2 s of CPU, in a thread
-    that leaves the GIL (an event loop beside it is held up by no more than 10 ms).
+        one pass per pattern: Python's engine scans 4,000 characters in 50-200 microseconds a pattern,
+        Hyperscan scans them for all of them at once in a few. Each pattern is compiled in Hyperscan's
+        prefilter mode, as a superset of itself (lookarounds and back-references relaxed), so a pattern it
+        rules out cannot match; one it lets through is then run by Python's engine as before, so the
+        findings are the same. Compiling the four checks' patterns takes about 2 s of CPU, in a thread
+        that leaves the GIL (a thread ticking every 5 ms beside it saw a longest gap of 9 ms on a quiet
+    host, up to 100 ms at load 5, the scheduler's).
 
-    Only ASCII texts of MIN_CHARS or more are prefiltered (there Python's \\w, \\d, \b and
-    case-folding agree with Hyperscan's byte mode; a short text costs Python's engine little). Other
-    texts, a pattern Hyperscan cannot compile, or Hyperscan not installed (a binary wheel: x86-64 and
-    arm64 Linux and macOS) leave every such pattern in. The database is compiled in a thread of its
-    own when the process first meets such a text (or when asked: engine.compile_prefilters); until
-    it is ready every pattern is run, so no request waits for it."""
+        Only ASCII texts of MIN_CHARS or more are prefiltered (there Python's \\w, \\d, \b and
+        case-folding agree with Hyperscan's byte mode; a short text costs Python's engine little). Other
+        texts, a pattern Hyperscan cannot compile, or Hyperscan not installed (a binary wheel: x86-64 and
+        arm64 Linux and macOS) leave every such pattern in. The database is compiled in a thread of its
+        own when the process first meets such a text (or when asked: engine.compile_prefilters); until
+        it is ready every pattern is run, so no request waits for it."""
 
     MIN_CHARS = 1_000  # as engine.INLINE_CHARS: a text this long is screened off the event loop
 
@@ -151,7 +152,7 @@ class Prefilter:
             return self._everything
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:  # a scratch space per thread: the screening pool scans concurrently
-            scratch = self._local.scratch = self._hyperscan.Scratch(self._database)
+            scratch = self._local.scratch = self._hyperscan.Scratch(database)
         found = set(self._always)
         database.scan(text.encode(), match_event_handler=_collect, context=found, scratch=scratch)
         return found

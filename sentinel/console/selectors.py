@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
+from itertools import accumulate
 
 from django.db import connection
 from django.db.models import Aggregate, Count, F, FloatField, Func, IntegerField, Max, Q, QuerySet, Sum
@@ -20,6 +21,7 @@ from django.utils import timezone
 from billing.models import DailyLatency, DailyTraffic, DailyUserTraffic, LedgerEntry, RollupDue
 from billing.money import ZERO
 from billing.selectors import (
+    ANSWERED,
     LEDGER_TRAFFIC,
     TRAFFIC_METRICS,
     TRAFFIC_MONEY,
@@ -64,9 +66,6 @@ class Unnest(Func):
 
     function = "unnest"
     output_field = IntegerField()
-
-
-ANSWERED = Q(status_code=200)
 
 
 def traffic_totals() -> dict:
@@ -228,13 +227,10 @@ def percentile_cont(histogram: Mapping[int, int], fraction: float) -> float | No
     the same double: the values at 0-based ranks floor and ceil of fraction × (rows - 1) in sorted
     order, interpolated as PostgreSQL does (float8_lerp). None when there are no rows, as SQL's NULL."""
     values = sorted(value for value, rows in histogram.items() if rows)
-    ends: list[int] = []  # ends[i]: how many rows hold values[i] or less
-    total = 0
-    for value in values:
-        total += histogram[value]
-        ends.append(total)
-    if not total:
+    ends = list(accumulate(histogram[value] for value in values))  # ends[i]: rows holding values[i] or less
+    if not ends:
         return None
+    total = ends[-1]
     position = fraction * (total - 1)
     first, second = math.floor(position), math.ceil(position)
     low = float(values[bisect_right(ends, first)])
