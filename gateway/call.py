@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import TypeVar
 
 from billing.money import format_usd
 from gateway import metrics
@@ -120,11 +121,26 @@ def request_id_from(header: str | None) -> str:
     return "req_" + uuid.uuid4().hex
 
 
+T = TypeVar("T")
+U = TypeVar("U")
+
+
 def spawn(coro) -> None:
     """Run follow-up work after the response without letting the task be garbage-collected."""
     task = asyncio.get_running_loop().create_task(coro)
     _background.add(task)
     task.add_done_callback(_background.discard)
+
+
+async def both(first: Awaitable[T], second: Awaitable[U]) -> tuple[T, U]:
+    """Two awaitables at once (two round trips, to Redis and PostgreSQL, overlapping); both are done
+    when this returns or raises, whichever of them failed."""
+    beside = asyncio.ensure_future(second)
+    try:
+        result = await first
+    finally:
+        other = await beside
+    return result, other
 
 
 async def follow_ups_done() -> None:

@@ -35,7 +35,7 @@ from gateway.cache import engine as cache
 from gateway.cache import shadow
 from gateway.cache.keys import cache_key
 from gateway.cache.replay import REFUSAL, answer_from_response, completion_body, stream_chunks
-from gateway.call import Call, Queued, Reply, request_id_from, response_headers, spawn
+from gateway.call import Call, Queued, Reply, both, request_id_from, response_headers, spawn
 from gateway.chain import call_chain, policy_alternative_route
 from gateway.errors import GatewayError
 from gateway.limits import admission
@@ -407,12 +407,8 @@ async def answer_from_chain(
     headers = response_headers(call, charged.cost)
     answer = answer_from_response(response)
     call.answer_text = (answer or {}).get("content")
-    beside = asyncio.ensure_future(alongside(response)) if alongside is not None else None
-    try:
-        await finish(call, ledger_record(call, 200, charged=charged))
-    finally:
-        if beside is not None:
-            await beside
+    finished = finish(call, ledger_record(call, 200, charged=charged))
+    await (both(finished, alongside(response)) if alongside is not None else finished)
     if call.escalated_from is None:  # an escalated answer is not the asked-for model's to cache
         remember(call, answer, charged.cost)
     return response, headers

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Protocol
@@ -10,7 +9,7 @@ from typing import Protocol
 from billing.ledger import LedgerRecord
 from billing.money import format_usd
 from gateway import sse
-from gateway.call import Call, Reply, response_headers, spawn
+from gateway.call import Call, Reply, both, response_headers, spawn
 from gateway.chain import call_chain
 from gateway.errors import GatewayError
 from gateway.limits import tokens as prompt_tokens
@@ -92,11 +91,7 @@ async def relay(call: Call, first: Event, rest: AsyncIterator[Event], dialect: S
         record, stored = await stream_answer(call, usage, answer, first.data.get("model", ""))
         # The dialect's last events are made while the record is handed off: the Responses API
         # stores the response meanwhile, two round trips at once, both done before the client has them.
-        ending = asyncio.ensure_future(dialect.end(Decimal(record.cost_usd), stored))
-        try:
-            await finish(call, record)
-        finally:
-            last = await ending
+        _, last = await both(finish(call, record), dialect.end(Decimal(record.cost_usd), stored))
         yield last
         remember(call, stored, Decimal(record.cost_usd))
     except UpstreamError as error:

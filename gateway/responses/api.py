@@ -16,7 +16,6 @@ GET /v1/responses/{id}, DELETE it, and its input_items are Django views (gateway
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -24,7 +23,7 @@ import orjson
 
 from billing.money import ZERO
 from gateway.cache import engine as cache
-from gateway.call import Call, Reply, request_id_from
+from gateway.call import Call, Reply, both, request_id_from
 from gateway.pipeline import (
     admit,
     answer_from_chain,
@@ -135,11 +134,7 @@ async def serve_from_cache(call: Call, hit: cache.Hit, turn: Turn) -> Reply:
         usage = usage_of(answer.get("usage") or {})
         response = turn.shape.response(status=status, model=answer.get("model", ""), output=output, usage=usage)
         # Stored while the hit is recorded (the ledger's hand-off): two round trips at once.
-        keeping = asyncio.ensure_future(turn.answer(response))
-        try:
-            headers = await record_hit(call, hit)
-        finally:
-            await keeping
+        headers, _ = await both(record_hit(call, hit), turn.answer(response))
         return Reply(200, headers, turn.body)
     headers = await record_hit(call, hit)
     headers["content-type"] = "text/event-stream"
