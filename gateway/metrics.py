@@ -104,8 +104,10 @@ CACHE_FAILURES = Counter(
 )
 CACHE_SEMANTIC = Counter(
     "sentinel_cache_semantic_lookups",
-    "Semantic-tier lookups after an exact miss: searched, or skipped because the partition held no "
-    "entry (nothing to find, so the prompt was neither embedded nor searched).",
+    "Semantic-tier lookups after an exact miss: searched; skipped_empty, the partition held no entry "
+    "(nothing to find, so the prompt was neither embedded nor searched); skipped_cold, the partition is "
+    "cold (SENTINEL_CACHE_COLD_AFTER answers stored there with no hit; one lookup in "
+    "SENTINEL_CACHE_COLD_PROBE still searches).",
     ("outcome",),
 )
 CACHE_EMBEDDED = Counter(

@@ -113,8 +113,14 @@ MODEL_LIST = {
 HEALTH = {
     "type": "object",
     "properties": {
-        "status": {"type": "string", "enum": ["ok", "unavailable"]},
+        "status": {"type": "string", "enum": ["ok", "degraded", "unavailable"]},
         "failing": {"type": "array", "items": {"type": "string", "enum": ["database", "redis"]}},
+        "semantic_cache": {
+            "type": "string",
+            "enum": ["ready", "loading"],
+            "description": "Readiness only: `loading` while this process loads its embedding model (a few "
+            "seconds after start); until then the semantic tier is skipped, not waited for.",
+        },
     },
     "required": ["status"],
 }

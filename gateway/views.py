@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import metrics
 from gateway.cache import shadow
+from gateway.cache.engine import embedder_ready
 from gateway.errors import GatewayError
 from gateway.upstream import breakers, load
 from sentinel.localstate import DATABASE_AWAY, has_loaded
@@ -56,7 +57,8 @@ def _database_ok() -> None:
 @require_GET
 async def ready(request: HttpRequest) -> HttpResponse:
     """Ready when the database and Redis both answer within a second; "degraded" (still 200) when
-    only the database does not and this process has configuration to serve from."""
+    only the database does not and this process has configuration to serve from. `semantic_cache`
+    says whether the embedding model has loaded (until then the semantic tier is skipped)."""
     failing = []
     try:
         await asyncio.wait_for(sync_to_async(_database_ok)(), 1.0)
@@ -66,10 +68,11 @@ async def ready(request: HttpRequest) -> HttpResponse:
         await asyncio.wait_for(async_redis().ping(), 1.0)
     except Exception:  # noqa: BLE001 - whatever the failure, the answer is "not ready"
         failing.append("redis")
+    semantic_cache = "ready" if embedder_ready() else "loading"
     if failing == ["database"] and has_loaded():
         # Known keys and models are served from what this process read (gateway.auth): keep it in
         # the load balancer's rotation.
-        return JsonResponse({"status": "degraded", "failing": failing})
+        return JsonResponse({"status": "degraded", "failing": failing, "semantic_cache": semantic_cache})
     if failing:
-        return JsonResponse({"status": "unavailable", "failing": failing}, status=503)
-    return JsonResponse({"status": "ok"})
+        return JsonResponse({"status": "unavailable", "failing": failing, "semantic_cache": semantic_cache}, status=503)
+    return JsonResponse({"status": "ok", "semantic_cache": semantic_cache})

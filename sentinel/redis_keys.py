@@ -95,6 +95,13 @@ def cache_partition_count(partition: str) -> str:
     return f"sentinel:cache:part:{partition}"
 
 
+def cache_partition_misses(partition: str) -> str:
+    """How many answers were stored in a cache partition since either tier last served one there
+    (about: hits reset it only once it is a quarter of the way to cold). Past
+    SENTINEL_CACHE_COLD_AFTER the partition is cold and most lookups skip the semantic tier."""
+    return f"sentinel:cache:part:{partition}:misses"
+
+
 def cache_tenant_count(tenant_id: int) -> str:
     """About how many cache entries a tenant holds: counted up on every store, set to the truth
     whenever the database is counted (past the cap, or when the counter is new)."""

@@ -504,6 +504,15 @@ CACHE_DATABASE_URL = envstr(
     "",
     "PostgreSQL (pgvector) for the semantic cache's vectors, if not the main database. Unset: DATABASE_URL.",
 )
+CACHE_COLD_AFTER = envint(
+    "SENTINEL_CACHE_COLD_AFTER",
+    256,
+    "Answers stored in a semantic-cache partition with no hit from either tier, after which the partition is cold: "
+    "only one lookup in SENTINEL_CACHE_COLD_PROBE embeds its prompt and searches; a hit warms it again. 0: never.",
+)
+CACHE_COLD_PROBE = envint(
+    "SENTINEL_CACHE_COLD_PROBE", 16, "In a cold semantic-cache partition, one lookup in this many still searches."
+)
 EMBEDDER_THREADS = envint("SENTINEL_EMBEDDER_THREADS", 1, "onnxruntime threads per web process for prompt embeddings.")
 CACHE_EF_SEARCH = envint(
     "SENTINEL_CACHE_EF_SEARCH", 100, "pgvector hnsw.ef_search for semantic lookups (recall versus speed)."

@@ -20,7 +20,14 @@ from django.db import connection
 from hypothesis.configuration import set_hypothesis_home_dir
 from openai import OpenAI
 
-from tests.servers import GatewayServer, Listener, MockProviderServer, start_gateway, start_mock_provider
+from tests.servers import (
+    GatewayServer,
+    Listener,
+    MockProviderServer,
+    start_gateway,
+    start_mock_provider,
+    wait_semantic_ready,
+)
 
 # Tests write nothing into the tree: hypothesis keeps its example database and caches under the
 # temporary directory instead of .hypothesis/ at the root.
@@ -142,6 +149,7 @@ def embedding_model() -> None:
 @pytest.fixture(scope="session")
 def gateway(test_database_name, mock_provider, embedding_model) -> GatewayServer:
     server = start_gateway(test_database_name)
+    wait_semantic_ready(server)
     yield server
     server.stop()
 

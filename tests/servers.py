@@ -106,6 +106,15 @@ class GatewayServer:
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
 
+def wait_semantic_ready(server: GatewayServer, timeout: float = 60.0) -> None:
+    """Until the process has loaded its embedding model (before that, the semantic tier is skipped)."""
+    deadline = time.monotonic() + timeout
+    while httpx.get(f"{server.url}/health/ready", timeout=5).json().get("semantic_cache") != "ready":
+        if time.monotonic() > deadline:
+            raise AssertionError("the gateway's embedding model never loaded")
+        time.sleep(0.05)
+
+
 def start_gateway(
     database: str, *, workers: int = 1, env: dict | None = None, wait_path: str = "/health/ready"
 ) -> GatewayServer:

@@ -6,6 +6,9 @@ it is served). It fails open: an embedder or database that errs or is slow sends
 A miss must cost little, since most traffic is misses (docs/performance.md, docs/decisions.md):
 - Redis counts each partition's entries, read in the same MGET as the exact key: a partition with no
   entry (every new conversation's turn is one) is neither embedded nor searched;
+- it also counts the answers stored there since either tier last served one: past
+  SENTINEL_CACHE_COLD_AFTER the partition is cold (nothing in it is ever asked again) and only one
+  lookup in SENTINEL_CACHE_COLD_PROBE embeds and searches; a hit in it warms it again;
 - an answer is stored after the response with the embedding its lookup computed, or, when there was
   none (an empty partition), without one: a later lookup in that partition embeds those prompts with
   its own, in one batch, so a partition that is never asked again never costs an embedding;
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import queue
 import threading
@@ -52,11 +56,14 @@ _backfilling: set[str] = set()  # partitions this process is embedding deferred 
 _backfills: set[asyncio.Task] = set()
 _embedder = None
 _embedder_lock = threading.Lock()
+_cold_lookups = itertools.count()  # which lookups in cold partitions probe (every COLD_PROBE-th)
+_seen_cold = TTLCache(ttl=60.0, maxsize=20_000)  # partitions found cold: a local exact hit warms them
 
 
 # The cache's Redis keys (named in sentinel.redis_keys, with every other key).
 exact_redis_key = redis_keys.exact_cache
 partition_redis_key = redis_keys.cache_partition_count
+partition_misses_redis_key = redis_keys.cache_partition_misses
 tenant_redis_key = redis_keys.cache_tenant_count
 
 
@@ -256,25 +263,47 @@ class Lookup:
     embedding: object = None  # computed for the semantic tier; reused when the answer is stored
 
 
+@dataclass
+class Partition:
+    """What the exact tier's MGET says of the request's partition."""
+
+    entries: int = 0  # answers stored there (never fewer than it holds)
+    misses: int = 0  # answers stored since either tier last served one there
+
+    @property
+    def cold(self) -> bool:
+        return 0 < settings.CACHE_COLD_AFTER <= self.misses
+
+
 async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: float | None) -> Lookup:
     """Exact tier, then (if allowed) the semantic tier. Fails open: any error or a lookup slower
     than SENTINEL_CACHE_LOOKUP_TIMEOUT_MS is logged and reported as a miss."""
     found = Lookup(None)
     try:
         wants_semantic = semantic and key.semantic
-        found.hit, entries = await _exact(key, count_partition=wants_semantic)
+        found.hit, part = await _exact(key, count_partition=wants_semantic)
         # Until the model has loaded (a few seconds after start) the semantic tier is skipped, not waited for.
         if found.hit is None and wants_semantic and embedder_ready():
-            if not entries:
+            if not part.entries:
                 # Nothing stored in this partition: nothing to find, so nothing to embed or search.
                 # The answer is stored without an embedding; a later lookup here embeds it.
                 _metrics().cache_semantic("skipped_empty")
                 return found
+            if part.cold:
+                _seen_cold.set(key.partition, True)
+                if next(_cold_lookups) % max(settings.CACHE_COLD_PROBE, 1):
+                    # Nothing served here for COLD_AFTER answers: this one is stored unembedded too.
+                    _metrics().cache_semantic("skipped_cold")
+                    return found
             _metrics().cache_semantic("searched")
             async with asyncio.timeout(settings.CACHE_LOOKUP_TIMEOUT_MS / 1000):
                 found.embedding = await embed(key.prompt)
                 _metrics().cache_embedded("query")
-                found.hit = await _semantic(key, tenant_id, found.embedding, threshold or acceptance.DEFAULT_THRESHOLD)
+                found.hit = await _semantic(
+                    key, tenant_id, found.embedding, threshold or acceptance.DEFAULT_THRESHOLD, cold=part.cold
+                )
+        if found.hit is not None and wants_semantic:
+            _warm(key.partition, part)
     except Exception as exc:  # noqa: BLE001 - the cache must never fail a request
         log.warning("cache lookup failed open: %s: %s", type(exc).__name__, exc)
         record_failure("lookup")
@@ -292,41 +321,69 @@ def record_failure(stage: str) -> None:
     _metrics().cache_failure(stage)
 
 
-async def _exact(key: CacheKey, *, count_partition: bool) -> tuple[Hit | None, int]:
-    """The exact tier, and (when asked) how many entries the partition has had, from one MGET."""
+async def _exact(key: CacheKey, *, count_partition: bool) -> tuple[Hit | None, Partition]:
+    """The exact tier, and (when asked) the partition's counts, from one MGET. A hit from this
+    process's memory reads no counts (Partition(1): not empty, not known to be cold)."""
     stored = _exact_local.get(key.exact)
-    entries = 0
+    part = Partition()
     if stored is None or count_partition:
-        if stored is None:
-            raw, count = await async_redis().mget(exact_redis_key(key.exact), partition_redis_key(key.partition))
-            if raw is not None:
-                stored = orjson.loads(raw)
-                _exact_local.set(key.exact, stored)
+        if stored is None or _expired(stored):
+            counts = (partition_redis_key(key.partition), partition_misses_redis_key(key.partition))
+            if stored is None:
+                raw, entries, misses = await async_redis().mget(exact_redis_key(key.exact), *counts)
+                if raw is not None:
+                    stored = orjson.loads(raw)
+                    _exact_local.set(key.exact, stored)
+            else:
+                entries, misses = await async_redis().mget(*counts)
+            part = Partition(int(entries or 0), int(misses or 0))
         else:
-            count = await async_redis().get(partition_redis_key(key.partition)) if _expired(stored) else 1
-        entries = int(count or 0)
+            part = Partition(1)
     if stored is None:
-        return None, entries
+        return None, part
     if _expired(stored):
         _exact_local.pop(key.exact)
-        return None, entries
-    return Hit("hit-exact", stored["answer"], stored["id"], Decimal(stored["cost_usd"])), entries
+        return None, part
+    return Hit("hit-exact", stored["answer"], stored["id"], Decimal(stored["cost_usd"])), part
+
+
+def _warm(partition: str, part: Partition) -> None:
+    """A hit: the partition's count of answers since the last hit starts again. Written only once
+    it is a quarter of the way to cold (or known cold here), so a partition with steady hits
+    rarely pays the extra command, and never on the response's path."""
+    threshold = settings.CACHE_COLD_AFTER
+    known_cold = bool(_seen_cold.get(partition))
+    if known_cold:
+        _seen_cold.pop(partition)
+    if threshold <= 0 or not (known_cold or part.misses >= max(threshold // 4, 1)):
+        return
+    task = asyncio.get_running_loop().create_task(_reset_misses(partition))
+    _backfills.add(task)
+    task.add_done_callback(_backfills.discard)
+
+
+async def _reset_misses(partition: str) -> None:
+    try:
+        await async_redis().delete(partition_misses_redis_key(partition))
+    except Exception as exc:  # noqa: BLE001 - a partition left cold a while longer
+        log.warning("cache partition not warmed: %s: %s", type(exc).__name__, exc)
 
 
 def _expired(stored: dict) -> bool:
     return stored["expires"] <= datetime.now(UTC).timestamp()
 
 
-async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float) -> Hit | None:
+async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float, *, cold: bool) -> Hit | None:
     # The lookup's time limit cancels this coroutine, never the search: a task cancelled inside its
     # pipeline can hand its connection back still in pipeline mode (async_db then closes it). The
     # search ends on its own, bounded by the connection's statement_timeout; a late answer is dropped.
-    search = asyncio.get_running_loop().create_task(_search(key.partition, embedding))
+    search = asyncio.get_running_loop().create_task(_search(key.partition, embedding, deferred=not cold))
     _backfills.add(search)
     search.add_done_callback(_search_done)
     rows, pending = await asyncio.shield(search)
     # Embedding happens with the connection back in the pool: holding connections while waiting
-    # for the embedder starved the other lookups of them.
+    # for the embedder starved the other lookups of them. (A cold partition's unembedded answers are
+    # not asked for: they stay so, and a probe searches the probes' answers, until a hit warms it.)
     if len(pending) > DEFERRED_INLINE:
         # Many first answers of a partition stored at once, or stores whose lookups failed open
         # (an overloaded host): more work on the request path would feed that, so all of them are
@@ -349,8 +406,9 @@ def _search_done(search: asyncio.Task) -> None:
         search.exception()  # retrieved: a search whose lookup gave up already counted as failed open
 
 
-async def _search(partition: str, embedding) -> tuple[list, list]:
-    """The partition's nearest entries, and up to DEFERRED_INLINE + 1 stored without an embedding."""
+async def _search(partition: str, embedding, *, deferred: bool) -> tuple[list, list]:
+    """The partition's nearest entries, and (if asked) up to DEFERRED_INLINE + 1 stored without an
+    embedding."""
     async with (await pool()).connection() as conn:
         async with conn.pipeline():
             searched = await conn.execute(
@@ -359,12 +417,16 @@ async def _search(partition: str, embedding) -> tuple[list, list]:
                 "order by embedding <=> %s limit %s",
                 (embedding, partition, embedding, CANDIDATES),
             )
-            deferred = await conn.execute(
-                "select id, prompt, answer, cost_usd from gateway_cacheentry "
-                "where partition = %s and expires_at > now() and embedding is null limit %s",
-                (partition, DEFERRED_INLINE + 1),
+            pending = (
+                await conn.execute(
+                    "select id, prompt, answer, cost_usd from gateway_cacheentry "
+                    "where partition = %s and expires_at > now() and embedding is null limit %s",
+                    (partition, DEFERRED_INLINE + 1),
+                )
+                if deferred
+                else None
             )
-        return await searched.fetchall(), await deferred.fetchall()
+        return await searched.fetchall(), (await pending.fetchall() if pending else [])
 
 
 async def _embed_deferred(pending: list, embedding) -> list:
@@ -515,8 +577,9 @@ async def store(
                 pipe.set(exact_redis_key(key.exact), orjson.dumps(stored), ex=ttl)
                 if key.semantic:  # counted even with the tenant's semantic tier off, for when it is on
                     part = partition_redis_key(key.partition)
-                    # The count lives as long as the partition's longest-lived entry.
-                    pipe.incr(part).expire(part, ttl, nx=True).expire(part, ttl, gt=True)
+                    # Both counts live as long as the partition's longest-lived entry.
+                    for counter in (part, partition_misses_redis_key(key.partition)):
+                        pipe.incr(counter).expire(counter, ttl, nx=True).expire(counter, ttl, gt=True)
                 pipe.incr(counted)
                 tenant_entries = (await pipe.execute())[-1]
             if tenant_entries == 1 or tenant_entries > max_entries:

@@ -15,7 +15,7 @@ from billing.ledger import drain
 from billing.models import LedgerEntry
 from gateway.mock_provider import REFUSAL_TEXT, answer_text
 from gateway.models import CacheEntry
-from tests.servers import scrape_metrics, start_gateway
+from tests.servers import scrape_metrics, start_gateway, wait_semantic_ready
 
 PARAPHRASES = [
     ("How do I reset my password?", "how do i reset my password"),
@@ -510,3 +510,77 @@ def test_invalidation_from_the_admin_reaches_every_tier(served, tenant, tenancy,
     admin.post("/admin/tenants/tenant/", {"action": "clear_cache", "_selected_action": [tenant.pk]})
     assert CacheEntry.objects.filter(tenant=tenant).count() == 0
     assert ask(client, model, "What year did the Berlin Wall fall?").headers["x-sentinel-cache"] == "miss"
+
+
+def test_a_partition_where_nothing_is_served_goes_cold_and_a_hit_warms_it(
+    test_database_name, tenant, make_key, make_model, mock_provider, live_db, embedding_model
+):
+    """Past SENTINEL_CACHE_COLD_AFTER answers stored with no hit, a partition is cold: only one
+    lookup in SENTINEL_CACHE_COLD_PROBE embeds its prompt and searches, the others store their
+    answers unembedded. An exact hit there warms it, and the next lookup embeds what was left and
+    serves a paraphrase of a prompt stored while it was cold."""
+    from gateway.cache.engine import partition_misses_redis_key
+    from sentinel.redis_clients import sync_redis
+
+    gateway = start_gateway(
+        test_database_name, env={"SENTINEL_CACHE_COLD_AFTER": "3", "SENTINEL_CACHE_COLD_PROBE": "2"}
+    )
+    try:
+        wait_semantic_ready(gateway)
+        model, (provider,) = make_model()
+        client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0)
+        system = {"role": "system", "content": f"You answer questions about order {time.time_ns()}."}
+
+        def converse(question: str) -> str:
+            reply = client.chat.completions.with_raw_response.create(
+                model=model, messages=[system, {"role": "user", "content": question}]
+            )
+            assert reply.parse().choices[0].message.content == answer_text(question) or reply.headers[
+                "x-sentinel-cache"
+            ].startswith("hit")
+            return reply.headers["x-sentinel-cache"]
+
+        def counters() -> list[float]:
+            scrape = scrape_metrics(gateway.url)
+            return [
+                scrape.value("sentinel_cache_semantic_lookups_total", outcome=outcome)
+                for outcome in ("skipped_empty", "searched", "skipped_cold")
+            ] + [scrape.value("sentinel_cache_embedded_prompts_total", kind="query")]
+
+        def stored(prompt: str) -> CacheEntry:
+            wait_for_prompt(tenant, prompt)
+            return CacheEntry.objects.get(tenant=tenant, prompt=prompt)
+
+        questions = [
+            "How do I reset my password?",  # empty partition: not searched
+            "Where is my parcel right now?",  # searched (1 since a hit)
+            "Can I change the delivery address?",  # searched (2): the third store makes it cold
+            "Why was my card declined at checkout?",  # cold, probe 0: searched
+            "What is the capital of Australia?",  # cold: skipped, stored unembedded
+            "How long does a refund take?",  # cold, probe: searched
+        ]
+        start = counters()
+        for question in questions:
+            assert converse(question) == "miss"
+            stored(question)
+            time.sleep(0.1)  # the store's counts are written after the row
+        assert [b - a for a, b in zip(start, counters(), strict=True)] == [1, 4, 1, 4]
+        assert int(sync_redis().get(partition_misses_redis_key(stored(questions[0]).partition))) == 6
+        assert stored("What is the capital of Australia?").embedding is None
+        assert stored("How long does a refund take?").embedding is not None
+
+        # Cold, not a probe: a paraphrase of the unembedded prompt is not found.
+        assert converse("whats the capital of australia?") == "miss"
+        assert [b - a for a, b in zip(start, counters(), strict=True)] == [1, 4, 2, 4]
+        # An exact repeat is served, and warms the partition.
+        assert converse("How do I reset my password?") == "hit-exact"
+        deadline = time.monotonic() + 5
+        while sync_redis().exists(partition_misses_redis_key(stored(questions[0]).partition)):
+            assert time.monotonic() < deadline, "the hit never warmed the partition"
+            time.sleep(0.05)
+        # Warm again: searched, with what was stored unembedded while it was cold.
+        assert converse("what is the capital of australia") == "hit-semantic"
+        assert [b - a for a, b in zip(start, counters(), strict=True)] == [1, 5, 2, 5]
+        assert mock_provider.stats(provider)["calls"] == 7
+    finally:
+        gateway.stop()

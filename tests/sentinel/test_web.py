@@ -78,15 +78,18 @@ def test_readiness_names_an_unreachable_database_while_liveness_holds(test_datab
     )
     try:
         ready = httpx.get(f"{gateway.url}/health/ready", timeout=15)
-        assert (ready.status_code, ready.json()) == (503, {"status": "unavailable", "failing": ["database"]})
+        body = ready.json()
+        assert body.pop("semantic_cache") in {"ready", "loading"}
+        assert (ready.status_code, body) == (503, {"status": "unavailable", "failing": ["database"]})
         assert httpx.get(f"{gateway.url}/health/live", timeout=5).status_code == 200
     finally:
         gateway.stop()
 
 
 def test_readiness_is_ok_when_database_and_redis_answer(gateway):
+    """And says whether the embedding model has loaded (the session's gateway waits for it)."""
     ready = httpx.get(f"{gateway.url}/health/ready", timeout=5)
-    assert (ready.status_code, ready.json()) == (200, {"status": "ok"})
+    assert (ready.status_code, ready.json()) == (200, {"status": "ok", "semantic_cache": "ready"})
 
 
 def test_an_oversized_request_head_is_refused_and_the_server_stays_up(gateway, api_key, model):
