@@ -145,6 +145,7 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
         )
     workers = stack.web_workers() if target.startswith("sentinel") else []
     workers_before = stack.cpu_of(workers)
+    semantic_before = semantic_lookups(stack) if target == "sentinel" else {}
     cpu_before = stack.cpu_seconds(SERVER[target])
     result = loadgen.run(
         loadgen.run_load(
@@ -162,7 +163,26 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
     if workers:
         spent = [after - before for after, before in zip(stack.cpu_of(workers), workers_before, strict=True)]
         extra["web_worker_cpu_share"] = [round(s / sum(spent), 2) if sum(spent) else None for s in spent]
+    if target == "sentinel":
+        after = semantic_lookups(stack)
+        extra["semantic_lookups"] = {outcome: int(after[outcome] - semantic_before[outcome]) for outcome in after}
     return result, extra
+
+
+def semantic_lookups(stack: Stack) -> dict[str, float]:
+    """What the web workers' semantic tier did so far (sentinel_cache_semantic_lookups_total, every
+    worker's): searched, skipped_empty (a new partition), skipped_cold (a partition where nothing
+    was served for SENTINEL_CACHE_COLD_AFTER stores)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts = dict.fromkeys(("searched", "skipped_empty", "skipped_cold"), 0.0)
+    text = httpx.get(f"{stack.gateway_url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "sentinel_cache_semantic_lookups":
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.labels.get("outcome") in counts:
+                    counts[sample.labels["outcome"]] += sample.value
+    return counts
 
 
 def probe_sentinel(stack: Stack) -> dict:
@@ -484,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"  workers' CPU split {extra['web_worker_cpu_share']}"
                         if "web_worker_cpu_share" in extra
                         else ""
-                    ),
+                    )
+                    + (f"  semantic tier {extra['semantic_lookups']}" if "semantic_lookups" in extra else ""),
                     flush=True,
                 )
     added, checks = derive(rows, bool(stack.peer_url))
