@@ -511,7 +511,10 @@ CACHE_COLD_AFTER = envint(
     "only one lookup in SENTINEL_CACHE_COLD_PROBE embeds its prompt and searches; a hit warms it again. 0: never.",
 )
 CACHE_COLD_PROBE = envint(
-    "SENTINEL_CACHE_COLD_PROBE", 16, "In a cold semantic-cache partition, one lookup in this many still searches."
+    "SENTINEL_CACHE_COLD_PROBE",
+    16,
+    "In a cold semantic-cache partition, one lookup in this many still searches (twice as few from 4 times "
+    "SENTINEL_CACHE_COLD_AFTER answers with no hit, four times as few from 16 times).",
 )
 EMBEDDER_THREADS = envint("SENTINEL_EMBEDDER_THREADS", 1, "onnxruntime threads per web process for prompt embeddings.")
 CACHE_EF_SEARCH = envint(

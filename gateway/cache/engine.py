@@ -8,7 +8,8 @@ A miss must cost little, since most traffic is misses (docs/performance.md, docs
   entry (every new conversation's turn is one) is neither embedded nor searched;
 - it also counts the answers stored there since either tier last served one: past
   SENTINEL_CACHE_COLD_AFTER the partition is cold (nothing in it is ever asked again) and only one
-  lookup in SENTINEL_CACHE_COLD_PROBE embeds and searches; a hit in it warms it again;
+  lookup in SENTINEL_CACHE_COLD_PROBE (fewer still as the count grows) embeds and searches; a hit
+  in it warms it again;
 - an answer is stored after the response with the embedding its lookup computed, or, when there was
   none (an empty partition), without one: a later lookup in that partition embeds those prompts with
   its own, in one batch, so a partition that is never asked again never costs an embedding;
@@ -274,6 +275,19 @@ class Partition:
     def cold(self) -> bool:
         return 0 < settings.CACHE_COLD_AFTER <= self.misses
 
+    @property
+    def probe_every(self) -> int:
+        """In a cold partition, one lookup in this many searches: COLD_PROBE, doubled each time the
+        answers stored with no hit quadruple, up to 4 times COLD_PROBE (16, then 32 from 4 times the
+        threshold, 64 from 16 times). The longer nothing is served, the rarer the probes."""
+        base = max(settings.CACHE_COLD_PROBE, 1)
+        if not self.cold:
+            return 1
+        doublings = 0
+        while doublings < 2 and self.misses >= settings.CACHE_COLD_AFTER * 4 ** (doublings + 1):
+            doublings += 1
+        return base << doublings
+
 
 async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: float | None) -> Lookup:
     """Exact tier, then (if allowed) the semantic tier. Fails open: any error or a lookup slower
@@ -291,7 +305,7 @@ async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: fl
                 return found
             if part.cold:
                 _seen_cold.set(key.partition, True)
-                if next(_cold_lookups) % max(settings.CACHE_COLD_PROBE, 1):
+                if next(_cold_lookups) % part.probe_every:
                     # Nothing served here for COLD_AFTER answers: this one is stored unembedded too.
                     _metrics().cache_semantic("skipped_cold")
                     return found

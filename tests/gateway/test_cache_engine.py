@@ -57,3 +57,13 @@ def test_deferred_entries_beyond_what_a_lookup_embeds_are_embedded_in_the_backgr
     asyncio.run(look_up())
     assert pending() == 0
     assert CacheEntry.objects.filter(partition=partition).count() == 7
+
+
+def test_a_cold_partition_probes_less_often_the_longer_nothing_is_served(settings):
+    """16 from the threshold, 32 from four times it, 64 from sixteen times it and beyond; 1 (every
+    lookup) while warm; never with the threshold at 0."""
+    settings.CACHE_COLD_AFTER, settings.CACHE_COLD_PROBE = 256, 16
+    every = {misses: engine.Partition(1, misses).probe_every for misses in (0, 255, 256, 1023, 1024, 4095, 4096, 10**9)}
+    assert every == {0: 1, 255: 1, 256: 16, 1023: 16, 1024: 32, 4095: 32, 4096: 64, 10**9: 64}
+    settings.CACHE_COLD_AFTER = 0
+    assert (engine.Partition(1, 10**9).cold, engine.Partition(1, 10**9).probe_every) == (False, 1)
