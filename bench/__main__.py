@@ -34,6 +34,7 @@ REGISTRY = [
     Scenario("durability", "bench.durability", "kill -9 a web process and a worker mid-load: ledger rows vs answers"),
     Scenario("ledger", "bench.ledger", "the ledger's write path under load"),
     Scenario("screening", "bench.screening", "the local safety checks' time per request: short, chat and long prompts"),
+    Scenario("verifier", "bench.verifier", "the semantic cache verifier's time per candidate on the labeled pairs"),
     Scenario("routing", "bench.routing", 'model "auto": the local classifier\'s time per prompt on the labeled set'),
     Scenario("balancing", "bench.balancing", "two deployments, one slowing: round-robin vs weighted vs P2C peak-EWMA"),
     Scenario("tokens", "bench.tokens", "prompt bounds for reservations: short chat, 3,000 characters a script, tools"),

@@ -107,6 +107,14 @@ def test_screening_times_every_scenario(tmp_path, test_database_name, bench_redi
     assert rows[0]["p50_ms"] >= 0 and all(0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"] for row in rows[1:])
 
 
+def test_verifier_times_every_candidate_the_cache_would_verify(tmp_path, test_database_name, bench_redis_url):
+    """Quick: the first 300 labeled pairs, those at or above the cosine floor, 3 rounds each."""
+    result = run_quick("verifier", tmp_path, test_database_name, bench_redis_url)["results"]
+    assert 0 < result["accepted"] < result["candidates"] < 300
+    assert result["calls"] == 3 * result["candidates"]
+    assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
+
+
 def test_ledger_moves_every_record_and_times_the_hand_off(tmp_path, test_database_name, bench_redis_url):
     result = run_quick("ledger", tmp_path, test_database_name, bench_redis_url)
 
