@@ -2,15 +2,15 @@
 webhook deliveries, tenants) and the dashboard, at the sizes of issue #18 ("Beyond one box").
 
     python -m bench.console [--keys 1000000] [--ledger 1000000] [--audit 200000] [--deliveries 200000]
-                            [--tenants 1000] [--repeat 5] [--quick]
+                            [--tenants 1000] [--repeat 5] [--quick] [--data-dir DIR]
 
 Rows are generated in PostgreSQL (INSERT ... SELECT over generate_series, copying one template row
 each), all in one tenant, the worst case for its admin; a `--tenants` count of other tenants sit
 beside it. Generating is done once per data folder: a later run with the same sizes reuses them.
 Each page is asked for `--repeat` times through Django's test client, in process, as a tenant admin
 and as an operator; the median is the server time (what the view, its queries and the template
-take, without the network). Uses the embedded servers under SENTINEL_DATA_DIR (default
-`.data/bench`). Prints a table; writes bench/results/console.json.
+take, without the network). Uses the embedded servers under `--data-dir` (default `.data/bench`;
+generated rows stay there for the next run). Prints a table; writes bench/results/console.json.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 from bench.stack import DEFAULT_DATA_DIR, RESULTS_DIR, setup_django
 
@@ -211,11 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tenants", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="10,000 rows of each, 3 repeats")
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="data folder (default .data/bench)")
     args = parser.parse_args(argv)
     if args.quick:
         args.keys = args.ledger = args.audit = args.deliveries = 10_000
         args.tenants, args.repeat = 100, 3
-    setup_django(DEFAULT_DATA_DIR)
+    setup_django(args.data_dir)
     from django.conf import settings
 
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
