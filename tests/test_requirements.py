@@ -54,6 +54,8 @@ def imported(*folders: str) -> set[str]:
     found: set[str] = set()
     for folder in folders:
         for path in (ROOT / folder).rglob("*.py"):
+            if any(part.startswith(".") for part in path.relative_to(ROOT).parts):
+                continue  # not the project's: e.g. bench/.peer-venv, the peer `make bench` installs
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):
                     modules = [alias.name for alias in node.names]
