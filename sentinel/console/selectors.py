@@ -393,15 +393,28 @@ def _top_keys(sources: _Sources) -> list[dict]:
 
 
 def _top_users(sources: _Sources) -> list[dict]:
-    groups = _grouped(sources, {"end_user": "end_user", "tenant_id": "tenant_id"}, TOP_METRICS, users=True)
-    names = dict(Tenant.objects.filter(pk__in={tenant_id for _, tenant_id in groups}).values_list("pk", "name"))
-    # As the ledger would rank them grouped by user and tenant name.
-    named: dict[tuple, dict] = {}
-    for (user, tenant_id), sums in groups.items():
-        merged = named.setdefault((user, names[tenant_id]), _zero(sums))
-        for name, value in sums.items():
-            merged[name] += value
-    return _top(named, "end_user", "tenant__name")
+    """The TOP busiest end users of the window, ranked in PostgreSQL: a window can name hundreds of
+    thousands of them, and only TOP come back. Grouped by user and tenant name, ties in the order of
+    those (byte order, as Python sorts the other panels' ties), as the ledger alone would rank them."""
+    metrics = {name: LEDGER_TRAFFIC[name] for name in TOP_METRICS}
+    parts = [sources.entries.exclude(end_user="").values("end_user", "tenant_id").annotate(**metrics)]
+    if sources.users is not None:
+        sums = {name: Sum(name) for name in TOP_METRICS}
+        parts.append(sources.users.values("end_user", "tenant_id").annotate(**sums))
+    compiled = [part.query.sql_with_params() for part in parts]
+    union = " UNION ALL ".join(f"({sql})" for sql, _ in compiled)
+    ranked = (
+        f"SELECT u.end_user, t.name, SUM(u.requests)::bigint, SUM(u.errors)::bigint, SUM(u.cost_usd) FROM ({union}) AS u "  # noqa: S608
+        f"JOIN {Tenant._meta.db_table} AS t ON t.id = u.tenant_id GROUP BY u.end_user, t.name "
+        'ORDER BY 3 DESC, u.end_user COLLATE "C", t.name COLLATE "C" LIMIT %s'
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(ranked, [param for _, params in compiled for param in params] + [TOP])
+        rows = cursor.fetchall()
+    return [
+        {"end_user": user, "tenant__name": tenant, "requests": requests, "errors": errors, "cost_usd": cost or ZERO}
+        for user, tenant, requests, errors, cost in rows
+    ]
 
 
 def _providers(sources: _Sources) -> list[ProviderLine]:
