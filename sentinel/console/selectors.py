@@ -403,9 +403,10 @@ def _top_users(sources: _Sources) -> list[dict]:
         parts.append(sources.users.values("end_user", "tenant_id").annotate(**sums))
     compiled = [part.query.sql_with_params() for part in parts]
     union = " UNION ALL ".join(f"({sql})" for sql, _ in compiled)
+    # Only Django's compiled queries (their values passed as parameters) and a table name are put in.
     ranked = (
-        "SELECT u.end_user, t.name, SUM(u.requests)::bigint, SUM(u.errors)::bigint, SUM(u.cost_usd) "
-        f"FROM ({union}) AS u "  # noqa: S608
+        "SELECT u.end_user, t.name, SUM(u.requests)::bigint, SUM(u.errors)::bigint, SUM(u.cost_usd) "  # noqa: S608
+        f"FROM ({union}) AS u "
         f"JOIN {Tenant._meta.db_table} AS t ON t.id = u.tenant_id GROUP BY u.end_user, t.name "
         'ORDER BY 3 DESC, u.end_user COLLATE "C", t.name COLLATE "C" LIMIT %s'
     )
