@@ -27,12 +27,23 @@ from bench import loadgen, report
 from bench.stack import CACHE_MODES, MODEL_ALIAS, Stack, add_stack_arguments, running_stack, web_server
 
 SCENARIO = "overhead"
-TARGETS = ("direct", "sentinel", "sentinel-bypass", "litellm", "portkey")
+TARGETS = ("direct", "sentinel", "sentinel-warm", "sentinel-bypass", "litellm", "portkey")
 # The process (tree) whose CPU time a request through each target costs, beyond the load generator.
-SERVER = {"direct": "mock", "sentinel": "web", "sentinel-bypass": "web", "litellm": "litellm", "portkey": "portkey"}
+SERVER = {
+    "direct": "mock",
+    "sentinel": "web",
+    "sentinel-warm": "web",
+    "sentinel-bypass": "web",
+    "litellm": "litellm",
+    "portkey": "portkey",
+}
+# A warm partition: one request in WARM_EVERY asks a prompt answered WARM_BACK requests before it again
+# (an exact hit), so the partition never goes cold and every other request is a miss that embeds.
+WARM_EVERY, WARM_BACK = 50, 40
 LABELS = {
     "direct": "direct to mock",
     "sentinel": "Sentinel (cache on, misses)",
+    "sentinel-warm": "Sentinel (cache on, warm: 1 in 50 repeated)",
     "sentinel-bypass": "Sentinel (cache bypassed)",
     "litellm": "LiteLLM proxy",
     "portkey": "Portkey gateway",
@@ -56,9 +67,12 @@ class Load:
 
 
 def takes_part(load: Load, target: str) -> bool:
-    """Portkey streams nothing on Node 20 here; the peers are not measured on multi-turn loads."""
+    """Portkey streams nothing on Node 20 here; the peers are not measured on multi-turn loads; the
+    warm partition is measured non-streamed, one request at a time and 32 at once."""
     if target == "portkey" and load.stream:
         return False
+    if target == "sentinel-warm":
+        return load.name in ("c1-nonstream", "c32-nonstream")
     return not (load.turns and target in ("litellm", "portkey"))
 
 
@@ -93,10 +107,10 @@ def target_request(stack: Stack, target: str) -> tuple[str, dict[str, str], str]
     """URL, headers and model name for one target."""
     if target == "direct":
         return stack.direct_url, {}, "gpt-4o-mini"
-    if target == "sentinel":
-        # A namespace of its own per run: every run starts from an empty cache, whatever earlier runs
-        # left in the bench database (the prompts are unique either way).
-        namespace = {"x-sentinel-cache-namespace": f"overhead-{RUN}"}
+    if target in ("sentinel", "sentinel-warm"):
+        # A namespace of its own per run (and for the warm partition): every run starts from an empty
+        # cache, whatever earlier runs left in the bench database (the prompts are unique either way).
+        namespace = {"x-sentinel-cache-namespace": f"overhead-{RUN}{'-warm' if target == 'sentinel-warm' else ''}"}
         return stack.sentinel_url, {"authorization": f"Bearer {stack.key}", **namespace}, MODEL_ALIAS
     if target == "sentinel-bypass":
         return stack.sentinel_url, {"authorization": f"Bearer {stack.key}", **BYPASS}, MODEL_ALIAS
@@ -125,6 +139,8 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
 
     def body_for(phase: str):
         def body(i: int) -> dict:
+            if target == "sentinel-warm" and i >= WARM_BACK and i % WARM_EVERY == 0:
+                i -= WARM_BACK  # asked (and answered) before: an exact hit
             prompt = f"bench {run_id} {target} {load.name} {phase} {i}: tell me something"
             messages = conversation(prompt, i) if load.turns else [{"role": "user", "content": prompt}]
             return {"model": model, "messages": messages, "stream": load.stream}
@@ -145,7 +161,7 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
         )
     workers = stack.web_workers() if target.startswith("sentinel") else []
     workers_before = stack.cpu_of(workers)
-    semantic_before = semantic_lookups(stack) if target == "sentinel" else {}
+    semantic_before = semantic_lookups(stack) if target in ("sentinel", "sentinel-warm") else {}
     cpu_before = stack.cpu_seconds(SERVER[target])
     result = loadgen.run(
         loadgen.run_load(
@@ -163,7 +179,7 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
     if workers:
         spent = [after - before for after, before in zip(stack.cpu_of(workers), workers_before, strict=True)]
         extra["web_worker_cpu_share"] = [round(s / sum(spent), 2) if sum(spent) else None for s in spent]
-    if target == "sentinel":
+    if target in ("sentinel", "sentinel-warm"):
         after = semantic_lookups(stack)
         extra["semantic_lookups"] = {outcome: int(after[outcome] - semantic_before[outcome]) for outcome in after}
     return result, extra
@@ -349,6 +365,7 @@ def plot(path: Path, rows: dict, samples: dict, all_loads: list[Load], targets: 
     colors = {
         "direct": "#7f7f7f",
         "sentinel": "#1f77b4",
+        "sentinel-warm": "#9467bd",
         "sentinel-bypass": "#aec7e8",
         "litellm": "#d62728",
         "portkey": "#2ca02c",

@@ -22,6 +22,7 @@ LOADS = [
     "realistic-c32-stream",
 ]
 SENTINELS = ("sentinel", "sentinel-bypass")  # cache on (every prompt a miss), and bypassed
+WARM = ("c1-nonstream", "c32-nonstream")  # the loads measured in a warm partition too
 
 
 def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, test_database_name, bench_redis_url):
@@ -61,11 +62,13 @@ def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, te
     assert min(result["warm_up_cpu_s_per_worker"]) > 0
 
     rows = {(r["load"], r["target"]): r for r in result["rows"]}
-    assert set(rows) == {(load, target) for load in LOADS for target in ("direct", *SENTINELS)}
+    assert set(rows) == {(load, target) for load in LOADS for target in ("direct", *SENTINELS)} | {
+        (load, "sentinel-warm") for load in WARM
+    }
     for (load, target), row in rows.items():
         assert row["errors"] == 0 and row["statuses"] == {"200": row["requests"]}
         assert row["server_cpu_ms_per_request"] >= 0  # the mock's share of 30 requests may round to no tick
-        if target in SENTINELS:
+        if target.startswith("sentinel"):
             assert row["server_cpu_ms_per_request"] > 0
             assert len(row["web_worker_cpu_share"]) == result["config"]["sentinel_web_workers"]
             assert abs(sum(row["web_worker_cpu_share"]) - 1) <= 0.02
@@ -76,10 +79,15 @@ def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, te
         else:
             assert row["ttft_p50_ms"] is None
     assert rows[("c1-nonstream", "sentinel")]["requests"] == 30
+    # The warm partition searched for every miss; the cache-on rows say what their semantic tier did.
+    for load in WARM:
+        warm = rows[(load, "sentinel-warm")]["semantic_lookups"]
+        assert warm["searched"] > 0 and warm["skipped_cold"] == 0, warm
+    assert set(rows[("c32-nonstream", "sentinel")]["semantic_lookups"]) == {"searched", "skipped_empty", "skipped_cold"}
     assert rows[("realistic-c32-stream", "direct")]["ttft_p50_ms"] >= 120  # the realistic mock's first token
 
     added = {a["target"]: a for a in result["added_vs_direct"]}
-    assert set(added) == set(SENTINELS)
+    assert set(added) == {*SENTINELS, "sentinel-warm"}
     for target in SENTINELS:
         assert added[target]["nonstream_p50_ms"] == round(
             rows[("c1-nonstream", target)]["p50_ms"] - rows[("c1-nonstream", "direct")]["p50_ms"], 3
