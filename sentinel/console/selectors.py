@@ -255,17 +255,13 @@ def _grouped(
     dims: dict[str, str],
     names: Sequence[str] = TRAFFIC_METRICS,
     *,
-    users: bool = False,
     where: Q | None = None,
     rollup_where: Q | None = None,
 ) -> dict[tuple, dict]:
     """Sums of `names` grouped by `dims` ({ledger name: rollup column}; "bucket" is the UTC day), over the
-    window's ledger rows (narrowed by `where`) and its rollup rows (by `rollup_where`), added together.
-    `users`: the end users' rollups, and ledger rows that name an end user."""
+    window's ledger rows (narrowed by `where`) and its rollup rows (by `rollup_where`), added together."""
     entries = sources.entries.filter(where or Q())
-    rollups = sources.users if users else sources.traffic
-    if users:
-        entries = entries.exclude(end_user="")
+    rollups = sources.traffic
     if "bucket" in dims:
         entries = entries.annotate(bucket=Trunc("created_at", "day", tzinfo=UTC))
     ledger_sums = {name: LEDGER_TRAFFIC[name] for name in names}
