@@ -371,9 +371,7 @@ def _warm(partition: str, part: Partition) -> None:
         _seen_cold.pop(partition)
     if threshold <= 0 or not (known_cold or part.misses >= max(threshold // 4, 1)):
         return
-    task = asyncio.get_running_loop().create_task(_reset_misses(partition))
-    _backfills.add(task)
-    task.add_done_callback(_backfills.discard)
+    _in_background(_reset_misses(partition))
 
 
 async def _reset_misses(partition: str) -> None:
@@ -449,9 +447,7 @@ async def _embed_deferred(pending: list, embedding) -> list:
     candidates with their cosine to the prompt asked."""
     vectors = await embed_many([prompt for _, prompt, _, _ in pending])
     _metrics().cache_embedded("deferred", len(pending))
-    task = asyncio.get_running_loop().create_task(_write_vectors([row[0] for row in pending], vectors))
-    _backfills.add(task)
-    task.add_done_callback(_backfills.discard)
+    _in_background(_write_vectors([row[0] for row in pending], vectors))
     similarities = vectors @ np.asarray(embedding, dtype=np.float32)
     return [(*row, float(similarity)) for row, similarity in zip(pending, similarities, strict=True)]
 
@@ -471,7 +467,12 @@ def _start_backfill(partition: str) -> None:
     if partition in _backfilling:
         return
     _backfilling.add(partition)
-    task = asyncio.get_running_loop().create_task(_backfill(partition))
+    _in_background(_backfill(partition))
+
+
+def _in_background(work) -> None:
+    """Cache work after (or beside) the request, kept in _backfills: close_pool waits for it."""
+    task = asyncio.get_running_loop().create_task(work)
     _backfills.add(task)
     task.add_done_callback(_backfills.discard)
 
