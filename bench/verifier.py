@@ -17,32 +17,18 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
-
 from bench.report import envelope, percentile, table, write_json
-from bench.stack import BASE_DIR, RESULTS_DIR, start_django
-
-SOURCES = (
-    "bench/data/paraphrase_dev.jsonl",
-    "tests/data/cache_pairs_holdout.jsonl",
-    "tests/data/cache_pairs_topics.jsonl",
-)
+from bench.stack import RESULTS_DIR, start_django
 
 
 def candidates(limit: int | None) -> list[tuple[str, str, float]]:
     """(stored, asked, cosine) for every labeled pair at or above the cosine floor."""
     from gateway.cache import acceptance
     from gateway.cache.engine import shared_embedder
-    from gateway.management.commands.cache_eval import load_pairs
+    from gateway.management.commands.cache_verifier_train import labeled_pairs, prompt_vectors
 
-    pairs = [pair for source in SOURCES for pair in load_pairs(BASE_DIR / source)]
-    if limit:
-        pairs = pairs[:limit]
-    texts = sorted({acceptance.normalize_prompt(p[k]) for p in pairs for k in "ab"})
-    embedder = shared_embedder()
-    vectors = dict(
-        zip(texts, np.concatenate([embedder.embed(texts[i : i + 64]) for i in range(0, len(texts), 64)]), strict=True)
-    )
+    pairs = labeled_pairs()[:limit]
+    vectors = prompt_vectors(pairs, shared_embedder())
     out = []
     for pair in pairs:
         a, b = acceptance.normalize_prompt(pair["a"]), acceptance.normalize_prompt(pair["b"])

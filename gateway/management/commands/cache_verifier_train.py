@@ -32,6 +32,17 @@ SOURCES = (
 )
 
 
+def labeled_pairs() -> list[dict]:
+    return [pair for source in SOURCES for pair in load_pairs(settings.BASE_DIR / source)]
+
+
+def prompt_vectors(pairs: list[dict], embedder) -> dict[str, np.ndarray]:
+    """Every prompt of the pairs, normalized as the cache stores it, and its embedding."""
+    texts = sorted({normalize_prompt(p[k]) for p in pairs for k in "ab"})
+    vectors = np.concatenate([embedder.embed(texts[i : i + 64]) for i in range(0, len(texts), 64)])
+    return dict(zip(texts, vectors, strict=True))
+
+
 def rows_for(pairs: list[dict], vectors: dict[str, np.ndarray]) -> list[tuple[dict, list[float] | None]]:
     """(pair, features) with features None where the cache would never ask the model."""
     out = []
@@ -67,17 +78,9 @@ class Command(BaseCommand):
     def handle(self, *args, target: float, out: Path, **options):
         from gateway.cache.embedder import Embedder
 
-        pairs = [pair for source in SOURCES for pair in load_pairs(settings.BASE_DIR / source)]
-        texts = sorted({normalize_prompt(p[k]) for p in pairs for k in "ab"})
+        pairs = labeled_pairs()
         embedder = Embedder(cache_dir=settings.DATA_DIR / "models", threads=settings.EMBEDDER_THREADS)
-        vectors = dict(
-            zip(
-                texts,
-                np.concatenate([embedder.embed(texts[i : i + 64]) for i in range(0, len(texts), 64)]),
-                strict=True,
-            )
-        )
-        rows = rows_for(pairs, vectors)
+        rows = rows_for(pairs, prompt_vectors(pairs, embedder))
         candidates = [(p, x) for p, x in rows if x is not None]
         topics = sorted({p["domain"] for p, _ in rows})
 
