@@ -1,5 +1,6 @@
 """Console benchmark: the server time of every big console list (keys, request log, audit log,
-webhook deliveries, tenants) and the dashboard, at the sizes of issue #18 ("Beyond one box").
+webhook deliveries, tenants), the dashboard, and the spend report with its exports, at the sizes of
+issue #18 ("Beyond one box").
 
     python -m bench.console [--keys 1000000] [--ledger 1000000] [--audit 200000] [--deliveries 200000]
                             [--tenants 1000] [--repeat 5] [--quick] [--data-dir DIR]
@@ -25,6 +26,7 @@ from pathlib import Path
 from bench.stack import DEFAULT_DATA_DIR, RESULTS_DIR, setup_django
 
 LIMIT_MS = 300  # issue #20: every list page under 300 ms server time (#18 allows 500 ms)
+REPORT_LIMIT_MS = 1000  # issue #18: the spend report and its exports over 10M ledger rows under 1 s
 
 
 def generate(model, template, count: int, columns: dict[str, str]) -> None:
@@ -181,6 +183,24 @@ PAGES = [
 ]
 
 
+def report_pages() -> list[tuple[str, str]]:
+    """The spend report (the page and its downloads) over a year of the generated rows, from the
+    rollups; and over 30 days grouped by end user, which only the ledger has."""
+    from datetime import UTC, datetime, timedelta
+
+    today = datetime.now(UTC).date()
+    year = f"start={today - timedelta(days=364)}&end={today}"
+    month = f"start={today - timedelta(days=29)}&end={today}"
+    report = "/admin/billing/spendreport/"
+    return [
+        ("spend report, this month", report),
+        ("spend report, 365 days, all groups", f"{report}?{year}&group_by=day&group_by=key&group_by=model"),
+        ("spend report CSV, 365 days", f"{report}?{year}&group_by=day&group_by=key&group_by=model&format=csv"),
+        ("spend report XLSX, 365 days", f"{report}?{year}&group_by=day&group_by=model&format=xlsx"),
+        ("spend report, 30 days by user", f"{report}?{month}&group_by=end_user"),
+    ]
+
+
 def measure(user, path: str, repeat: int) -> tuple[float, float, float, float, int, int]:
     """Median milliseconds (all; the best of the repeats, the one other work on a shared machine
     disturbed least; in SQL; and this process's CPU), the status and the number of queries of one page."""
@@ -225,10 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'page':34} {'as':9} {'ms (median)':>12} {'best':>8} {'in SQL':>8} {'CPU':>8} {'queries':>8} status")
-    for name, path in PAGES:
+    pages = [(name, path, LIMIT_MS) for name, path in PAGES]
+    pages += [(name, path, REPORT_LIMIT_MS) for name, path in report_pages()]
+    for name, path, limit in pages:
         for role in ("admin", "operator"):
             ms, best_ms, sql_ms, cpu_ms, status, queries = measure(data[role], path, args.repeat)
-            flag = "" if ms < LIMIT_MS else f"  over {LIMIT_MS} ms"
+            flag = "" if ms < limit else f"  over {limit} ms"
             print(
                 f"{name:34} {role:9} {ms:12.1f} {best_ms:8.1f} {sql_ms:8.1f} {cpu_ms:8.1f} {queries:8d} {status}{flag}",
                 flush=True,
@@ -238,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                     "page": name,
                     "path": path,
                     "as": role,
+                    "limit_ms": limit,
                     "ms": round(ms, 1),
                     "best_ms": round(best_ms, 1),
                     "sql_ms": round(sql_ms, 1),
@@ -249,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {name: getattr(args, name) for name in ("keys", "ledger", "audit", "deliveries", "tenants")}
     report = {"sizes": sizes, "limit_ms": LIMIT_MS, "load_average": os.getloadavg()[0], "pages": results}
     (RESULTS_DIR / "console.json").write_text(json.dumps(report, indent=2))
-    return 0 if all(r["ms"] < LIMIT_MS for r in results) else 1
+    return 0 if all(r["ms"] < r["limit_ms"] for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The ledger's path: the request hands its record to a Redis stream (durable, one XADD), and
 workers move records to Postgres in batches.
 
-A worker reads with a consumer group, inserts with ON CONFLICT DO NOTHING on the record id, and only
+A worker reads with a consumer group, inserts with ON CONFLICT DO NOTHING on the record id (and time), and only
 then acknowledges. A worker that dies mid-batch leaves its records pending; the next drain claims
 them after SENTINEL_LEDGER_CLAIM_IDLE_MS and inserts them again, which the conflict clause makes
 harmless. So a record is never lost once XADD returned, and never counted twice.
@@ -461,7 +461,8 @@ def _insert(rows: list[tuple]) -> None:
                 copy.write_row(row)
         cursor.execute(
             f"INSERT INTO {_TABLE} ({_COLUMN_LIST}) SELECT {_COLUMN_LIST} FROM ledger_incoming "  # noqa: S608
-            "ON CONFLICT (id) DO NOTHING"
+            # The primary key: the id with the partition key (billing/partitions.py), both from the record.
+            "ON CONFLICT (id, created_at) DO NOTHING"
         )
         RollupDue.objects.bulk_create([RollupDue(tenant_id=tenant_id, day=day) for tenant_id, day in due])
     # Keys' last-used times come from here, once per batch, never from a write per request.

@@ -318,6 +318,28 @@ class DailyLatency(models.Model):
         return f"{self.day} tenant {self.tenant_id}: {sum(self.counts)} answered"
 
 
+class LedgerArchive(models.Model):
+    """A month of the ledger exported to a file and detached from the table (`manage.py ledger_archive`,
+    billing/archive.py). Its rollups stay, so spend reports over it are unchanged; its rows are in the
+    file (CSV, gzip), which the counts and the sum here check."""
+
+    month = models.DateField(help_text="The first day of the UTC month.")
+    path = models.CharField(max_length=1000, help_text="The export: CSV with a header row, gzip-compressed.")
+    rows = models.PositiveBigIntegerField()
+    cost_usd = models.DecimalField(max_digits=24, decimal_places=10, help_text="The rows' cost, summed.")
+    sha256 = models.CharField(max_length=64, help_text="Of the file as written.")
+    kept_as = models.CharField(
+        max_length=63, blank=True, help_text="The detached table still holding the rows; empty: dropped."
+    )
+    archived_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-month", "-archived_at"]
+
+    def __str__(self) -> str:
+        return f"ledger {self.month:%Y-%m}: {self.rows} rows in {self.path}"
+
+
 class SpendReport(DailyRollup):
     """The spend report's place in the admin (a page, not a list of rows)."""
 

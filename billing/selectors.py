@@ -117,6 +117,11 @@ def _zeroed(row: dict) -> dict:
 
 def ledger_totals(entries: QuerySet[LedgerEntry], fields: Sequence[str]) -> list[dict]:
     """Ledger sums grouped by `fields` (ledger field names), one dict per group."""
+    if not fields:
+        # One group, or none when no row matches. (values() with no fields would group by the primary
+        # key as the ORM knows it, the id alone, which is no key of the partitioned table.)
+        totals = entries.order_by().aggregate(**_LEDGER_METRICS)
+        return [_zeroed(totals)] if totals["requests"] else []
     # order_by() drops the model's default ordering, which would otherwise join the GROUP BY.
     return [_zeroed(row) for row in entries.order_by().values(*fields).annotate(**_LEDGER_METRICS)]
 

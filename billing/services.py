@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Mapping
 from datetime import date, datetime
@@ -18,12 +19,15 @@ from billing.models import (
     DailyRollup,
     DailyTraffic,
     DailyUserTraffic,
+    LedgerArchive,
     LedgerEntry,
     Price,
     RollupDue,
 )
 from billing.selectors import ANSWERED, LEDGER_TRAFFIC, TRAFFIC_MONEY, day_bounds, ledger_totals
 from sentinel.localstate import announce_change
+
+logger = logging.getLogger(__name__)
 
 # pg advisory lock id: one rollup job at a time (two would delete each other's fresh rows).
 ROLLUP_LOCK_ID = 0x5E_B111
@@ -156,12 +160,30 @@ def spend_roll_up() -> int:
                 [ROLLUP_MARKERS_PER_RUN],
             )
             due = set(cursor.fetchall())
+        due = _skip_archived(due)
         tenants_by_day: dict[date, set[int]] = defaultdict(set)
         for tenant_id, day in due:
             tenants_by_day[day].add(tenant_id)
         for day, tenant_ids in sorted(tenants_by_day.items()):
             _roll_up_day(day, tenant_ids)
     return len(due)
+
+
+def _skip_archived(due: set[tuple[int, date]]) -> set[tuple[int, date]]:
+    """The tenant-days whose month is still in the ledger. An archived month's rollups were made
+    from all its rows, now in the archive file; recomputing them from the ledger would leave only a
+    row that came late (it waits in the default partition until `ledger_archive` runs again)."""
+    if not due:
+        return due
+    archived = set(LedgerArchive.objects.values_list("month", flat=True))
+    late = {pair for pair in due if pair[1].replace(day=1) in archived}
+    if late:
+        logger.warning(
+            "rollups: %d tenant-day(s) of archived months got rows late; their rollups stay as archived "
+            "(the rows wait in the ledger's default partition for the next ledger_archive)",
+            len(late),
+        )
+    return due - late
 
 
 def _roll_up_day(day: date, tenant_ids: set[int]) -> None:

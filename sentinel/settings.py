@@ -427,6 +427,12 @@ CELERY_BEAT_SCHEDULE = {
         ),
         "options": {"expires": 60},
     },
+    # The ledger's monthly partitions, made months ahead (billing/partitions.py); at start, then daily.
+    "ledger-partitions": {
+        "task": "billing.tasks.ensure_ledger_partitions",
+        "schedule": 86_400.0,
+        "options": {"expires": 3_600},
+    },
     "roll-up-spend": {
         "task": "billing.tasks.roll_up_spend",
         "schedule": envfloat(

@@ -33,6 +33,7 @@ from openai import AsyncOpenAI
 
 from billing.ledger import COLUMNS, GROUP, OLD_DEAD_LETTERS, STREAM, drain, hand_off, hand_off_encoded
 from billing.models import DailyRollup, LedgerDeadLetter, LedgerEntry, RollupDue
+from billing.partitions import month_of, partition_name
 from billing.selectors import METRICS, ledger_totals, spend_in_period, spend_report
 from billing.services import spend_roll_up
 from sentinel.celery import app as celery_app
@@ -163,6 +164,12 @@ class Poison:
         return hashlib.sha256(self.raw).hexdigest()
 
 
+def partition_of(message: dict) -> str:
+    """The ledger partition (billing/partitions.py) a record's row goes to: its month's."""
+    created = datetime.fromtimestamp(orjson.loads(message["r"])["created_at"], UTC)
+    return partition_name(month_of(created))
+
+
 def poisons(tenant) -> dict[str, Poison]:
     """Every kind of refusal: values psycopg will not send, values and rows PostgreSQL refuses, and
     messages that are no ledger record at all."""
@@ -209,17 +216,17 @@ def poisons(tenant) -> dict[str, Poison]:
         "not a uuid": value("uuid", "invalid value: id 'not-a-uuid' is not a UUID", id="not-a-uuid"),
         "not a time": value("time", "invalid value: created_at 1e+20 is not a time", created_at=1e20),
         "no such tenant": Poison(
-            changed("orphan", tenant_id=2_000_000_000),
+            orphan := changed("orphan", tenant_id=2_000_000_000),
             "constraint",
-            'refused by PostgreSQL (23503): insert or update on table "billing_ledgerentry" violates foreign key '
-            'constraint "billing_ledgerentry_tenant_id_',
+            f'refused by PostgreSQL (23503): insert or update on table "{partition_of(orphan)}" violates foreign '
+            'key constraint "billing_ledgerentry_tenant_id_',
             None,
         ),
         "negative tokens": Poison(
-            changed("negative", prompt_tokens=-5),
+            negative := changed("negative", prompt_tokens=-5),
             "constraint",
-            'refused by PostgreSQL (23514): new row for relation "billing_ledgerentry" violates check constraint '
-            '"billing_ledgerentry_prompt_tokens_check"',
+            f'refused by PostgreSQL (23514): new row for relation "{partition_of(negative)}" violates check '
+            'constraint "billing_ledgerentry_prompt_tokens_check"',
             tenant,
         ),
         "not json": undecodable({"r": f"{{not json {unique}".encode()}, "not JSON ("),
@@ -406,8 +413,14 @@ def fail_on_a_serialization_failure(database: str, tenant, good) -> BaseExceptio
             "INSERT INTO billing_ledgerentry (id, request_id, created_at, tenant_id, model_requested, status_code, "
             "stream, error_code, prompt_tokens, completion_tokens, cost_usd, cache_tier, saved_cost_usd, latency_ms, "
             "fallbacks, model_served, deployment, provider, route, route_reason, escalated_from) "
-            "VALUES (%s, %s, now(), %s, 'm', 200, false, '', 11, 40, %s, 'miss', 0, 0, 0, '', '', '', '', '', '')",
-            [taken.id, taken.request_id, tenant.pk, Decimal(taken.cost_usd)],
+            "VALUES (%s, %s, %s, %s, 'm', 200, false, '', 11, 40, %s, 'miss', 0, 0, 0, '', '', '', '', '', '')",
+            [
+                taken.id,
+                taken.request_id,
+                datetime.fromtimestamp(taken.created_at, UTC),  # the key is (id, created_at): the same row
+                tenant.pk,
+                Decimal(taken.cost_usd),
+            ],
         )
         other.commit()
         return outcome.exception(timeout=60)
