@@ -250,7 +250,7 @@ def exported(path) -> list[dict]:
 
 
 def test_archiving_exports_checks_and_detaches_a_month_and_reports_stay(old_month, tmp_path, caplog):
-    tenant, rows, kept = old_month
+    tenant, _, _ = old_month
     before = report(tenant)
     assert sum(metrics["requests"] for _, _, metrics in before) == 5
 
@@ -299,7 +299,7 @@ def test_archiving_exports_checks_and_detaches_a_month_and_reports_stay(old_mont
     ],
 )
 def test_archiving_refuses_a_bad_month_and_changes_nothing(old_month, tmp_path, before, message):
-    tenant, rows, kept = old_month
+    tenant, _, _ = old_month
     with pytest.raises(CommandError, match=message):
         call_command("ledger_archive", before=before, to=str(tmp_path))
     assert LedgerEntry.objects.filter(tenant=tenant).count() == 5
@@ -308,7 +308,7 @@ def test_archiving_refuses_a_bad_month_and_changes_nothing(old_month, tmp_path, 
 
 
 def test_a_dry_run_lists_the_months_and_changes_nothing(old_month, tmp_path, capsys):
-    tenant, rows, kept = old_month
+    tenant, _, _ = old_month
     call_command("ledger_archive", before="2019-04", to=str(tmp_path), dry_run=True)
     assert "would archive 2019-03" in capsys.readouterr().out
     assert LedgerEntry.objects.filter(tenant=tenant).count() == 5
