@@ -250,7 +250,7 @@ def exported(path) -> list[dict]:
 
 
 def test_archiving_exports_checks_and_detaches_a_month_and_reports_stay(old_month, tmp_path, caplog):
-    tenant, _, _ = old_month
+    tenant, rows, kept = old_month
     before = report(tenant)
     assert sum(metrics["requests"] for _, _, metrics in before) == 5
 
