@@ -105,10 +105,35 @@ def audit_record(
     request=None,
 ) -> AuditEntry:
     """Append one entry. The actor and address default to the request being served."""
+    entry = _entry(
+        action=action,
+        tenant=tenant,
+        target=target,
+        changes=changes,
+        detail=detail,
+        actor=actor,
+        actor_name=actor_name,
+        request=request,
+    )
+    entry.save(force_insert=True)
+    return entry
+
+
+def _entry(
+    *,
+    action: str,
+    tenant: Tenant | int | None,
+    target: str,
+    changes: dict | None,
+    detail: str,
+    actor,
+    actor_name: str | None,
+    request,
+) -> AuditEntry:
     request = request if request is not None else _request.get()
     actor = actor if actor is not None else _actor_of(request)
     tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
-    return AuditEntry.objects.create(
+    return AuditEntry(
         tenant_id=tenant_id,
         actor_id=actor.pk if actor is not None else None,
         actor_name=(actor_name if actor_name is not None else actor.get_username() if actor is not None else "")[:150],
@@ -137,9 +162,24 @@ def audit_record_for_user(*, user, action: str, detail: str = "", request=None, 
 
 
 def audit_export(*, tenant_ids: Iterable[int | None], what: str, request=None) -> None:
-    """An export downloaded: one entry in the log of each tenant whose data it holds."""
-    for tenant_id in sorted(set(tenant_ids), key=lambda i: (i is None, i)) or [None]:
-        audit_record(action=AuditEntry.Action.EXPORT, tenant=tenant_id, target=what, request=request)
+    """An export downloaded: one entry in the log of each tenant whose data it holds (one INSERT for
+    them all: an operator's export of every tenant's spend names a thousand)."""
+    AuditEntry.objects.bulk_create(
+        [
+            _entry(
+                action=AuditEntry.Action.EXPORT,
+                tenant=tenant_id,
+                target=what,
+                changes=None,
+                detail="",
+                actor=None,
+                actor_name=None,
+                request=request,
+            )
+            for tenant_id in sorted(set(tenant_ids), key=lambda i: (i is None, i)) or [None]
+        ],
+        batch_size=1000,
+    )
 
 
 # The trigger's own floor (migration 0016): no entry younger than this is ever deleted.

@@ -12,12 +12,13 @@ import json
 from datetime import timedelta
 
 import pytest
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from gateway.models import ModelAlias
 from tenants.audit import audit_record
-from tenants.models import AuditEntry, Budget, Membership, VirtualKey, WebhookEndpoint
+from tenants.models import AuditEntry, Budget, Membership, Tenant, VirtualKey, WebhookEndpoint
 from tests.conftest import unique
 from tests.console.conftest import as_user
 from tests.tenants.test_admin import filled
@@ -168,6 +169,30 @@ def test_sign_ins_and_finance_exports_are_in_the_trail(tenancy):
         ("login.succeeded", t.viewer.username, f"user {t.viewer.username}", ""),
     ]
     assert rows[2].actor_id is None and rows[3].address == "127.0.0.1"
+
+
+def test_an_operators_export_of_every_tenant_is_in_each_tenants_trail_in_one_insert(tenancy):
+    """Every tenant whose spend an export holds gets its entry; written in one INSERT, as an
+    operator's export names every tenant of the installation (a thousand in bench/console.py)."""
+    t = tenancy
+    start = last_id()
+    web = as_user(t.superuser)
+    tenants = Tenant.objects.count()
+    with CaptureQueriesContext(connection) as queries:
+        export = web.get("/admin/billing/spendreport/", {"start": "2026-01-01", "end": "2026-01-31", "format": "csv"})
+    assert export.status_code == 200
+    inserts = [q["sql"] for q in queries.captured_queries if q["sql"].startswith('INSERT INTO "tenants_auditentry"')]
+    assert len(inserts) == 1
+    rows = AuditEntry.objects.filter(pk__gt=start, action="export.downloaded")
+    assert rows.count() == tenants
+    assert set(rows.values_list("tenant_id", flat=True)) == set(Tenant.objects.values_list("pk", flat=True))
+    mine = rows.get(tenant=t.tenant)
+    assert (mine.actor_name, mine.target, mine.address) == (
+        t.superuser.username,
+        "spend report 2026-01-01..2026-01-31 (csv)",
+        "127.0.0.1",
+    )
+    assert rows.get(tenant=t.other).target == mine.target
 
 
 def test_the_trail_is_read_only_and_each_tenant_admin_exports_only_their_own(tenancy):
