@@ -12,7 +12,8 @@ from django.http import FileResponse, Http404, HttpResponse, StreamingHttpRespon
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
 from unfold.contrib.filters.admin import AutocompleteSelectFilter, RangeDateFilter, TextFilter
 from unfold.utils import parse_date_str
 
@@ -291,6 +292,21 @@ class SpendReportForm(forms.Form):
         return data
 
 
+def table_body(rows: list[list[str]]) -> SafeString:
+    """The report's rows as HTML table rows, the last (the totals) marked. Built here rather than in
+    the template: a report by end user has thousands of rows, and the template's loop spent about
+    0.1 ms a cell on them (0.45 s for 5,000 users)."""
+    last = len(rows) - 1
+    return mark_safe(  # noqa: S308 - every value is escaped
+        "".join(
+            ('<tr class="total">' if number == last else "<tr>")
+            + "".join(f"<td>{escape(value)}</td>" for value in row)
+            + "</tr>"
+            for number, row in enumerate(rows)
+        )
+    )
+
+
 @admin.register(SpendReport)
 class SpendReportAdmin(ReportAdmin):
     """The spend report page. Visible to anyone who may see the spend of at least one tenant; exports
@@ -324,6 +340,7 @@ class SpendReportAdmin(ReportAdmin):
                     response = HttpResponse(build(report), content_type=content_type)
                     response["Content-Disposition"] = f'attachment; filename="{report_filename(report, export)}"'
                     return response
+        rows = [[cell_text(value) for value in row] for row in report_rows(report)] if report else []
         context = {
             **self.admin_site.each_context(request),
             "title": "Spend report",
@@ -332,7 +349,8 @@ class SpendReportAdmin(ReportAdmin):
             "report": report,
             "columns": report_columns(report) if report else [],
             "labels": report_labels(report) if report else [],
-            "rows": [[cell_text(value) for value in row] for row in report_rows(report)] if report else [],
+            "rows": rows,
+            "body": table_body(rows),
             "query": request.GET.urlencode(),
             "may_export": tenants_for(request.user, EXPORT_SPEND).exists(),
             "statement_tenants": tenants_for(request.user, EXPORT_SPEND).order_by("name"),

@@ -61,6 +61,32 @@ def test_finance_finds_the_report_and_sees_its_tenant_only(spend_data):
     assert Decimal(rows[0]["cost_usd"]) == Decimal(rows[1]["cost_usd"]) == ledger_cost(t.tenant)
 
 
+def test_the_reports_table_escapes_what_apps_named_and_marks_the_totals(spend_data):
+    """The table's rows are built in Python (billing/admin.py, table_body): every cell escaped, one
+    row per group, the last one the totals."""
+    t = spend_data.tenancy
+    hostile = '<img src=x onerror="alert(1)">&amp;'
+    entry = LedgerEntry.objects.create(
+        request_id="escape-me",
+        created_at=datetime.combine(DAYS[0], datetime.min.time(), tzinfo=UTC) + timedelta(hours=1),
+        tenant=t.tenant,
+        model_requested="gpt-4o-mini",
+        status_code=200,
+        cost_usd=Decimal("0.5"),
+        end_user=hostile,
+    )
+    try:
+        page = as_user(t.finance).get(PAGE, {**RANGE, "group_by": ["end_user"]})
+        html = page.content.decode()
+        body = html.split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+        assert "<img" not in body
+        assert "<td>&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;amp;</td>" in body
+        assert body.count("<tr") == len(page.context["rows"]) == 3  # no user, the hostile one, the totals
+        assert body.count('<tr class="total"><td>TOTAL</td>') == 1 and body.endswith("</tr>")
+    finally:
+        entry.delete()
+
+
 def test_finance_cannot_pick_another_tenant(spend_data):
     t = spend_data.tenancy
     page = as_user(t.finance).get(PAGE, {**RANGE, "tenant": t.other.slug})
