@@ -23,7 +23,7 @@ from pathlib import Path
 
 from django.db import connection, transaction
 
-from billing.models import LedgerArchive, RollupDue
+from billing.models import LedgerArchive, LedgerEntry, RollupDue
 from billing.partitions import (
     DEFAULT_PARTITION,
     TABLE,
@@ -118,6 +118,47 @@ def _archive_month(month: date, to: Path, *, drop: bool) -> Archived:
             cursor.execute(f'ALTER TABLE "{name}" RENAME TO "{_free_table(cursor, kept_as)}"')
     logger.info("ledger: archived %s, %d rows costing %s, to %s", f"{month:%Y-%m}", rows, cost, final)
     return Archived(month=month, path=final, rows=rows, cost_usd=cost)
+
+
+def restore(path: Path) -> Archived:
+    """Put an exported month back into the ledger (its partition made again where it was dropped);
+    rows already there are skipped. The file's archive record goes, so the month's rollups are
+    recomputed from the ledger again once no other part of it is archived."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with gzip.open(path, "rt", newline="", encoding="utf-8") as text:
+        columns = next(csv.reader(text), None)
+    known = {field.column for field in LedgerEntry._meta.concrete_fields}
+    if not columns or not set(columns) <= known or "created_at" not in columns:
+        raise ArchiveError(f"{path} is no ledger export: its header names columns the ledger does not have")
+    listed = ", ".join(f'"{column}"' for column in columns)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '10s'")
+        cursor.execute(
+            f'CREATE TEMP TABLE ledger_restoring (LIKE "{TABLE}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS) '
+            "ON COMMIT DROP"
+        )
+        with (
+            gzip.open(path, "rb") as raw,
+            cursor.copy(f"COPY ledger_restoring ({listed}) FROM STDIN WITH (FORMAT csv, HEADER)") as copy,
+        ):
+            while chunk := raw.read(1 << 20):
+                copy.write(chunk)
+        cursor.execute(
+            "SELECT count(*), coalesce(sum(cost_usd), 0), min(created_at), max(created_at) FROM ledger_restoring"
+        )
+        rows, cost, first, last = cursor.fetchone()
+        if not rows:
+            raise ArchiveError(f"{path} holds no rows")
+        month = month_of(first)
+        if month_of(last) != month:
+            raise ArchiveError(f"{path} holds rows of more than one month ({first:%Y-%m} to {last:%Y-%m})")
+        create_partition(cursor, month, TABLE)
+        cursor.execute(
+            f'INSERT INTO "{TABLE}" SELECT * FROM ledger_restoring ON CONFLICT (id, created_at) DO NOTHING'  # noqa: S608
+        )
+        LedgerArchive.objects.filter(month=month, sha256=digest).delete()
+    logger.info("ledger: restored %s, %d rows costing %s, from %s", f"{month:%Y-%m}", rows, cost, path)
+    return Archived(month=month, path=path, rows=rows, cost_usd=cost)
 
 
 def read_back(path: Path) -> tuple[int, Decimal]:

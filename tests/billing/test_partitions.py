@@ -290,6 +290,42 @@ def test_archiving_exports_checks_and_detaches_a_month_and_reports_stay(old_mont
         (4, "billing_ledgerarchive_y2019m03"),
     ]
 
+    # Both files put back: every row as it was, once, however often restored; the month is the
+    # ledger's again (no archive record left, so its rollups follow the ledger again).
+    everything = sorted([*rows, late, kept], key=lambda row: row.pk)
+    files = [str(path), str(tmp_path / "ledger-2019-03-2.csv.gz")]
+    call_command("ledger_restore", *files)
+    call_command("ledger_restore", *files)
+    restored = LedgerEntry.objects.filter(tenant=tenant).order_by("pk")
+    assert [(row.pk, row.created_at, row.cost_usd, row.end_user, row.model_requested) for row in restored] == [
+        (row.pk, row.created_at, row.cost_usd, row.end_user, row.model_requested) for row in everything
+    ]
+    assert {where(row.pk) for row in rows} == {f"{TABLE}_y2019m03"}
+    assert not LedgerArchive.objects.filter(month=OLD).exists()
+
+
+def test_restoring_what_is_no_export_is_refused_and_changes_nothing(old_month, tmp_path):
+    tenant, _, _ = old_month
+    not_gzip = tmp_path / "notes.csv.gz"
+    not_gzip.write_text("id,cost_usd\n1,2\n")
+    foreign = tmp_path / "foreign.csv.gz"
+    with gzip.open(foreign, "wt") as out:
+        out.write("id,created_at,password\nx,2019-03-01,hunter2\n")
+    bad_value = tmp_path / "bad.csv.gz"
+    with gzip.open(bad_value, "wt") as out:
+        out.write("id,created_at,cost_usd\nnot-a-uuid,2019-03-01 00:00:00+00,1\n")
+    for path, message in [
+        (not_gzip, "Not a gzipped file"),
+        (foreign, "header names columns the ledger does not have"),
+        (bad_value, "invalid input syntax for type uuid"),
+        (tmp_path / "missing.csv.gz", "No such file"),
+    ]:
+        with pytest.raises(CommandError, match=message):
+            call_command("ledger_restore", str(path))
+    assert LedgerEntry.objects.filter(tenant=tenant).count() == 5
+    with connection.cursor() as cursor:
+        assert OLD not in partitions(cursor)
+
 
 @pytest.mark.parametrize(
     ("before", "message"),
