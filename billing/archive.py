@@ -37,7 +37,8 @@ from billing.services import spend_roll_up
 
 logger = logging.getLogger(__name__)
 
-ARCHIVED_PREFIX = "billing_ledgerarchive"
+# Not "billing_ledgerarchive…": that is LedgerArchive's own table, and its sequence.
+ARCHIVED_PREFIX = "ledger_archived"
 
 
 class ArchiveError(Exception):

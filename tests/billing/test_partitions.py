@@ -234,7 +234,7 @@ def old_month(live_db, make_tenant):
     LedgerArchive.objects.filter(month=OLD).delete()
     LedgerEntry.objects.filter(tenant=tenant).delete()
     DailyRollup.objects.filter(tenant=tenant).delete()
-    for name in ("billing_ledgerarchive_y2019m03", "billing_ledgerarchive_y2019m03_2"):
+    for name in ("ledger_archived_y2019m03", "ledger_archived_y2019m03_2"):
         sql(f'DROP TABLE IF EXISTS "{name}"')
     drop_partition(OLD)
 
@@ -265,12 +265,12 @@ def test_archiving_exports_checks_and_detaches_a_month_and_reports_stay(old_mont
     archive = LedgerArchive.objects.get(month=OLD)
     assert (archive.rows, archive.cost_usd, archive.path) == (4, Decimal("8.5830000001"), str(path))
     assert archive.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert archive.kept_as == "billing_ledgerarchive_y2019m03"
+    assert archive.kept_as == "ledger_archived_y2019m03"
     # Out of the ledger, kept aside as a detached table; April untouched.
     assert list(LedgerEntry.objects.filter(tenant=tenant).values_list("pk", flat=True)) == [kept.pk]
     with connection.cursor() as cursor:
         assert OLD not in partitions(cursor)
-    assert sql('SELECT count(*) FROM "billing_ledgerarchive_y2019m03"') == [(4,)]
+    assert sql('SELECT count(*) FROM "ledger_archived_y2019m03"') == [(4,)]
     assert report(tenant) == before  # the rollups stayed
 
     # A row that comes late for the archived month waits in the ledger; the rollups do not lose the month.
@@ -284,10 +284,10 @@ def test_archiving_exports_checks_and_detaches_a_month_and_reports_stay(old_mont
     # The next run archives it in a file of its own, dropping the table this time.
     call_command("ledger_archive", before="2019-04", to=str(tmp_path), drop=True)
     assert [line["id"] for line in exported(tmp_path / "ledger-2019-03-2.csv.gz")] == [str(late.pk)]
-    assert sql("SELECT to_regclass('billing_ledgerarchive_y2019m03_2')") == [(None,)]
+    assert sql("SELECT to_regclass('ledger_archived_y2019m03_2')") == [(None,)]
     assert list(LedgerArchive.objects.filter(month=OLD).values_list("rows", "kept_as")) == [
         (1, ""),
-        (4, "billing_ledgerarchive_y2019m03"),
+        (4, "ledger_archived_y2019m03"),
     ]
 
     # Both files put back: every row as it was, once, however often restored; the month is the
