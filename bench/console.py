@@ -183,12 +183,13 @@ PAGES = [
 ]
 
 
-def report_pages() -> list[tuple[str, str]]:
+def report_pages(tenant) -> list[tuple[str, str]]:
     """The spend report (the page and its downloads) over a year of the generated rows, from the
-    rollups; and over 30 days grouped by end user, which only the ledger has."""
+    rollups; over 30 days grouped by end user, which only the ledger has; last month's statement."""
     from datetime import UTC, datetime, timedelta
 
     today = datetime.now(UTC).date()
+    last_month = f"tenant={tenant.slug}&month={today.replace(day=1) - timedelta(days=1):%Y-%m}"
     year = f"start={today - timedelta(days=364)}&end={today}"
     month = f"start={today - timedelta(days=29)}&end={today}"
     report = "/admin/billing/spendreport/"
@@ -198,6 +199,8 @@ def report_pages() -> list[tuple[str, str]]:
         ("spend report CSV, 365 days", f"{report}?{year}&group_by=day&group_by=key&group_by=model&format=csv"),
         ("spend report XLSX, 365 days", f"{report}?{year}&group_by=day&group_by=model&format=xlsx"),
         ("spend report, 30 days by user", f"{report}?{month}&group_by=end_user"),
+        ("statement PDF, last month", f"{report}statement/?{last_month}&format=pdf"),
+        ("statement CSV, last month", f"{report}statement/?{last_month}&format=csv"),
     ]
 
 
@@ -246,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'page':34} {'as':9} {'ms (median)':>12} {'best':>8} {'in SQL':>8} {'CPU':>8} {'queries':>8} status")
     pages = [(name, path, LIMIT_MS) for name, path in PAGES]
-    pages += [(name, path, REPORT_LIMIT_MS) for name, path in report_pages()]
+    pages += [(name, path, REPORT_LIMIT_MS) for name, path in report_pages(data["tenant"])]
     for name, path, limit in pages:
         for role in ("admin", "operator"):
             ms, best_ms, sql_ms, cpu_ms, status, queries = measure(data[role], path, args.repeat)
