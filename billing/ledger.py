@@ -28,7 +28,7 @@ import typing
 import uuid
 from collections import Counter
 from dataclasses import MISSING, dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import django.db
@@ -442,6 +442,43 @@ _COLUMN_LIST = ", ".join(COLUMNS)
 _CREATED_AT = COLUMNS.index("created_at")
 _TENANT = COLUMNS.index("tenant_id")
 _KEY = COLUMNS.index("key_id")
+_ID = COLUMNS.index("id")
+_BATCH = COLUMNS.index("batch")
+# pg advisory lock class of a batch item's run (billed once); two runs of one are minutes apart.
+BATCH_RUN_LOCK_ID = 0x5E_B112
+BATCH_RUN_WINDOW = timedelta(days=7)
+
+
+def _without_runs_billed(cursor, rows: list[tuple]) -> list[tuple]:
+    """`rows` less the batch items' rows whose id is already billed. A batch item's record id is
+    fixed by the item and its run (gateway.call.Queued), so two workers racing through the same run
+    (one of them after losing its lease) hand off one id twice, each at its own time; the table's key
+    is (id, created_at) (billing/partitions.py), which would keep both. Those ids are looked up in the
+    partitions around their times, under a lock per id, so concurrent drains cannot both insert one;
+    the first record of an id in this batch is kept. Other records' ids are new per request, and a
+    record delivered again has its own time too, which the key's conflict clause skips."""
+    runs = [row for row in rows if row[_BATCH]]
+    if not runs:
+        return rows
+    ids = sorted({row[_ID] for row in runs})
+    cursor.execute(
+        "SELECT pg_advisory_xact_lock(%s, hashtext(id)) FROM unnest(%s::text[]) AS id ORDER BY id",
+        [BATCH_RUN_LOCK_ID, [str(id_) for id_ in ids]],
+    )
+    moments = [row[_CREATED_AT] for row in runs]
+    cursor.execute(
+        f"SELECT id FROM {_TABLE} WHERE id = ANY(%s) AND created_at >= %s AND created_at <= %s",  # noqa: S608
+        [ids, min(moments) - BATCH_RUN_WINDOW, max(moments) + BATCH_RUN_WINDOW],
+    )
+    seen = {row[0] for row in cursor.fetchall()}
+    kept = []
+    for row in rows:
+        if row[_BATCH]:
+            if row[_ID] in seen:
+                continue
+            seen.add(row[_ID])
+        kept.append(row)
+    return kept
 
 
 def _insert(rows: list[tuple]) -> None:
@@ -451,8 +488,11 @@ def _insert(rows: list[tuple]) -> None:
     are. The rows and the markers saying whose days need a new rollup commit together."""
     if not rows:
         return
-    due = {(row[_TENANT], row[_CREATED_AT].date()) for row in rows}
     with transaction.atomic(), connection.cursor() as cursor:
+        rows = _without_runs_billed(cursor, rows)
+        if not rows:
+            return
+        due = {(row[_TENANT], row[_CREATED_AT].date()) for row in rows}
         cursor.execute(
             f"CREATE TEMP TABLE IF NOT EXISTS ledger_incoming (LIKE {_TABLE} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
         )

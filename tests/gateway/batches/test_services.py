@@ -111,9 +111,11 @@ def test_renewal_keeps_a_lease_and_a_retry_backs_off(make_batch):
     assert again.tries == 1  # a new run: its own ledger record
 
 
-def test_a_run_repeated_after_a_lost_lease_is_billed_once(make_batch):
-    """Both runs of the same try hand off a record with the same id: the ledger keeps one. A retry
-    after a failure is a new run, with a record of its own."""
+@pytest.mark.parametrize("drains", ["one drain", "a drain each"])
+def test_a_run_repeated_after_a_lost_lease_is_billed_once(make_batch, drains):
+    """Both runs of the same try hand off a record with the same id, each at its own time: the
+    ledger keeps one, whether the two land in one batch or in two. A retry after a failure is a new
+    run, with a record of its own."""
     batch = make_batch(1)
     request_id = f"{batch.public_id}:1"
 
@@ -126,16 +128,23 @@ def test_a_run_repeated_after_a_lost_lease_is_billed_once(make_batch):
             status_code=200,
             id=Queued(key_digest="d", request_id=request_id, run=run).record_id,
             cost_usd=cost,
+            batch=True,  # as every batch item's record (gateway.settlement)
         )
 
-    async def hand_all():
-        for r in (record(0, "0.001"), record(0, "0.001"), record(1, "0.002")):
+    async def hand(records):
+        for r in records:
             await hand_off(r)
 
-    asyncio.run(hand_all())
-    drain()
+    first, again, retried = record(0, "0.001"), record(0, "0.0011"), record(1, "0.002")
+    assert again.created_at > first.created_at  # the key (id, created_at) alone would keep both
+    if drains == "one drain":
+        asyncio.run(hand([first, again, retried]))
+        drain()
+    else:
+        for one in (first, again, retried):
+            asyncio.run(hand([one]))
+            drain()
     rows = LedgerEntry.objects.filter(request_id=request_id)
-    assert rows.count() == 2
     assert sorted(str(cost) for cost in rows.values_list("cost_usd", flat=True)) == ["0.0010000000", "0.0020000000"]
 
 
