@@ -97,6 +97,8 @@ def controls_from(body: dict, headers) -> Controls:
             raise invalid_request("'cache' must be an object.", param="cache", code="invalid_type")
         values.update({k.lower(): v for k, v in field.items()})
         ttl = values.get("ttl")
+        if isinstance(ttl, float) and ttl.is_integer():
+            values["ttl"] = ttl = int(ttl)  # 60.0 is 60, as for every integer field (gateway.schemas.integer)
         if "ttl" in {k.lower() for k in field} and (not isinstance(ttl, int) or isinstance(ttl, bool)):
             # JSON has integers: "60" or true in the body is a client's mistake (headers carry text).
             message = "cache ttl must be a whole number of seconds."

@@ -370,6 +370,8 @@ def test_the_header_forms_of_the_controls(served, tenant, live_db):
         {"cache": {"ttl": "soon"}},
         {"cache": {"ttl": "60"}},  # the body is JSON: a number, not text
         {"cache": {"ttl": True}},
+        {"cache": {"ttl": 60.5}},
+        {"cache": {"ttl": 1e300}},
         {"cache": {"nocache": True}},
         {"cache": {"no-cache": "maybe"}},
     ],
@@ -383,6 +385,18 @@ def test_bad_controls_are_400(gateway, api_key, model, mock_provider, control):
     assert response.status_code == 400
     assert response.json()["error"]["param"].startswith("cache")
     assert mock_provider.stats(model[1][0])["calls"] == 0
+
+
+def test_a_ttl_written_as_a_whole_float_is_that_many_seconds(gateway, make_tenant, make_key, make_model, live_db):
+    """60.0 is 60 in JSON Schema, as the served schema (and the fuzzer, which found this) reads it."""
+    model, _ = make_model()
+    tenant = make_tenant()
+    client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0)
+    reply = ask(client, model, "a float ttl", extra_body={"cache": {"ttl": 474.0}})
+    assert reply.headers["x-sentinel-cache"] == "miss"
+    wait_stored(tenant, 1)
+    entry = CacheEntry.objects.get(tenant=tenant)
+    assert 473 <= (entry.expires_at - entry.created_at).total_seconds() <= 475
 
 
 def test_cache_off_for_a_tenant(gateway, make_tenant, make_key, make_model, mock_provider, live_db):
