@@ -1,5 +1,6 @@
-"""The hot endpoints, POST /v1/chat/completions, /v1/embeddings, /v1/images/generations, /v1/responses and
-/v1/messages (and its count_tokens), and GET /v1/models, served as a plain ASGI app.
+"""The hot endpoints, POST /v1/chat/completions, /v1/embeddings, /v1/images/generations (and its edits
+and variations), /v1/responses and /v1/messages (and its count_tokens), and GET /v1/models, served as
+a plain ASGI app.
 
 The request path (gateway.pipeline) takes headers and a body and returns a Reply; serving it
 through Django's ASGI handler cost more CPU than the whole pipeline (two signals whose receivers run
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from gateway import embeddings, images, messages, metrics, pipeline
+from gateway import embeddings, image_edits, images, messages, metrics, pipeline
 from gateway.call import Reply
 from gateway.errors import GatewayError
 from gateway.responses import api as responses
@@ -43,6 +44,8 @@ ROUTES = {
     "/v1/chat/completions": Route("POST", pipeline.chat_completions, "chat_completions"),
     "/v1/embeddings": Route("POST", embeddings.create, "embeddings"),
     "/v1/images/generations": Route("POST", images.create, "images_generations"),
+    "/v1/images/edits": Route("POST", image_edits.edit, "images_edits"),
+    "/v1/images/variations": Route("POST", image_edits.variation, "images_variations"),
     "/v1/responses": Route("POST", responses.create, "responses"),
     "/v1/messages": Route("POST", messages.create, "messages", messages.render_error),
     "/v1/messages/count_tokens": Route("POST", messages.count_tokens, "messages_count_tokens", messages.render_error),

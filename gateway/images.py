@@ -175,6 +175,12 @@ async def _create(call: Call, headers, raw_body: bytes) -> Reply:
     _, chain = await route_and_admit(call, headers, None, model_of=lambda c: c.request.model, admit_with=admit)
     await screen_prompt(call)
     response = await call_chain(call, chain, stream=False, complete=generate)
+    return await deliver(call, response)
+
+
+async def deliver(call: Call, response: dict) -> Reply:
+    """The images made (generated, edited or varied: gateway.image_edits too), billed, screened and
+    sent, or withheld when screening says so (made, so billed all the same)."""
     images = len(response["data"])
     charged = charge_images(call, response, images)
     refusal = await screening.screen_images(call, response)
@@ -240,13 +246,13 @@ async def generate(target: Target, body: dict, *, timeout: float, request_id: st
     expected = body.get("n") or 1
     if target.fast is not None and target.fast.images_url is not None:
         payload = await transport.generate_images(target.fast, args, timeout=timeout, request_id=request_id)
-        return _openai_answer(payload, expected)
+        return openai_answer(payload, expected)
     args.update(deployment_arguments(target, request_id=request_id))
     response = await through_litellm(litellm.aimage_generation, args, timeout=timeout)
-    return _openai_answer(response.model_dump(exclude_none=True), expected)
+    return openai_answer(response.model_dump(exclude_none=True), expected)
 
 
-def _openai_answer(payload: dict, expected: int) -> dict:
+def openai_answer(payload: dict, expected: int) -> dict:
     """OpenAI's shape, checked: between one and n images, each a URL or base64."""
     data = payload.get("data")
     if (

@@ -75,7 +75,8 @@ REQUESTS = Counter(
 )
 ENDPOINT_REQUESTS = Counter(
     "sentinel_endpoint_requests",
-    "Requests to the hot API endpoints (chat_completions, embeddings, images_generations, responses, messages, "
+    "Requests to the hot API endpoints (chat_completions, embeddings, images_generations, images_edits, "
+    "images_variations, responses, messages, "
     "messages_count_tokens, models) by the status answered (a stream counts when it starts).",
     ("endpoint", "status"),
 )

@@ -152,6 +152,9 @@ class ProviderState:
     last_key_digest: str | None = None
     last_request_id: str | None = None  # the x-request-id header a gateway sent
     last_body: str | None = None  # the last request body received (chat or moderation), as text
+    # The last multipart form (image edits and variations): text fields as sent, files as
+    # [filename, SHA-256, media type].
+    last_form: dict | None = None
     moderation_calls: int = 0
     _error_accumulator: float = 0.0
 
@@ -185,6 +188,7 @@ class ProviderState:
             "last_key_digest": self.last_key_digest,
             "last_request_id": self.last_request_id,
             "last_body": self.last_body,
+            "last_form": self.last_form,
             "moderation_calls": self.moderation_calls,
             "faults": asdict(self.faults),
         }

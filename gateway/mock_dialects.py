@@ -1,5 +1,5 @@
 """The mock provider's other wire formats: Anthropic Messages and Gemini generateContent, and
-OpenAI's embeddings and image generation.
+OpenAI's embeddings, image generation, edits and variations (the last two as multipart forms).
 
 Each answers the prompt with the same deterministic words as the OpenAI-format chat endpoint
 (gateway.mock_answers.answer_tokens), and counts the prompt as OpenAI would count the same
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
+from gateway import forms
 from gateway.mock_answers import (
     DEFAULT_PROVIDER,
     TOOL_TRIGGER,
@@ -51,6 +52,8 @@ def routes(mock: MockProvider, app: web.Application) -> None:
         app.router.add_post(prefix + "/v1beta/models/{action}", _handler(mock, gemini_generate))
         app.router.add_post(prefix + "/v1/embeddings", _handler(mock, embeddings))
         app.router.add_post(prefix + "/v1/images/generations", _handler(mock, images))
+        app.router.add_post(prefix + "/v1/images/edits", _handler(mock, image_edits))
+        app.router.add_post(prefix + "/v1/images/variations", _handler(mock, image_variations))
 
 
 def _handler(mock: MockProvider, serve: Callable[..., Awaitable[web.StreamResponse]]):
@@ -62,10 +65,13 @@ def _handler(mock: MockProvider, serve: Callable[..., Awaitable[web.StreamRespon
         raw = await request.read()
         state.note(auth, request.headers.get("x-request-id"), raw)
         try:
-            body = orjson.loads(raw)
+            if request.content_type == "multipart/form-data":
+                body = form_fields(request.headers["Content-Type"], raw)
+            else:
+                body = orjson.loads(raw)
             if not isinstance(body, dict):
                 raise TypeError
-        except (orjson.JSONDecodeError, TypeError):
+        except (orjson.JSONDecodeError, TypeError, ValueError):
             return web.json_response({"error": {"message": "malformed request body"}}, status=400)
         state.in_flight += 1
         state.max_in_flight = max(state.max_in_flight, state.in_flight)
@@ -433,6 +439,68 @@ def image_of(prompt: str, index: int = 0) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (IMAGE_SIDE, IMAGE_SIDE), (red, green, blue)).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def form_fields(content_type: str, raw: bytes) -> dict:
+    """A multipart/form-data body as {name: value}: text as str, a file as (filename, bytes, media
+    type); a name given more than once (`image[]`) as a list, under its name without the brackets."""
+    fields: dict = {}
+    for part in forms.parts(content_type, raw):
+        value = (part.filename, part.content, part.media_type) if part.filename else part.content.decode()
+        fields.setdefault(part.name.removesuffix("[]"), []).append(value)
+    return {name: values[0] if len(values) == 1 else values for name, values in fields.items()}
+
+
+def _files(value: object) -> list[tuple]:
+    values = value if isinstance(value, list) else [value]
+    return [item for item in values if isinstance(item, tuple)]
+
+
+def _as_int(value: object, default: int) -> int | None:
+    if value is None:
+        return default
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+async def image_edits(request: web.Request, state: ProviderState, body: dict) -> web.StreamResponse:
+    """OpenAI's images/edits (a multipart form): `n` PNGs made from the prompt and the digest of every
+    image and mask sent, so a test knows which images the provider was given."""
+    return await _images_from(state, body, kind="edit")
+
+
+async def image_variations(request: web.Request, state: ProviderState, body: dict) -> web.StreamResponse:
+    """OpenAI's images/variations (a multipart form, one image, no prompt)."""
+    return await _images_from(state, body, kind="variation")
+
+
+async def _images_from(state: ProviderState, body: dict, *, kind: str) -> web.StreamResponse:
+    images, masks = _files(body.get("image")), _files(body.get("mask"))
+    prompt = body.get("prompt") if kind == "edit" else ""
+    count = _as_int(body.get("n"), 1)
+    if not images or not isinstance(prompt, str) or (kind == "edit" and not prompt) or not count or count > 10:
+        return web.json_response({"error": {"message": "bad input", "type": "invalid_request_error"}}, status=400)
+    state.last_model = body.get("model") or "mock-image"
+    state.last_form = {
+        name: [(file[0], hashlib.sha256(file[1]).hexdigest(), file[2]) for file in _files(value)] or value
+        for name, value in body.items()
+    }
+    await _pace(state, 0)
+    seed = f"{kind}:{edit_seed(prompt, [file[1] for file in images], [file[1] for file in masks])}"
+    data = []
+    for index in range(count):
+        encoded = base64.b64encode(image_of(seed, index)).decode()
+        url = body.get("response_format") == "url"
+        data.append({"url": "data:image/png;base64," + encoded} if url else {"b64_json": encoded})
+    answer: dict = {"created": MOCK_IMAGE_CREATED, "data": data}
+    answer.update({name: body[name] for name in ("size", "quality") if isinstance(body.get(name), str)})
+    state.completed += 1
+    return web.json_response(answer)
+
+
+def edit_seed(prompt: str, images: list[bytes], masks: list[bytes]) -> str:
+    """What the mock draws an edit or variation from (tests compute the expected images with it)."""
+    digests = [hashlib.sha256(content).hexdigest()[:16] for content in (*images, *masks)]
+    return f"{prompt}|{len(images)}|{','.join(digests)}"
 
 
 async def images(request: web.Request, state: ProviderState, body: dict) -> web.StreamResponse:

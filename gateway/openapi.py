@@ -20,6 +20,7 @@ from pydantic import BaseModel, TypeAdapter
 from gateway.batches.schemas import BatchCreate
 from gateway.bodies import BATCH_CREATE_IDENTIFIERS, CHAT_IDENTIFIERS, NO_CONTROL, document_limits
 from gateway.embeddings import EMBEDDING_IDENTIFIERS, EmbeddingRequest
+from gateway.image_edits import MAX_INPUT_IMAGES, ImageEditRequest, ImageVariationRequest
 from gateway.images import IMAGE_IDENTIFIERS, ImageRequest
 from gateway.messages import MESSAGES_IDENTIFIERS, CountTokensRequest, MessagesRequest
 from gateway.responses.schemas import RESPONSES_IDENTIFIERS, ResponsesRequest
@@ -382,6 +383,91 @@ def image_paths(components: dict[str, Any]) -> dict[str, Any]:
                 requestBody={"required": True, "content": {"application/json": {"schema": request}}},
             )
         }
+    }
+
+
+_BINARY: dict[str, Any] = {"type": "string", "format": "binary"}
+
+
+def _with_files(schema: dict[str, Any], *, images: int, mask: bool) -> None:
+    """A form's schema: its text fields' and its files' (`image`, `mask`), as multipart sends them. A
+    form has no null: a field left to its default is left out."""
+    for name, node in schema["properties"].items():
+        members = [member for member in node.get("anyOf", []) if member.get("type") != "null"]
+        if len(members) == 1:
+            extra = {key: value for key, value in node.items() if key not in ("anyOf", "default")}
+            schema["properties"][name] = {**members[0], **extra}
+    image: dict[str, Any] = (
+        _BINARY if images == 1 else {"type": "array", "items": _BINARY, "minItems": 1, "maxItems": images}
+    )
+    schema["properties"]["image"] = {**image, "description": "PNG, JPEG or WebP (a variation's: PNG)."}
+    if mask:
+        schema["properties"]["mask"] = {**_BINARY, "description": "A PNG whose transparent areas are edited."}
+    schema["required"] = ["image", *schema.get("required", [])]
+
+
+def image_form_paths(components: dict[str, Any]) -> dict[str, Any]:
+    edit = _component(ImageEditRequest, "ImageEdits", components)
+    _with_files(components["ImageEditsImageEditRequest"], images=MAX_INPUT_IMAGES, mask=True)
+    variation = _component(ImageVariationRequest, "ImageVariations", components)
+    _with_files(components["ImageVariationsImageVariationRequest"], images=1, mask=False)
+    answer = _ref("OpenAIImagesImagesResponse")
+    common = (
+        " Sent to an OpenAI-format deployment as OpenAI's form (the files named by the format their bytes "
+        "show, never by the client); billed per image by size and quality like generated images "
+        "(docs/billing.md); budgets reserve `n` images at the dearest price the chain can charge. "
+        "Nothing is cached."
+    )
+    return {
+        "/v1/images/edits": {
+            "post": _operation(
+                "images_edit",
+                "Edit images (OpenAI-compatible)",
+                _call_responses("The images, as URLs or base64 (`b64_json`), as the provider gave them.", answer),
+                description=(
+                    "OpenAI's image edits, as a multipart form: one to 16 images (`image`, or `image[]` for "
+                    "several), an optional PNG `mask`, the `prompt` and OpenAI's other fields; its streaming, "
+                    "video and vector fields are refused (400 `unsupported_parameter`), any other field too "
+                    "(400 `unknown_parameter`); a file that is not a PNG, JPEG or WebP image is a 400 "
+                    "`invalid_image_format`. The tenant's input screening sees the prompt." + common
+                ),
+                parameters=[_SESSION_PARAMETER],
+                requestBody={
+                    "required": True,
+                    "content": {
+                        "multipart/form-data": {
+                            "schema": edit,
+                            "encoding": {
+                                "image": {"contentType": "image/png, image/jpeg, image/webp"},
+                                "mask": {"contentType": "image/png"},
+                            },
+                        }
+                    },
+                },
+            )
+        },
+        "/v1/images/variations": {
+            "post": _operation(
+                "images_create_variation",
+                "Make variations of an image (OpenAI-compatible)",
+                _call_responses("The images, as URLs or base64 (`b64_json`), as the provider gave them.", answer),
+                description=(
+                    "OpenAI's image variations, as a multipart form: one PNG `image` and OpenAI's fields; "
+                    "made by the chain's OpenAI-format deployments only (litellm's variations drop `n` and "
+                    "`size`): a model with none is a 400 `model_not_supported`." + common
+                ),
+                parameters=[_SESSION_PARAMETER],
+                requestBody={
+                    "required": True,
+                    "content": {
+                        "multipart/form-data": {
+                            "schema": variation,
+                            "encoding": {"image": {"contentType": "image/png"}},
+                        }
+                    },
+                },
+            )
+        },
     }
 
 
@@ -869,6 +955,7 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
         **gateway_paths(schemas),
         **embedding_paths(schemas),
         **image_paths(schemas),
+        **image_form_paths(schemas),
         **responses_paths(schemas),
         **messages_paths(schemas),
         **batch_paths(schemas),
@@ -881,6 +968,8 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     )
     schemas["EmbeddingsEmbeddingRequest"]["properties"]["cache"] = CACHE_CONTROLS
     document_limits(schemas, prefix="Images", component="ImagesImageRequest", identifiers=IMAGE_IDENTIFIERS)
+    for prefix, name in (("ImageEdits", "ImageEditRequest"), ("ImageVariations", "ImageVariationRequest")):
+        document_limits(schemas, prefix=prefix, component=prefix + name, identifiers=IMAGE_IDENTIFIERS)
     # One call covers both requests' nested models (the count's shares them).
     document_limits(schemas, prefix="Messages", component="MessagesMessagesRequest", identifiers=MESSAGES_IDENTIFIERS)
     schemas["MessagesMessagesRequest"]["properties"]["cache"] = CACHE_CONTROLS

@@ -538,7 +538,9 @@ async def screen_images(call, response: dict) -> GatewayError | None:
         return _withheld(refusals)
     if not policy.guardrail_url:
         return None
-    texts = [("user", call.body["prompt"])] + [("revised_prompt", item["revised_prompt"]) for item in revised]
+    # A variation has no prompt: the guardrail is shown an empty one (text 0, as for the others).
+    prompt = call.body.get("prompt") or ""
+    texts = [("user", prompt)] + [("revised_prompt", item["revised_prompt"]) for item in revised]
     try:
         verdict, elapsed = await guardrail.consult(
             url=policy.guardrail_url,

@@ -192,11 +192,47 @@ async def generate_images(route: FastRoute, body: dict, *, timeout: float, reque
     return await _post_json(route, url, orjson.dumps({**body, "model": route.model}), timeout, request_id)
 
 
-async def _post_json(route: FastRoute, url: str, data: bytes, timeout: float, request_id: str) -> dict:
+async def image_form(
+    route: FastRoute,
+    endpoint: str,
+    fields: dict,
+    files: list[tuple[str, str, bytes, str]],
+    *,
+    timeout: float,
+    request_id: str,
+) -> dict:
+    """One image edit or variation (`endpoint` "edits" or "variations") to an OpenAI-format provider,
+    as the multipart form OpenAI takes: the model, `fields` as text, `files` as (field, filename,
+    content, media type); its answer parsed, nothing else done to it."""
+    url = route.images_url
+    if url is None:
+        raise ValueError("this deployment has no image endpoint beside its chat endpoint")
+    form = aiohttp.FormData()
+    form.add_field("model", route.model)
+    for name, value in fields.items():
+        form.add_field(name, str(value))
+    for field, filename, content, media_type in files:
+        form.add_field(field, content, filename=filename, content_type=media_type)
+    # The form sets its own content type (with its boundary).
+    headers = {name: value for name, value in _headers(route, request_id).items() if name.lower() != "content-type"}
+    return await _post_json(route, url.removesuffix("generations") + endpoint, form, timeout, request_id, headers)
+
+
+async def _post_json(
+    route: FastRoute,
+    url: str,
+    data: bytes | aiohttp.FormData,
+    timeout: float,
+    request_id: str,
+    headers: dict[str, str] | None = None,
+) -> dict:
     """One non-streamed call: the provider's JSON answer, or its failure as an UpstreamError."""
     try:
         async with http_session().post(
-            url, data=data, headers=_headers(route, request_id), timeout=aiohttp.ClientTimeout(total=timeout)
+            url,
+            data=data,
+            headers=headers if headers is not None else _headers(route, request_id),
+            timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
             if response.status != 200:
                 raise await _http_failure(response)

@@ -6,6 +6,7 @@ Examples are bounded so the whole run stays well under a minute."""
 from __future__ import annotations
 
 import copy
+import io
 import json
 import secrets
 from datetime import timedelta
@@ -104,11 +105,28 @@ def fuzzable(raw: dict) -> dict:
     raw["components"]["schemas"]["ChatChatRequest"]["properties"]["model"]["enum"] = [FUZZ_MODEL]
     raw["components"]["schemas"]["EmbeddingsEmbeddingRequest"]["properties"]["model"]["enum"] = [FUZZ_EMBEDDING_MODEL]
     raw["components"]["schemas"]["ResponsesResponsesRequest"]["properties"]["model"]["enum"] = [FUZZ_MODEL]
-    raw["components"]["schemas"]["ImagesImageRequest"]["properties"]["model"]["enum"] = [FUZZ_IMAGE_MODEL]
+    for name in ("ImagesImageRequest", "ImageEditsImageEditRequest", "ImageVariationsImageVariationRequest"):
+        raw["components"]["schemas"][name]["properties"]["model"]["enum"] = [FUZZ_IMAGE_MODEL]
     for name in ("MessagesMessagesRequest", "MessagesCountTokensRequest"):
         raw["components"]["schemas"][name]["properties"]["model"]["enum"] = [FUZZ_MODEL]
     return raw
 
+
+def _pictures(kind: str) -> list[bytes]:
+    """A few small images of one format, for the image forms' files (schema-valid data: any bytes
+    would be refused as no image, which the schema cannot say)."""
+    from PIL import Image
+
+    made = []
+    for side, color in [(1, (0, 0, 0)), (4, (255, 0, 0)), (16, (10, 200, 30))]:
+        buffer = io.BytesIO()
+        Image.new("RGB", (side, side), color).save(buffer, format=kind)
+        made.append(buffer.getvalue())
+    return made
+
+
+for _kind in ("png", "jpeg", "webp"):
+    schemathesis.openapi.media_type(f"image/{_kind}", st.sampled_from(_pictures(_kind.upper())))
 
 fuzzed = schemathesis.openapi.from_dict(fuzzable(served_schema()))
 
@@ -152,7 +170,26 @@ class ConsoleSessionAuth:
     derandomize=True,
 )
 def test_no_server_error_and_every_answer_fits_the_schema(case, gateway, fuzz_target):
+    if _positive_but_off_its_enum(case):
+        # Schemathesis's coverage phase sends the image forms' `model` empty in a case it calls
+        # schema-valid (the schema's enum names one model): a 400 is right, so check only that the
+        # answer is no 5xx and in OpenAI's error shape.
+        response = case.call(base_url=gateway.url, timeout=30)
+        assert response.status_code == 400, response.text
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+        return
     case.call_and_validate(base_url=gateway.url, timeout=30)
+
+
+def _positive_but_off_its_enum(case) -> bool:
+    return (
+        case.meta is not None
+        and case.meta.phase.name == "coverage"
+        and case.meta.generation.mode.name == "POSITIVE"
+        and case.operation.path in ("/v1/images/edits", "/v1/images/variations")
+        and isinstance(case.body, dict)
+        and case.body.get("model") != FUZZ_IMAGE_MODEL
+    )
 
 
 # --- hypothesis at each field: control characters, deep nesting, huge strings, unknown types ---------
