@@ -13,7 +13,7 @@ from __future__ import annotations
 import email
 import email.policy
 from dataclasses import dataclass
-from email.message import EmailMessage
+from email.message import EmailMessage, Message
 
 MAX_PARTS = 64  # an edit's 16 images, a mask and its dozen fields, with room to spare
 
@@ -38,6 +38,11 @@ def parts(content_type: str, raw: bytes) -> list[Part]:
         header = content_type.encode("latin-1")
     except UnicodeEncodeError:
         raise FormError("the content type is not Latin-1") from None
+    boundary = _boundary(content_type)
+    # Counted before parsing: the parser spends about 55 µs a part, so a 4 MiB body of tiny parts
+    # would cost seconds of CPU before its part count could be refused.
+    if raw.count(b"--" + boundary) > MAX_PARTS + 1:
+        raise FormError(f"more than {MAX_PARTS} parts")
     message = email.message_from_bytes(b"Content-Type: " + header + b"\r\n\r\n" + raw, policy=email.policy.HTTP)
     if not isinstance(message, EmailMessage) or not message.is_multipart():
         raise FormError("no parts: a multipart/form-data content type with a boundary is needed")
@@ -59,6 +64,15 @@ def parts(content_type: str, raw: bytes) -> list[Part]:
     if not found:
         raise FormError("no parts")
     return found
+
+
+def _boundary(content_type: str) -> bytes:
+    header = Message()
+    header["content-type"] = content_type
+    boundary = header.get_param("boundary")
+    if not isinstance(boundary, str) or not boundary or len(boundary) > 200:
+        raise FormError("no parts: a multipart/form-data content type with a boundary is needed")
+    return boundary.encode("latin-1")
 
 
 def _defect(defect: Exception) -> str:

@@ -295,6 +295,12 @@ def test_what_is_no_form_is_refused_whole_and_mangled_forms_never_fail_the_gatew
         response = post(gateway, api_key, "edits", body, content_type)
         assert response.status_code == 400, (body, response.text)
         assert response.json()["error"]["type"] == "invalid_request_error"
+    # Parts by the ten thousand (3.9 MiB of them, once seconds of parsing) and one over the 64 allowed.
+    for count in (65, 60_000):
+        body, content_type = form(("model", model), IMAGE, *[("x", "v")] * (count - 2))
+        response = post(gateway, api_key, "edits", body, content_type)
+        assert response.status_code == 400, response.text
+        assert "more than 64 parts" in response.json()["error"]["message"]
     # A valid form cut and flipped at random places: a 400 or an answer, never a 500 or a traceback.
     valid, content_type = form(("model", model), IMAGE, ("prompt", "a cat"))
     rng = random.Random(25)
