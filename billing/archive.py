@@ -67,7 +67,9 @@ def archivable_months(before: date) -> list[date]:
     return sorted(months)
 
 
-def archive_months(*, before: date, to: Path, drop: bool, now: datetime | None = None) -> list[Archived]:
+def archive_months(
+    *, before: date, to: Path, drop: bool, now: datetime | None = None, lock_timeout: float = 10.0
+) -> list[Archived]:
     """Archive every month of the ledger before `before` (the first of a month, no later than the
     current month's) into files in `to`; returns what was archived, oldest first."""
     before = month_of(before)
@@ -76,47 +78,56 @@ def archive_months(*, before: date, to: Path, drop: bool, now: datetime | None =
     to.mkdir(parents=True, exist_ok=True)
     while spend_roll_up():  # every row's day folded into its rollups before the rows leave
         pass
-    return [_archive_month(month, to, drop=drop) for month in archivable_months(before)]
+    return [_archive_month(month, to, drop=drop, lock_timeout=lock_timeout) for month in archivable_months(before)]
 
 
-def _archive_month(month: date, to: Path, *, drop: bool) -> Archived:
+def _archive_month(month: date, to: Path, *, drop: bool, lock_timeout: float) -> Archived:
     low = datetime(month.year, month.month, 1, tzinfo=UTC)
     high = datetime(next_month(month).year, next_month(month).month, 1, tzinfo=UTC)
     final = _free_path(to, month)
     partial = final.with_name(final.name + ".partial")
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL lock_timeout = '10s'")
-        create_partition(cursor, month, TABLE)  # rows of a month without one leave the default partition
-        name = partition_name(month)
-        cursor.execute(f'LOCK TABLE "{name}" IN SHARE MODE')  # no row added while it is exported
-        if RollupDue.objects.filter(day__gte=low.date(), day__lt=high.date()).exists():
-            raise ArchiveError(f"{month:%Y-%m} has rows not yet in its rollups; run the rollup job, then again.")
-        cursor.execute(f'SELECT count(*), coalesce(sum(cost_usd), 0) FROM "{name}"')  # noqa: S608
-        rows, cost = cursor.fetchone()
-        digest = hashlib.sha256()
-        export = f'COPY (SELECT * FROM "{name}" ORDER BY created_at, id) TO STDOUT WITH (FORMAT csv, HEADER)'  # noqa: S608
-        with open(partial, "wb") as raw:
-            with gzip.GzipFile(fileobj=_Hashing(raw, digest), mode="wb", mtime=0) as out, cursor.copy(export) as copy:
-                for chunk in copy:
-                    out.write(chunk)
-            raw.flush()
-            os.fsync(raw.fileno())
-        read_rows, read_cost = read_back(partial)
-        if (read_rows, read_cost) != (rows, cost):
-            partial.unlink()
-            raise ArchiveError(
-                f"{month:%Y-%m}: the file holds {read_rows} rows costing {read_cost}, the table {rows} costing {cost}"
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            # The detach waits for every query reading the ledger, and holds new ones meanwhile: briefly.
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(lock_timeout * 1000)}ms"])
+            create_partition(cursor, month, TABLE)  # rows of a month without one leave the default partition
+            name = partition_name(month)
+            cursor.execute(f'LOCK TABLE "{name}" IN SHARE MODE')  # no row added while it is exported
+            if RollupDue.objects.filter(day__gte=low.date(), day__lt=high.date()).exists():
+                raise ArchiveError(f"{month:%Y-%m} has rows not yet in its rollups; run the rollup job, then again.")
+            cursor.execute(f'SELECT count(*), coalesce(sum(cost_usd), 0) FROM "{name}"')  # noqa: S608
+            rows, cost = cursor.fetchone()
+            digest = hashlib.sha256()
+            export = f'COPY (SELECT * FROM "{name}" ORDER BY created_at, id) TO STDOUT WITH (FORMAT csv, HEADER)'  # noqa: S608
+            with open(partial, "wb") as raw:
+                with (
+                    gzip.GzipFile(fileobj=_Hashing(raw, digest), mode="wb", mtime=0) as out,
+                    cursor.copy(export) as copy,
+                ):
+                    for chunk in copy:
+                        out.write(chunk)
+                raw.flush()
+                os.fsync(raw.fileno())
+            read_rows, read_cost = read_back(partial)
+            if (read_rows, read_cost) != (rows, cost):
+                raise ArchiveError(
+                    f"{month:%Y-%m}: the file holds {read_rows} rows costing {read_cost}, "
+                    f"the table {rows} costing {cost}"
+                )
+            kept_as = "" if drop else _free_table(cursor, f"{ARCHIVED_PREFIX}_y{month:%Y}m{month:%m}")
+            cursor.execute(f'ALTER TABLE "{TABLE}" DETACH PARTITION "{name}"')
+            if drop:
+                cursor.execute(f'DROP TABLE "{name}"')
+            else:
+                cursor.execute(f'ALTER TABLE "{name}" RENAME TO "{kept_as}"')
+            LedgerArchive.objects.create(
+                month=month, path=str(final), rows=rows, cost_usd=cost, sha256=digest.hexdigest(), kept_as=kept_as
             )
-        os.replace(partial, final)
-        kept_as = "" if drop else f"{ARCHIVED_PREFIX}_y{month:%Y}m{month:%m}"
-        LedgerArchive.objects.create(
-            month=month, path=str(final), rows=rows, cost_usd=cost, sha256=digest.hexdigest(), kept_as=kept_as
-        )
-        cursor.execute(f'ALTER TABLE "{TABLE}" DETACH PARTITION "{name}"')
-        if drop:
-            cursor.execute(f'DROP TABLE "{name}"')
-        else:
-            cursor.execute(f'ALTER TABLE "{name}" RENAME TO "{_free_table(cursor, kept_as)}"')
+            # Named last: a month the detach failed for (a lock not had in time) leaves no file behind.
+            os.replace(partial, final)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     logger.info("ledger: archived %s, %d rows costing %s, to %s", f"{month:%Y-%m}", rows, cost, final)
     return Archived(month=month, path=final, rows=rows, cost_usd=cost)
 

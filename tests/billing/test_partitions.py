@@ -10,6 +10,7 @@ import uuid
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
+import psycopg
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
@@ -29,6 +30,7 @@ from billing.partitions import (
 )
 from billing.selectors import spend_report
 from billing.services import spend_roll_up
+from tests.servers import database_url_for
 
 
 def sql(query: str, params: list | None = None) -> list[tuple]:
@@ -325,6 +327,22 @@ def test_restoring_what_is_no_export_is_refused_and_changes_nothing(old_month, t
     assert LedgerEntry.objects.filter(tenant=tenant).count() == 5
     with connection.cursor() as cursor:
         assert OLD not in partitions(cursor)
+
+
+def test_a_month_that_cannot_get_its_locks_in_time_stays_whole(old_month, tmp_path, test_database_name):
+    """Another session reading the ledger holds its partitions: the month's attach (or detach) waits
+    its --lock-timeout, then everything of that month rolls back, the file included."""
+    tenant, _, _ = old_month
+    with psycopg.connect(database_url_for(test_database_name)) as reader:
+        reader.execute(f"SELECT count(*) FROM {TABLE}")  # noqa: S608 - its transaction stays open
+        with pytest.raises(CommandError, match="lock timeout; nothing of that month changed"):
+            call_command("ledger_archive", before="2019-04", to=str(tmp_path), lock_timeout=0.5)
+    assert list(tmp_path.iterdir()) == []
+    assert not LedgerArchive.objects.filter(month=OLD).exists()
+    assert LedgerEntry.objects.filter(tenant=tenant).count() == 5
+    assert {where(row) for row in LedgerEntry.objects.filter(tenant=tenant).values_list("pk", flat=True)} == {
+        DEFAULT_PARTITION
+    }
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import OperationalError
 
 from billing.archive import ArchiveError, archivable_months, archive_months
 
@@ -25,17 +26,25 @@ class Command(BaseCommand):
         parser.add_argument("--to", required=True, type=Path, help="The directory the files are written to.")
         parser.add_argument("--drop", action="store_true", help="Drop each month's table once its file is checked.")
         parser.add_argument("--dry-run", action="store_true", help="Only list the months that would be archived.")
+        parser.add_argument(
+            "--lock-timeout",
+            type=float,
+            default=10.0,
+            help="Seconds a month waits for its locks (the detach waits for queries reading the ledger).",
+        )
 
-    def handle(self, *args, before, to, drop, dry_run, **options):
+    def handle(self, *args, before, to, drop, dry_run, lock_timeout=10.0, **options):
         month = _month(before)
         if dry_run:
             for found in archivable_months(month):
                 self.stdout.write(f"would archive {found:%Y-%m}")
             return
         try:
-            archived = archive_months(before=month, to=Path(to), drop=drop)
+            archived = archive_months(before=month, to=Path(to), drop=drop, lock_timeout=float(lock_timeout))
         except ArchiveError as exc:
             raise CommandError(str(exc)) from exc
+        except OperationalError as exc:  # a lock not had in time: the month is as it was
+            raise CommandError(f"the database refused: {str(exc).strip()}; nothing of that month changed") from exc
         for done in archived:
             self.stdout.write(f"archived {done.month:%Y-%m}: {done.rows} rows, {done.cost_usd} USD -> {done.path}")
         if not archived:
