@@ -463,4 +463,5 @@ class ShadowCheck(models.Model):
 
 
 from gateway.batches.models import Batch, BatchFile, BatchItem  # noqa: E402,F401  (models of the gateway app)
+from gateway.knowledge.models import Chunk, VectorStore, VectorStoreFile  # noqa: E402,F401  (models of the gateway app)
 from gateway.responses.models import StoredResponse  # noqa: E402,F401  (a model of the gateway app)

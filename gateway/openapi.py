@@ -13,8 +13,18 @@ import warnings
 from typing import Any
 
 from litellm.types.llms.anthropic_messages.anthropic_response import AnthropicMessagesResponse
-from openai.types import Batch, CreateEmbeddingResponse, FileDeleted, FileObject, ImagesResponse
+from openai.types import (
+    Batch,
+    CreateEmbeddingResponse,
+    FileDeleted,
+    FileObject,
+    ImagesResponse,
+    VectorStore,
+    VectorStoreDeleted,
+    VectorStoreSearchResponse,
+)
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.vector_stores import VectorStoreFile, VectorStoreFileDeleted
 from pydantic import BaseModel, TypeAdapter
 
 from gateway.batches.schemas import BatchCreate
@@ -22,6 +32,7 @@ from gateway.bodies import BATCH_CREATE_IDENTIFIERS, CHAT_IDENTIFIERS, NO_CONTRO
 from gateway.embeddings import EMBEDDING_IDENTIFIERS, EmbeddingRequest
 from gateway.image_edits import MAX_INPUT_IMAGES, ImageEditRequest, ImageVariationRequest
 from gateway.images import IMAGE_IDENTIFIERS, ImageRequest
+from gateway.knowledge import schemas as knowledge
 from gateway.messages import MESSAGES_IDENTIFIERS, CountTokensRequest, MessagesRequest
 from gateway.responses.schemas import RESPONSES_IDENTIFIERS, ResponsesRequest
 from gateway.schemas import ChatRequest
@@ -807,13 +818,14 @@ def batch_paths(components: dict[str, Any]) -> dict[str, Any]:
         "/v1/files": {
             "post": _operation(
                 "files_create",
-                "Upload a batch input file (JSONL, purpose `batch`)",
+                "Upload a batch input file (JSONL, purpose `batch`) or a document for vector stores (`assistants`)",
                 {
                     "200": _json(file, "The stored file."),
                     **_error_responses(
                         {
-                            400: "`missing_required_parameter`, `invalid_value` (purpose other than batch, not "
-                            "multipart). The content is checked when a batch uses the file (the batch's `errors`).",
+                            400: "`missing_required_parameter`, `invalid_value` (purpose other than batch or "
+                            "assistants, not multipart). The content is checked when a batch or a vector store uses "
+                            "the file (the batch's `errors`, the vector store file's `last_error`).",
                             **_KEY_ERRORS,
                             413: "`file_too_large` or `request_too_large`: over SENTINEL_BATCH_MAX_FILE_BYTES.",
                         }
@@ -827,7 +839,7 @@ def batch_paths(components: dict[str, Any]) -> dict[str, Any]:
                                 "type": "object",
                                 "properties": {
                                     "file": {"type": "string", "format": "binary"},
-                                    "purpose": {"type": "string", "enum": ["batch"]},
+                                    "purpose": {"type": "string", "enum": ["batch", "assistants"]},
                                 },
                                 "required": ["file", "purpose"],
                             }
@@ -947,6 +959,119 @@ def batch_paths(components: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def knowledge_paths(components: dict[str, Any]) -> dict[str, Any]:
+    """/v1/vector_stores: OpenAI's Vector Stores API (gateway/knowledge; docs/knowledge.md)."""
+    store = _component(VectorStore, "OpenAI", components)
+    entry = _component(VectorStoreFile, "OpenAI", components)
+    store_deleted = _component(VectorStoreDeleted, "OpenAI", components)
+    entry_deleted = _component(VectorStoreFileDeleted, "OpenAI", components)
+    hit = _component(VectorStoreSearchResponse, "OpenAI", components)
+    create = _component(knowledge.StoreCreate, "Knowledge", components)
+    update = _component(knowledge.StoreUpdate, "Knowledge", components)
+    add = _component(knowledge.FileAdd, "Knowledge", components)
+    search = _component(knowledge.Search, "Knowledge", components)
+    results = {
+        "type": "object",
+        "properties": {
+            "object": {"const": "vector_store.search_results.page"},
+            "search_query": {"type": "array", "items": {"type": "string"}},
+            "data": {"type": "array", "items": hit},
+            "has_more": {"type": "boolean"},
+            "next_page": {"type": ["string", "null"]},
+        },
+        "required": ["object", "data", "has_more"],
+    }
+    store_id = _path_id("vector_store_id", "A vector store's id (vs_...).")
+    file_id = _path_id("file_id", "A file's id (file-...).")
+    after = _query("after", {"type": "string"}, "The last id of the previous page.")
+    limit = _query("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size (20).")
+    bad = {400: "A bad body or parameter, named (`unsupported_parameter` for what is not served yet).", **_KEY_ERRORS}
+    missing = {**_KEY_ERRORS, 404: "`vector_store_not_found` (another tenant's too) or `file_not_found`."}
+
+    def body(schema: dict) -> dict:
+        return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+    return {
+        "/v1/vector_stores": {
+            "post": _operation(
+                "vector_stores_create",
+                "Create a vector store (OpenAI-compatible), with files to ingest",
+                {"200": _json(store, "The store."), **_error_responses({**bad, 404: "`file_not_found`."})},
+                requestBody=body(create),
+            ),
+            "get": _operation(
+                "vector_stores_list",
+                "Your tenant's vector stores, newest first",
+                {"200": _json(_page(store), "A page of stores."), **_error_responses({**bad, **missing})},
+                parameters=[limit, after],
+            ),
+        },
+        "/v1/vector_stores/{vector_store_id}": {
+            "get": _operation(
+                "vector_stores_retrieve",
+                "A vector store",
+                {"200": _json(store, "The store."), **_error_responses(missing)},
+                parameters=[store_id],
+            ),
+            "post": _operation(
+                "vector_stores_update",
+                "Rename a vector store or set its metadata",
+                {"200": _json(store, "The store."), **_error_responses({**bad, **missing})},
+                parameters=[store_id],
+                requestBody=body(update),
+            ),
+            "delete": _operation(
+                "vector_stores_delete",
+                "Delete a vector store with its chunks (the uploaded files stay)",
+                {"200": _json(store_deleted, "Deleted."), **_error_responses(missing)},
+                parameters=[store_id],
+            ),
+        },
+        "/v1/vector_stores/{vector_store_id}/files": {
+            "post": _operation(
+                "vector_stores_files_create",
+                "Add a file (purpose `assistants`) to a store: a worker reads, chunks and embeds it",
+                {"200": _json(entry, "The store's file, in progress."), **_error_responses({**bad, **missing})},
+                parameters=[store_id],
+                requestBody=body(add),
+            ),
+            "get": _operation(
+                "vector_stores_files_list",
+                "A store's files",
+                {"200": _json(_page(entry), "A page of files."), **_error_responses({**bad, **missing})},
+                parameters=[
+                    store_id,
+                    limit,
+                    _query("filter", {"type": "string", "enum": ["in_progress", "completed", "failed"]}, "By status."),
+                ],
+            ),
+        },
+        "/v1/vector_stores/{vector_store_id}/files/{file_id}": {
+            "get": _operation(
+                "vector_stores_files_retrieve",
+                "A store's file: its status and last error",
+                {"200": _json(entry, "The store's file."), **_error_responses(missing)},
+                parameters=[store_id, file_id],
+            ),
+            "delete": _operation(
+                "vector_stores_files_delete",
+                "Take a file out of a store, every chunk of it (the upload stays)",
+                {"200": _json(entry_deleted, "Removed."), **_error_responses(missing)},
+                parameters=[store_id, file_id],
+            ),
+        },
+        "/v1/vector_stores/{vector_store_id}/search": {
+            "post": _operation(
+                "vector_stores_search",
+                "Search a store: nearest embeddings and full-text matches, fused by reciprocal rank",
+                {"200": _json(results, "The best chunks, best first."), **_error_responses({**bad, **missing})},
+                parameters=[store_id],
+                requestBody=body(search),
+            )
+        },
+    }
+
+
 def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     """drf-spectacular postprocessing hook (SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"])."""
     components = result.setdefault("components", {})
@@ -956,6 +1081,7 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
         **embedding_paths(schemas),
         **image_paths(schemas),
         **image_form_paths(schemas),
+        **knowledge_paths(schemas),
         **responses_paths(schemas),
         **messages_paths(schemas),
         **batch_paths(schemas),
@@ -968,6 +1094,13 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     )
     schemas["EmbeddingsEmbeddingRequest"]["properties"]["cache"] = CACHE_CONTROLS
     document_limits(schemas, prefix="Images", component="ImagesImageRequest", identifiers=IMAGE_IDENTIFIERS)
+    for name, identifiers in (
+        ("KnowledgeStoreCreate", knowledge.STORE_IDENTIFIERS),
+        ("KnowledgeStoreUpdate", knowledge.STORE_IDENTIFIERS),
+        ("KnowledgeFileAdd", knowledge.FILE_IDENTIFIERS),
+        ("KnowledgeSearch", ()),
+    ):
+        document_limits(schemas, prefix="Knowledge", component=name, identifiers=identifiers)
     for prefix, name in (("ImageEdits", "ImageEditRequest"), ("ImageVariations", "ImageVariationRequest")):
         document_limits(schemas, prefix=prefix, component=prefix + name, identifiers=IMAGE_IDENTIFIERS)
     # One call covers both requests' nested models (the count's shares them).

@@ -1,10 +1,11 @@
-"""Celery tasks of the gateway app (batches' are in gateway.batches.tasks, registered here)."""
+"""Celery tasks of the gateway app (batches' and knowledge bases' are in their own tasks modules, registered here)."""
 
 from celery import shared_task
 
 from gateway.batches import tasks as batch_tasks  # noqa: F401
 from gateway.cache.indexes import index_partitions
 from gateway.cache.services import cache_prune_expired
+from gateway.knowledge import tasks as knowledge_tasks  # noqa: F401
 
 
 @shared_task(ignore_result=True)

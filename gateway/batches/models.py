@@ -22,11 +22,13 @@ def new_batch_id() -> str:
 
 
 class BatchFile(models.Model):
-    """An uploaded input file (purpose `batch`), or the output or error file of a batch."""
+    """An uploaded input file (purpose `batch`), the output or error file of a batch, or a document
+    for a vector store (purpose `assistants`)."""
 
     class Purpose(models.TextChoices):
         BATCH = "batch"
         BATCH_OUTPUT = "batch_output"
+        ASSISTANTS = "assistants"  # a document for a vector store (gateway/knowledge)
 
     public_id = models.CharField(max_length=40, unique=True, default=new_file_id, editable=False)
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="+")

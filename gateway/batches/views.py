@@ -106,9 +106,11 @@ async def file_upload(request: HttpRequest, key: KeyInfo) -> HttpResponse:
         raise invalid_request(
             "Missing required parameter: 'purpose'.", param="purpose", code="missing_required_parameter"
         )
-    if purpose != BatchFile.Purpose.BATCH:
+    if purpose not in (BatchFile.Purpose.BATCH, BatchFile.Purpose.ASSISTANTS):
         raise invalid_request(
-            "Sentinel stores files for batches only: purpose must be 'batch'.", param="purpose", code="invalid_value"
+            "Sentinel stores files for batches and vector stores: purpose must be 'batch' or 'assistants'.",
+            param="purpose",
+            code="invalid_value",
         )
     if upload is None:
         raise invalid_request("Missing required parameter: 'file'.", param="file", code="missing_required_parameter")

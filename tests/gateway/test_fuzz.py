@@ -17,6 +17,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schemathesis.specs.openapi.checks import negative_data_rejection
 
 from sentinel.text import CONTROL
 from tests.conftest import unique
@@ -178,7 +179,16 @@ def test_no_server_error_and_every_answer_fits_the_schema(case, gateway, fuzz_ta
         assert response.status_code == 400, response.text
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
         return
+    if case.operation.path in MULTIPART_FORMS:
+        # On a form's wire every value is text: an array or a number generated as "schema-violating"
+        # arrives as a string the field may take (`user` "[0]"). Bad forms have their own test
+        # (tests/gateway/test_image_edits.py); here, still no 5xx and every answer in its schema.
+        case.call_and_validate(base_url=gateway.url, timeout=30, excluded_checks=[negative_data_rejection])
+        return
     case.call_and_validate(base_url=gateway.url, timeout=30)
+
+
+MULTIPART_FORMS = ("/v1/images/edits", "/v1/images/variations")
 
 
 def _positive_but_off_its_enum(case) -> bool:
@@ -186,7 +196,7 @@ def _positive_but_off_its_enum(case) -> bool:
         case.meta is not None
         and case.meta.phase.name == "coverage"
         and case.meta.generation.mode.name == "POSITIVE"
-        and case.operation.path in ("/v1/images/edits", "/v1/images/variations")
+        and case.operation.path in MULTIPART_FORMS
         and isinstance(case.body, dict)
         and case.body.get("model") != FUZZ_IMAGE_MODEL
     )

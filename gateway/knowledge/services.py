@@ -1,0 +1,179 @@
+"""Writes and searches of the knowledge bases: stores, their files (ingested by a worker), hybrid
+search (docs/knowledge.md)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+from celery import signature
+from django.db import connection, transaction
+from django.utils import timezone
+
+from gateway.batches.models import BatchFile
+from gateway.knowledge import documents
+from gateway.knowledge.models import TEXT_SEARCH_CONFIG, Chunk, VectorStore, VectorStoreFile
+
+log = logging.getLogger(__name__)
+
+INGEST_FILE = "gateway.knowledge.tasks.ingest_file"
+EMBED_BATCH = 32
+# A chunk this close (cosine) to one kept before it in the same file says nothing new: dropped.
+NEAR_DUPLICATE = 0.98
+# Each side of a hybrid search ranks this many chunks before they are fused.
+CANDIDATES = 50
+RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009)
+
+
+def store_create(*, tenant_id: int, name: str, metadata: dict) -> VectorStore:
+    return VectorStore.objects.create(tenant_id=tenant_id, name=name, metadata=metadata)
+
+
+def store_delete(*, store: VectorStore) -> None:
+    store.delete()  # its files' entries and chunks with it; the uploaded files stay
+
+
+@transaction.atomic
+def file_add(*, store: VectorStore, file: BatchFile, attributes: dict) -> VectorStoreFile:
+    """The file in the store (again, if it was: its chunks are made anew), ingested by a worker."""
+    entry, _ = VectorStoreFile.objects.update_or_create(
+        store=store,
+        file=file,
+        defaults={"status": VectorStoreFile.Status.IN_PROGRESS, "last_error": None, "attributes": attributes},
+    )
+    transaction.on_commit(lambda: signature(INGEST_FILE).delay(entry.pk))
+    return entry
+
+
+def file_remove(*, entry: VectorStoreFile) -> None:
+    entry.delete()  # every chunk of it in the same statement (on_delete CASCADE)
+
+
+def ingest(entry_id: int) -> None:
+    """Read, chunk and embed one file of a store; its chunks replace the ones it had, at once."""
+    entry = VectorStoreFile.objects.select_related("file").filter(pk=entry_id).first()
+    if entry is None:
+        return  # removed meanwhile
+    try:
+        pieces = documents.chunks(documents.text_of(entry.file.filename, bytes(entry.file.content)))
+        if not pieces:
+            raise documents.DocumentError("The file holds no text.")
+    except documents.DocumentError as exc:
+        _failed(entry_id, "invalid_file", str(exc))
+        return
+    vectors = _embedded(pieces)
+    kept, kept_vectors = _distinct(pieces, vectors)
+    with transaction.atomic():
+        if not VectorStoreFile.objects.select_for_update().filter(pk=entry_id).exists():
+            return
+        Chunk.objects.filter(store_file_id=entry_id).delete()
+        Chunk.objects.bulk_create(
+            [
+                Chunk(store_id=entry.store_id, store_file_id=entry_id, position=index, text=text, embedding=vector)
+                for index, (text, vector) in enumerate(zip(kept, kept_vectors, strict=True))
+            ],
+            batch_size=500,
+        )
+        VectorStoreFile.objects.filter(pk=entry_id).update(
+            status=VectorStoreFile.Status.COMPLETED,
+            last_error=None,
+            chunks=len(kept),
+            usage_bytes=sum(len(text.encode()) for text in kept),
+        )
+        VectorStore.objects.filter(pk=entry.store_id).update(last_active_at=timezone.now())
+
+
+def _failed(entry_id: int, code: str, message: str) -> None:
+    with transaction.atomic():
+        Chunk.objects.filter(store_file_id=entry_id).delete()
+        VectorStoreFile.objects.filter(pk=entry_id).update(
+            status=VectorStoreFile.Status.FAILED, last_error={"code": code, "message": message}, chunks=0, usage_bytes=0
+        )
+
+
+def _embedded(texts: list[str]) -> np.ndarray:
+    from gateway.cache.engine import shared_embedder
+
+    embedder = shared_embedder()
+    return np.concatenate([embedder.embed(texts[i : i + EMBED_BATCH]) for i in range(0, len(texts), EMBED_BATCH)])
+
+
+def _distinct(texts: list[str], vectors: np.ndarray) -> tuple[list[str], list[np.ndarray]]:
+    kept: list[str] = []
+    kept_vectors: list[np.ndarray] = []
+    for text, vector in zip(texts, vectors, strict=True):
+        if kept_vectors and float(np.max(np.stack(kept_vectors) @ vector)) >= NEAR_DUPLICATE:
+            continue
+        kept.append(text)
+        kept_vectors.append(vector)
+    return kept, kept_vectors
+
+
+# --- search ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hit:
+    chunk_id: int
+    file_id: str
+    filename: str
+    attributes: dict
+    text: str
+    score: float  # the fused score, 1.0 for a chunk first in both rankings
+
+
+def search(*, store: VectorStore, query: str, vector: np.ndarray, limit: int, mode: str = "hybrid") -> list[Hit]:
+    """The store's chunks best matching `query`: the CANDIDATES nearest embeddings and the CANDIDATES
+    best full-text matches (any of the query's words, stemmed), fused by reciprocal rank; `mode`
+    "semantic" or "keyword" uses one side alone."""
+    sides = []
+    if mode in ("hybrid", "semantic"):
+        sides.append(
+            "SELECT id, row_number() OVER (ORDER BY embedding <=> %(vector)s::vector) AS rank FROM gateway_chunk "
+            "WHERE store_id = %(store)s ORDER BY embedding <=> %(vector)s::vector LIMIT %(candidates)s"
+        )
+    if mode in ("hybrid", "keyword"):
+        # plainto_tsquery stems the words and joins them with & (all of them); | makes any of them
+        # match (read back with the 'simple' configuration, which leaves the stems as they are).
+        sides.append(
+            "SELECT id, row_number() OVER (ORDER BY ts_rank_cd(search, query) DESC, id) AS rank "
+            "FROM gateway_chunk, "
+            "to_tsquery('simple', replace(plainto_tsquery(%(config)s, %(query)s)::text, ' & ', ' | ')) AS query "
+            "WHERE store_id = %(store)s AND search @@ query "
+            "ORDER BY ts_rank_cd(search, query) DESC, id LIMIT %(candidates)s"
+        )
+    ranked = " UNION ALL ".join(f"({side})" for side in sides)
+    sql = (
+        f"SELECT c.id, c.text, f.public_id, f.filename, e.attributes, fused.score FROM ("  # noqa: S608
+        f"  SELECT id, sum(1.0 / ({RRF_K} + rank)) / %(best)s AS score FROM ({ranked}) AS ranked GROUP BY id"
+        ") AS fused JOIN gateway_chunk c ON c.id = fused.id "
+        "JOIN gateway_vectorstorefile e ON e.id = c.store_file_id JOIN gateway_batchfile f ON f.id = e.file_id "
+        "ORDER BY fused.score DESC, c.id LIMIT %(limit)s"
+    )
+    params = {
+        "vector": "[" + ",".join(f"{value:.8g}" for value in vector.tolist()) + "]",
+        "store": store.pk,
+        "candidates": CANDIDATES,
+        "config": TEXT_SEARCH_CONFIG,
+        "query": query,
+        "best": len(sides) / (RRF_K + 1),
+        "limit": limit,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    VectorStore.objects.filter(pk=store.pk).update(last_active_at=timezone.now())
+    return [
+        Hit(
+            chunk_id=row[0],
+            text=row[1],
+            file_id=row[2],
+            filename=row[3],
+            # Django has psycopg hand jsonb back as text (its fields decode it); so here.
+            attributes=orjson.loads(row[4]) if isinstance(row[4], str) else row[4] or {},
+            score=float(row[5]),
+        )
+        for row in rows
+    ]

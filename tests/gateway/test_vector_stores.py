@@ -1,0 +1,254 @@
+"""Tenant knowledge bases (#24, part 1): OpenAI's Files and Vector Stores APIs through the official
+SDK against a real gateway process, documents ingested by a real Celery worker (Markdown, HTML and
+PDF, chunked and embedded by the local model), hybrid search, tenant isolation and bad input."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from gateway.knowledge.models import Chunk, VectorStoreFile
+from sentinel.celery import app as celery_app
+from tests.servers import start_celery_worker
+
+HANDBOOK = b"""# Returns and refunds
+
+Customers may return any item within 30 days of delivery. Refunds are paid back to the original
+card within 14 days of the returned parcel reaching our warehouse, and we email a receipt when the
+money is on its way.
+
+# Shipping
+
+Orders ship from our Rotterdam warehouse on weekdays. Express parcels are sent with a tracking code
+that begins with ZX-4411 followed by eight digits. Standard parcels take three to five working days
+within the European Union.
+
+# Gift cards
+
+Gift cards never expire and can be spent in the web shop and in every store. A lost gift card can be
+replaced when the purchase receipt is shown at a service desk.
+"""
+
+OPENING_HOURS = b"""<!doctype html><html><head><title>Visit us</title><style>p {color: red}</style>
+<script>var secret = "not text";</script></head><body>
+<h1>Opening hours</h1><p>The Amsterdam office is open Monday to Friday from nine to six, and on
+Saturday mornings from ten to one. It is closed on Sundays and public holidays.</p>
+<h2>Parking</h2><p>Visitors park for free in the garage under the building.</p></body></html>"""
+
+
+def pdf(lines: list[str]) -> bytes:
+    """A one-page PDF holding these lines of text (Helvetica), as a PDF writer makes them."""
+    content = "BT /F1 12 Tf 72 720 Td 14 TL " + " ".join(f"({line}) '" for line in lines) + " ET"
+    objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        "/Resources << /Font << /F1 5 0 R >> >> >>",
+        f"<< /Length {len(content)} >>\nstream\n{content}\nendstream",
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out, offsets = "%PDF-1.4\n", []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n"
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n" + "".join(f"{o:010d} 00000 n \n" for o in offsets)
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n"
+    return out.encode()
+
+
+WARRANTY = pdf(
+    [
+        "Warranty",
+        "The electric kettle comes with a two year warranty.",
+        "It covers the heating element and the thermostat, not scale damage.",
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def ingest_worker(test_database_name, embedding_model):
+    worker = start_celery_worker(test_database_name, name="knowledge")
+    yield worker
+    worker.stop()
+    celery_app.control.purge()
+
+
+def wait_ingested(client: OpenAI, store_id: str, file_id: str, timeout: float = 90) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entry = client.vector_stores.files.retrieve(file_id, vector_store_id=store_id)
+        if entry.status != "in_progress":
+            return entry
+        time.sleep(0.2)
+    raise AssertionError(f"{file_id} still in progress after {timeout} s")
+
+
+def upload(client: OpenAI, name: str, content: bytes) -> str:
+    return client.files.create(file=(name, content), purpose="assistants").id
+
+
+@pytest.fixture
+def library(gateway, tenant, make_key, ingest_worker):
+    """A tenant's store with the handbook (Markdown), the opening hours (HTML) and the warranty (PDF)."""
+    client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0, timeout=30)
+    files = {
+        "handbook.md": upload(client, "handbook.md", HANDBOOK),
+        "visit.html": upload(client, "visit.html", OPENING_HOURS),
+        "warranty.pdf": upload(client, "warranty.pdf", WARRANTY),
+    }
+    store = client.vector_stores.create(name="support", metadata={"team": "care"}, file_ids=[files["handbook.md"]])
+    client.vector_stores.files.create(vector_store_id=store.id, file_id=files["visit.html"], attributes={"lang": "en"})
+    client.vector_stores.files.create(vector_store_id=store.id, file_id=files["warranty.pdf"])
+    for file_id in files.values():
+        assert wait_ingested(client, store.id, file_id).status == "completed"
+    return client, store.id, files
+
+
+def top(client: OpenAI, store_id: str, query: str, **extra):
+    return client.vector_stores.search(vector_store_id=store_id, query=query, **extra).data
+
+
+def test_documents_are_ingested_and_found_by_meaning_and_by_exact_words(library):
+    client, store_id, files = library
+    store = client.vector_stores.retrieve(store_id)
+    assert (store.name, store.metadata, store.status) == ("support", {"team": "care"}, "completed")
+    assert (store.file_counts.total, store.file_counts.completed, store.file_counts.in_progress) == (3, 3, 0)
+    assert store.usage_bytes == sum(
+        len(chunk.text.encode()) for chunk in Chunk.objects.filter(store__public_id=store_id)
+    )
+
+    # A paraphrase with no word of the passage but "money": found by meaning.
+    (best, *_) = top(client, store_id, "When will I get my money back after sending something back?")
+    assert (best.filename, best.file_id) == ("handbook.md", files["handbook.md"])
+    assert "within 14 days" in best.content[0].text
+    # A code no embedding knows: found by its exact words.
+    (best, *_) = top(client, store_id, "ZX-4411")
+    assert "ZX-4411" in best.content[0].text
+    # The HTML's visible text, its attributes; not its script.
+    (best, *_) = top(client, store_id, "Is the office open on Saturday?")
+    assert (best.filename, best.attributes) == ("visit.html", {"lang": "en"})
+    assert "Saturday mornings from ten to one" in best.content[0].text
+    assert not Chunk.objects.filter(store__public_id=store_id, text__contains="secret").exists()
+    # The PDF's text.
+    (best, *_) = top(client, store_id, "how long is the kettle guaranteed", max_num_results=2)
+    assert best.filename == "warranty.pdf" and "two year warranty" in best.content[0].text
+    assert 0 < best.score <= 1
+
+    # One side of the hybrid alone (Sentinel's extension): the code is found by keywords, not by meaning first.
+    keyword = top(client, store_id, "ZX-4411", extra_body={"search_mode": "keyword"})
+    assert len(keyword) == 1 and "ZX-4411" in keyword[0].content[0].text
+
+
+def test_a_file_removed_or_a_store_deleted_takes_every_chunk_with_it(library):
+    client, store_id, files = library
+    before = Chunk.objects.filter(store__public_id=store_id).count()
+    handbook_chunks = Chunk.objects.filter(store_file__file__public_id=files["handbook.md"]).count()
+    assert handbook_chunks >= 1 and before > handbook_chunks
+
+    deleted = client.vector_stores.files.delete(files["handbook.md"], vector_store_id=store_id)
+    assert deleted.deleted is True
+    assert Chunk.objects.filter(store__public_id=store_id).count() == before - handbook_chunks
+    assert all(hit.filename != "handbook.md" for hit in top(client, store_id, "refund to the original card"))
+    assert client.files.retrieve(files["handbook.md"]).id == files["handbook.md"]  # the upload itself stays
+
+    assert client.vector_stores.delete(store_id).deleted is True
+    assert not Chunk.objects.filter(store__public_id=store_id).exists()
+    with pytest.raises(openai.NotFoundError):
+        client.vector_stores.retrieve(store_id)
+
+
+def test_another_tenant_sees_no_store_file_or_passage(library, gateway, make_tenant, make_key):
+    client, store_id, files = library
+    other = OpenAI(base_url=gateway.base_url, api_key=make_key(make_tenant()), max_retries=0, timeout=30)
+    for call in (
+        lambda: other.vector_stores.retrieve(store_id),
+        lambda: other.vector_stores.search(vector_store_id=store_id, query="refund"),
+        lambda: other.vector_stores.files.list(vector_store_id=store_id),
+        lambda: other.vector_stores.files.retrieve(files["visit.html"], vector_store_id=store_id),
+        lambda: other.vector_stores.delete(store_id),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert store_id not in [store.id for store in other.vector_stores.list()]
+    # Nor can it put the tenant's file into a store of its own.
+    own = other.vector_stores.create(name="mine")
+    with pytest.raises(openai.NotFoundError):
+        other.vector_stores.files.create(vector_store_id=own.id, file_id=files["visit.html"])
+    assert client.vector_stores.retrieve(store_id).file_counts.total == 3  # nothing changed
+
+
+def test_what_is_no_document_fails_its_ingestion_with_the_reason(gateway, tenant, make_key, ingest_worker):
+    client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0, timeout=30)
+    store = client.vector_stores.create(name="odd files")
+    cases = {
+        "blob.bin": (b"\xff\xfe\x00\x01" * 64, "not UTF-8 text, HTML or PDF"),
+        "broken.pdf": (b"%PDF-1.4\nnot really a pdf", "The PDF could not be read"),
+        "empty.md": (b"  \n\n \n", "holds no text"),
+    }
+    for name, (content, reason) in cases.items():
+        file_id = upload(client, name, content)
+        client.vector_stores.files.create(vector_store_id=store.id, file_id=file_id)
+        entry = wait_ingested(client, store.id, file_id)
+        assert entry.status == "failed", name
+        assert entry.last_error.code == "invalid_file" and reason in entry.last_error.message, entry.last_error
+    assert not Chunk.objects.filter(store__public_id=store.id).exists()
+    assert client.vector_stores.retrieve(store.id).file_counts.failed == 3
+
+
+BAD = [
+    ("/vector_stores", {"name": "x" * 257}, "name"),
+    ("/vector_stores", {"name": "a\x07b"}, "name"),
+    ("/vector_stores", {"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+    ("/vector_stores", {"api_base": "http://127.0.0.1:9"}, "api_base"),
+    ("/vector_stores", {"expires_after": {"anchor": "last_active_at", "days": 1}}, "expires_after"),
+    ("/vector_stores", {"chunking_strategy": {"type": "static", "static": {}}}, "chunking_strategy"),
+    ("/vector_stores", {"file_ids": ["file-nope"]}, "file_ids"),
+    ("{store}/search", {"query": ""}, "query"),
+    ("{store}/search", {"query": "x" * 4097}, "query"),
+    ("{store}/search", {"query": "x", "max_num_results": 0}, "max_num_results"),
+    ("{store}/search", {"query": "x", "max_num_results": 51}, "max_num_results"),
+    ("{store}/search", {"query": "x", "filters": {"type": "eq", "key": "a", "value": 1}}, "filters"),
+    ("{store}/search", {"query": "x", "rewrite_query": True}, "rewrite_query"),
+    ("{store}/search", {"query": "x", "search_mode": "magic"}, "search_mode"),
+    ("{store}/search", {"query": "a\x00b"}, "query"),
+    ("{store}/search", {"query": ["a", 5]}, "query"),
+    ("{store}/files", {"file_id": "file-nope"}, "file_id"),
+    ("{store}/files", {"file_id": "{batch_file}"}, "file_id"),
+    ("{store}/files", {"file_id": "{file}", "attributes": {"k": {"nested": 1}}}, "attributes"),
+]
+
+
+def test_bad_input_is_a_4xx_in_openais_shape_and_changes_nothing(gateway, tenant, make_key, ingest_worker):
+    key = make_key(tenant)
+    client = OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0, timeout=30)
+    store = client.vector_stores.create(name="guarded")
+    batch_file = client.files.create(file=("in.jsonl", b"{}\n"), purpose="batch").id
+    file = upload(client, "doc.md", b"# Doc\n\nSome text.")
+    stores_before = len(client.vector_stores.list(limit=100).data)
+    for path, body, param in BAD:
+        path = path.replace("{store}", f"/vector_stores/{store.id}")
+        for name, value in list(body.items()):
+            if value == "{batch_file}":
+                body[name] = batch_file
+            elif value == "{file}":
+                body[name] = file
+        response = httpx.post(
+            f"{gateway.base_url}{path}", headers={"authorization": f"Bearer {key}"}, json=body, timeout=30
+        )
+        assert response.status_code in (400, 404), (path, body, response.text)
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["param"] == param or error["param"].startswith(param), (path, body, error)
+    assert len(client.vector_stores.list(limit=100).data) == stores_before
+    assert client.vector_stores.retrieve(store.id).file_counts.total == 0
+    for method in ("PUT", "PATCH"):
+        response = httpx.request(
+            method, f"{gateway.base_url}/vector_stores", headers={"authorization": f"Bearer {key}"}
+        )
+        assert response.status_code == 405
+    assert VectorStoreFile.objects.filter(store__public_id=store.id).count() == 0
