@@ -35,6 +35,7 @@ REGISTRY = [
     Scenario("ledger", "bench.ledger", "the ledger's write path under load"),
     Scenario("screening", "bench.screening", "the local safety checks' time per request: short, chat and long prompts"),
     Scenario("verifier", "bench.verifier", "the semantic cache verifier's time per candidate on the labeled pairs"),
+    Scenario("retrieval", "bench.retrieval", "vector store search quality (recall@5, MRR) and latency, ingestion rate"),
     Scenario("routing", "bench.routing", 'model "auto": the local classifier\'s time per prompt on the labeled set'),
     Scenario("balancing", "bench.balancing", "two deployments, one slowing: round-robin vs weighted vs P2C peak-EWMA"),
     Scenario("tokens", "bench.tokens", "prompt bounds for reservations: short chat, 3,000 characters a script, tools"),

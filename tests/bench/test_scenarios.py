@@ -115,6 +115,28 @@ def test_verifier_times_every_candidate_the_cache_would_verify(tmp_path, test_da
     assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]
 
 
+def test_retrieval_scores_each_ranking_on_the_labeled_questions(tmp_path, test_database_name, bench_redis_url, live_db):
+    """Quick: the seven documents and their distractors ingested as a worker does, the 36 questions
+    asked with each ranking; the store made for it is gone afterwards."""
+    from gateway.knowledge.models import VectorStore
+
+    stores = VectorStore.objects.count()
+    result = run_quick("retrieval", tmp_path, test_database_name, bench_redis_url)
+    ingestion, quality = result["ingestion"], result["quality"]
+    assert (ingestion["files"], ingestion["failed"], ingestion["chunks"]) == (83, 0, 83)
+    assert set(quality) == {"semantic", "keyword", "hybrid"}
+    for mode in quality.values():
+        assert 0.8 <= mode["recall_at_5"] <= 1 and 0 < mode["mrr_at_10"] <= 1
+        assert len(mode["missed_at_5"]) == round(36 * (1 - mode["recall_at_5"]))
+    # Fusing the two rankings finds what either finds: no worse than the better one, give or take a question.
+    assert (
+        quality["hybrid"]["recall_at_5"]
+        >= max(quality["semantic"]["recall_at_5"], quality["keyword"]["recall_at_5"]) - 0.03
+    )
+    assert result["latency"]["searches"] == 36 and result["latency"]["search_p50_ms"] > 0
+    assert VectorStore.objects.count() == stores
+
+
 def test_ledger_moves_every_record_and_times_the_hand_off(tmp_path, test_database_name, bench_redis_url):
     result = run_quick("ledger", tmp_path, test_database_name, bench_redis_url)
 
