@@ -85,6 +85,7 @@ class Call:
     paid: dict[int, Decimal] = field(default_factory=dict)  # provider id → cost, for its daily spend cap
     escalated_from: Target | None = None  # the deployment whose refusal went to the smart model
     screening: screening.Screening | None = None  # what the tenant's safety screening did
+    file_search: list[tuple[str, float]] | None = None  # the passages a grounded chat was given (file id, score)
     answer_text: str | None = None  # what the client was answered (for a tenant that logs prompts)
     fallback_reasons: list[str] = field(default_factory=list)  # "<deployment>=<why it was passed over>"
     queued_ms: int = 0  # waiting for saturated deployments to recover
@@ -170,4 +171,6 @@ def response_headers(call: Call, cost: Decimal | None) -> dict[str, str]:
         headers["x-sentinel-route"] = f"{call.route.route}; reason={call.route.reason}"
     if call.escalated_from is not None:
         headers["x-sentinel-escalated"] = f"{call.escalated_from.deployment}->{call.target.deployment}"
+    if call.file_search is not None:  # gateway.knowledge.grounding: the passages given, in order
+        headers["x-sentinel-file-search"] = ",".join(f"{file_id}:{score:.3f}" for file_id, score in call.file_search)
     return headers

@@ -778,6 +778,30 @@ def _page(item: dict[str, str]) -> dict[str, Any]:
     }
 
 
+FILE_SEARCH = {
+    "anyOf": [
+        {
+            "type": "object",
+            "description": "Sentinel's: ground the answer in these vector stores of the tenant (docs/knowledge.md): "
+            "the last user message is searched for and the best passages are put before the conversation; "
+            "`x-sentinel-file-search` names them. Such a request neither reads nor fills the cache.",
+            "properties": {
+                "vector_store_ids": {
+                    "type": "array",
+                    "items": {"type": "string", "minLength": 1, "maxLength": 64},
+                    "minItems": 1,
+                    "maxItems": 5,
+                },
+                "max_num_results": {"type": "integer", "minimum": 1, "maximum": 20},
+            },
+            "required": ["vector_store_ids"],
+            "additionalProperties": False,
+        },
+        {"type": "null"},
+    ]
+}
+
+
 def _path_id(name: str, what: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "description": what, "schema": {"type": "string"}}
 
@@ -1089,6 +1113,7 @@ def add_gateway_endpoints(result: dict, generator, request, public) -> dict:
     }
     document_limits(schemas, prefix="Chat", component="ChatChatRequest", identifiers=CHAT_IDENTIFIERS)
     schemas["ChatChatRequest"]["properties"]["cache"] = CACHE_CONTROLS
+    schemas["ChatChatRequest"]["properties"]["file_search"] = FILE_SEARCH
     document_limits(
         schemas, prefix="Embeddings", component="EmbeddingsEmbeddingRequest", identifiers=EMBEDDING_IDENTIFIERS
     )

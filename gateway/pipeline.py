@@ -38,6 +38,7 @@ from gateway.cache.replay import REFUSAL, answer_from_response, completion_body,
 from gateway.call import Call, Queued, Reply, both, request_id_from, response_headers, spawn
 from gateway.chain import call_chain, policy_alternative_route
 from gateway.errors import GatewayError
+from gateway.knowledge import grounding
 from gateway.limits import admission
 from gateway.limits import tokens as prompt_tokens
 from gateway.limits.admission import Ticket
@@ -67,6 +68,8 @@ async def _chat_completion(call: Call, headers, raw_body: bytes, queued: Queued 
     call.key = await identify(headers, queued)
     call.request, call.body = parse_chat_request(raw_body)
     call.cache_controls = cache.controls_from(call.body, headers)
+    if "file_search" in call.body:  # passages of the tenant's documents, before the prompt is counted
+        await grounding.ground(call)
     route, chain = await route_and_admit(call, headers, queued, model_of=pick_model, admit_with=admit)
     await screening.screen_input(call)  # may block, or redact call.body before the cache sees it
     hit = await consult_cache(call, route)

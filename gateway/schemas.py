@@ -130,7 +130,8 @@ class Tool(_Strict):
 
 class ChatRequest(_Strict):
     """OpenAI's chat completion request (its published schema; the official SDK's
-    CompletionCreateParams, which tests/gateway/test_schemas.py holds this to) plus Sentinel's `cache`."""
+    CompletionCreateParams, which tests/gateway/test_schemas.py holds this to) plus Sentinel's `cache` and
+    `file_search`."""
 
     model: Annotated[str, Field(min_length=1, max_length=200)]
     messages: Annotated[list[Message], Field(min_length=1)]
@@ -172,13 +173,15 @@ class ChatRequest(_Strict):
     user: str | None = None
     # Sentinel's: read by gateway.cache.engine.controls_from, never sent to a provider.
     cache: dict[str, Any] | None = None
+    # Sentinel's: vector stores to ground the answer in (gateway.knowledge.grounding), never sent on.
+    file_search: dict[str, Any] | None = None
 
 
 # The allowlist, in one place. Every field of ChatRequest may be sent; what goes to a provider as
 # the client sent it is the rest of OpenAI's parameters (model, messages and streaming are set by
 # the path that makes the call, and `cache` is Sentinel's).
 CHAT_PARAMETERS = frozenset(ChatRequest.model_fields)
-FORWARDED_PARAMETERS = CHAT_PARAMETERS - {"model", "messages", "stream", "stream_options", "cache"}
+FORWARDED_PARAMETERS = CHAT_PARAMETERS - {"model", "messages", "stream", "stream_options", "cache", "file_search"}
 
 
 def forwarded(body: dict) -> dict:

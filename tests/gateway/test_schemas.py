@@ -74,7 +74,7 @@ def test_the_allowlist_is_openais_request_schema_and_sentinels_cache():
     from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 
     openais = set(CompletionCreateParamsBase.__annotations__)
-    assert openais | {"stream", "cache"} == CHAT_PARAMETERS
+    assert openais | {"stream", "cache", "file_search"} == CHAT_PARAMETERS
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,14 @@ import time
 
 import httpx
 import openai
+import orjson
 import pytest
 from openai import OpenAI
 
+from gateway.knowledge.grounding import INSTRUCTION
 from gateway.knowledge.models import Chunk, VectorStoreFile
 from sentinel.celery import app as celery_app
+from tests.gateway.test_dialect_chains import ledger_rows
 from tests.servers import start_celery_worker
 
 HANDBOOK = b"""# Returns and refunds
@@ -252,3 +255,66 @@ def test_bad_input_is_a_4xx_in_openais_shape_and_changes_nothing(gateway, tenant
         )
         assert response.status_code == 405
     assert VectorStoreFile.objects.filter(store__public_id=store.id).count() == 0
+
+
+# --- grounded chat (gateway/knowledge/grounding.py) ----------------------------------------------------
+
+
+def test_a_chat_grounded_in_a_store_gets_its_passages_before_the_conversation(
+    library, gateway, make_model, make_tenant, make_key, mock_provider
+):
+    client, store_id, files = library
+    model, (provider,) = make_model()
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "When will I get my money back after sending something back?"},
+    ]
+    plain = client.chat.completions.with_raw_response.create(model=model, messages=conversation)
+    grounded = [
+        client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=conversation,
+            extra_body={"file_search": {"vector_store_ids": [store_id], "max_num_results": 2}},
+        )
+        for _ in range(2)
+    ]
+    # The provider got the app's instructions, then the passages, numbered, then the conversation.
+    sent = orjson.loads(mock_provider.stats(provider)["last_body"])
+    assert "file_search" not in sent
+    messages = sent["messages"]
+    assert [m["role"] for m in messages] == ["system", "system", "user"]
+    assert messages[0] == conversation[0] and messages[2] == conversation[1]
+    assert messages[1]["content"].startswith(INSTRUCTION + "\n\n[1] (handbook.md)\n")
+    assert "within 14 days" in messages[1]["content"] and "[2] (" in messages[1]["content"]
+    # The header names the passages given, in order; the handbook first.
+    given = grounded[0].headers["x-sentinel-file-search"].split(",")
+    assert len(given) == 2 and given[0].startswith(files["handbook.md"] + ":")
+    assert "x-sentinel-file-search" not in plain.headers
+    # Neither read nor stored by the cache: both grounded requests reached the provider.
+    assert [r.headers["x-sentinel-cache"] for r in grounded] == ["bypass", "bypass"]
+    assert mock_provider.stats(provider)["calls"] == 3
+    # The passages are part of the prompt that was reserved for and billed.
+    ids = [plain.headers["x-sentinel-request-id"], grounded[0].headers["x-sentinel-request-id"]]
+    rows = ledger_rows(ids)
+    assert rows[ids[1]].prompt_tokens > rows[ids[0]].prompt_tokens + 50
+
+    # Another tenant's store is a 404 naming the field; nothing reaches the provider.
+    stranger = OpenAI(base_url=gateway.base_url, api_key=make_key(make_tenant()), max_retries=0, timeout=30)
+    with pytest.raises(openai.NotFoundError) as refused:
+        stranger.chat.completions.create(
+            model=model, messages=conversation, extra_body={"file_search": {"vector_store_ids": [store_id]}}
+        )
+    assert (refused.value.body["code"], refused.value.body["param"]) == (
+        "vector_store_not_found",
+        "file_search.vector_store_ids",
+    )
+    for bad, param in [
+        ({"vector_store_ids": []}, "file_search.vector_store_ids"),
+        ({"vector_store_ids": [store_id], "max_num_results": 21}, "file_search.max_num_results"),
+        ({"vector_store_ids": [store_id], "api_base": "http://127.0.0.1:9"}, "file_search.api_base"),
+        ("vs_x", "file_search"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=model, messages=conversation, extra_body={"file_search": bad})
+        assert refused.value.body["param"] == param, refused.value.body
+    assert mock_provider.stats(provider)["calls"] == 3
