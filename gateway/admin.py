@@ -11,6 +11,8 @@ from unfold.admin import TabularInline
 from gateway.batches.models import Batch, BatchItem
 from gateway.batches.services import batch_cancel
 from gateway.cache.services import cache_invalidate, cache_invalidate_tenant
+from gateway.knowledge.admin import VectorStoreAdmin
+from gateway.knowledge.models import VectorStore
 from gateway.limits.admission import deployment_in_flight, provider_spend_today
 from gateway.models import (
     BreakerPolicy,
@@ -351,6 +353,9 @@ class BatchAdmin(ViewOnly, TenantScopedAdmin):  # a batch is its tenant's record
 
     def has_cancel_permission(self, request):
         return self.has_view_permission(request) and self._allowed(request, None, self.manage_roles)
+
+
+admin.site.register(VectorStore, VectorStoreAdmin)
 
 
 # The tenants app sits below the gateway and knows nothing of its cache: the gateway extends the

@@ -42,6 +42,7 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str]]]] = [
             ("Screening report", "fact_check", "screening.ScreeningReport"),
             ("Cache entries", "cached", "gateway.CacheEntry"),
             ("Batches", "stacks", "gateway.Batch"),
+            ("Knowledge bases", "library_books", "gateway.VectorStore"),
         ],
     ),
     (

@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from billing.models import LedgerDeadLetter, LedgerEntry
-from gateway.models import Batch, BatchFile, CacheEntry
+from gateway.models import Batch, BatchFile, CacheEntry, VectorStore
 from gateway.screening.models import ScreeningPolicy
 from tenants.audit import audit_record
 from tenants.models import AuditEntry, Budget, BudgetAlert, Membership, VirtualKey, WebhookDelivery, WebhookEndpoint
@@ -99,6 +99,7 @@ def _objects(tenancy, tenant, member, marker: str, side: str) -> dict:
             expires_at=timezone.now(),
         ),
         "screeningpolicy": ScreeningPolicy.objects.create(tenant=tenant),
+        "vectorstore": VectorStore.objects.create(tenant=tenant, name=f"{marker}-{side}"),
         "auditentry": audit_record(action=AuditEntry.Action.CHANGED, tenant=tenant, target=f"{marker}-{side}"),
     }
 

@@ -22,6 +22,7 @@ TENANT_ADMIN = [
     "Screening report",
     "Cache entries",
     "Batches",
+    "Knowledge bases",
 ]
 OPERATIONS = [
     "Providers",

@@ -28,6 +28,7 @@ SCOPED = {
     "cacheentry": ("gateway", {"admin"}, False, None),
     "batch": ("gateway", {"admin"}, False, None),
     "screeningpolicy": ("screening", {"admin"}, True, "Tenant "),
+    "vectorstore": ("gateway", {"admin"}, True, None),
     "auditentry": ("tenants", {"admin"}, False, None),
 }
 # Not lists of rows: pages scoped on their own terms (tests/billing/test_admin.py).
