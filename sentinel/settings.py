@@ -541,7 +541,14 @@ SHED_WAIT_MS = envint(
 # --- Batches -----------------------------------------------------------------------------------
 
 BATCH_MAX_FILE_BYTES = envint(
-    "SENTINEL_BATCH_MAX_FILE_BYTES", 50 * 1024 * 1024, "Largest file /v1/files accepts (batch input files)."
+    "SENTINEL_BATCH_MAX_FILE_BYTES",
+    50 * 1024 * 1024,
+    "Largest file /v1/files accepts (batch input files and documents for vector stores).",
+)
+KNOWLEDGE_QUOTA_BYTES = envint(
+    "SENTINEL_KNOWLEDGE_QUOTA_BYTES",
+    1024 * 1024 * 1024,
+    "Each tenant's storage for vector stores: the bytes of the distinct files in its stores (docs/knowledge.md).",
 )
 BATCH_MAX_REQUESTS = envint("SENTINEL_BATCH_MAX_REQUESTS", 50_000, "Most requests (lines) one batch may hold.")
 BATCH_LEASE_SECONDS = envfloat(

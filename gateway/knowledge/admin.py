@@ -125,7 +125,12 @@ class VectorStoreAdmin(TenantScopedAdmin):
             bytes=len(content),
             content=content,
         )
-        services.file_add(store=obj, file=file, attributes={})
+        try:
+            services.file_add(store=obj, file=file, attributes={})
+        except services.QuotaExceeded as exc:
+            file.delete()
+            self.message_user(request, f"{filename} was not added: {exc}", messages.ERROR)
+            return
         self.message_user(request, f"{filename} is being ingested.", messages.SUCCESS)
 
     def delete_model(self, request, obj):

@@ -9,12 +9,15 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 from celery import signature
+from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from gateway.batches.models import BatchFile
 from gateway.knowledge import documents
 from gateway.knowledge.models import TEXT_SEARCH_CONFIG, Chunk, VectorStore, VectorStoreFile
+from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +38,30 @@ def store_delete(*, store: VectorStore) -> None:
     store.delete()  # its files' entries and chunks with it; the uploaded files stay
 
 
+class QuotaExceeded(ValueError):
+    """The tenant's stores would hold more than SENTINEL_KNOWLEDGE_QUOTA_BYTES; the text says by how much."""
+
+
+def storage_used(tenant_id: int) -> int:
+    """The bytes of the distinct files in the tenant's stores."""
+    in_stores = VectorStoreFile.objects.filter(store__tenant_id=tenant_id).values("file_id")
+    return BatchFile.objects.filter(pk__in=in_stores).aggregate(total=Sum("bytes"))["total"] or 0
+
+
 @transaction.atomic
 def file_add(*, store: VectorStore, file: BatchFile, attributes: dict) -> VectorStoreFile:
-    """The file in the store (again, if it was: its chunks are made anew), ingested by a worker."""
+    """The file in the store (again, if it was: its chunks are made anew), ingested by a worker.
+    Raises QuotaExceeded when the tenant's stores would outgrow its storage."""
+    # One add at a time per tenant: two at once must not both fit in the last of the quota.
+    Tenant.objects.select_for_update().filter(pk=store.tenant_id).first()
+    already = VectorStoreFile.objects.filter(store__tenant_id=store.tenant_id, file=file).exists()
+    used = storage_used(store.tenant_id)
+    quota = settings.KNOWLEDGE_QUOTA_BYTES
+    if not already and used + file.bytes > quota:
+        raise QuotaExceeded(
+            f"The tenant's vector stores hold {used} bytes of files of the {quota} they may hold; "
+            f"this file's {file.bytes} do not fit."
+        )
     entry, _ = VectorStoreFile.objects.update_or_create(
         store=store,
         file=file,

@@ -7,6 +7,7 @@ import re
 from datetime import datetime
 
 from asgiref.sync import sync_to_async
+from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.http import HttpRequest, HttpResponse
 
@@ -118,6 +119,11 @@ async def stores(request: HttpRequest) -> HttpResponse:
     return await _answer(request, "GET,POST", handle)
 
 
+def _quota_error(exc: services.QuotaExceeded, param: str) -> GatewayError:
+    return GatewayError(400, "storage_quota_exceeded", str(exc), param=param)
+
+
+@transaction.atomic  # a file over the quota leaves no store behind
 def _create(key: KeyInfo, create: schemas.StoreCreate) -> HttpResponse:
     files = [_file_for(key, file_id, param="file_ids") for file_id in dict.fromkeys(create.file_ids or [])]
     store = services.store_create(tenant_id=key.tenant_id, name=create.name or "", metadata=create.metadata or {})
@@ -125,7 +131,10 @@ def _create(key: KeyInfo, create: schemas.StoreCreate) -> HttpResponse:
         VectorStore.objects.filter(pk=store.pk).update(description=create.description)
         store.description = create.description
     for file in files:
-        services.file_add(store=store, file=file, attributes={})
+        try:
+            services.file_add(store=store, file=file, attributes={})
+        except services.QuotaExceeded as exc:
+            raise _quota_error(exc, "file_ids") from None
     return json_response(store_object(store))
 
 
@@ -183,7 +192,10 @@ async def store_files(request: HttpRequest, store_id: str) -> HttpResponse:
 
 def _add(key: KeyInfo, store_id: str, add: schemas.FileAdd) -> HttpResponse:
     found = _store_for(key, store_id)
-    entry = services.file_add(store=found, file=_file_for(key, add.file_id), attributes=add.attributes or {})
+    try:
+        entry = services.file_add(store=found, file=_file_for(key, add.file_id), attributes=add.attributes or {})
+    except services.QuotaExceeded as exc:
+        raise _quota_error(exc, "file_id") from None
     return json_response(file_object(VectorStoreFile.objects.select_related("file", "store").get(pk=entry.pk)))
 
 

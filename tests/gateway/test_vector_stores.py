@@ -16,7 +16,7 @@ from gateway.knowledge.grounding import INSTRUCTION
 from gateway.knowledge.models import Chunk, VectorStoreFile
 from sentinel.celery import app as celery_app
 from tests.gateway.test_dialect_chains import ledger_rows
-from tests.servers import start_celery_worker
+from tests.servers import start_celery_worker, start_gateway
 
 HANDBOOK = b"""# Returns and refunds
 
@@ -318,3 +318,45 @@ def test_a_chat_grounded_in_a_store_gets_its_passages_before_the_conversation(
             client.chat.completions.create(model=model, messages=conversation, extra_body={"file_search": bad})
         assert refused.value.body["param"] == param, refused.value.body
     assert mock_provider.stats(provider)["calls"] == 3
+
+
+# --- storage quota (SENTINEL_KNOWLEDGE_QUOTA_BYTES) -------------------------------------------------
+
+QUOTA = 3_000
+
+
+@pytest.fixture(scope="module")
+def small_quota_gateway(test_database_name, mock_provider, embedding_model):
+    """A gateway whose tenants may keep 3,000 bytes of files in their vector stores."""
+    server = start_gateway(test_database_name, env={"SENTINEL_KNOWLEDGE_QUOTA_BYTES": str(QUOTA)})
+    yield server
+    server.stop()
+    celery_app.control.purge()
+
+
+def test_a_tenants_stores_hold_no_more_than_its_quota(small_quota_gateway, make_tenant, make_key):
+    client = OpenAI(base_url=small_quota_gateway.base_url, api_key=make_key(make_tenant()), max_retries=0)
+    big = upload(client, "big.md", b"# Big\n\n" + b"word " * 400)  # 2,007 bytes
+    more = upload(client, "more.md", b"# More\n\n" + b"text " * 300)  # 1,508 bytes
+    first = client.vector_stores.create(name="first", file_ids=[big])
+    # The same file in a second store counts once.
+    second = client.vector_stores.create(name="second", file_ids=[big])
+    stores_before = [store.id for store in client.vector_stores.list().data]
+    for refused_call, param in [
+        (lambda: client.vector_stores.files.create(vector_store_id=first.id, file_id=more), "file_id"),
+        (lambda: client.vector_stores.create(name="third", file_ids=[more]), "file_ids"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            refused_call()
+        assert (refused.value.body["code"], refused.value.body["param"]) == ("storage_quota_exceeded", param)
+        assert "2007 bytes" in refused.value.body["message"]
+    # Nothing was added: no third store, no file in the first beyond the big one.
+    assert [store.id for store in client.vector_stores.list().data] == stores_before
+    assert [f.id for f in client.vector_stores.files.list(vector_store_id=first.id).data] == [big]
+    # Taking the big file out of both stores frees its bytes.
+    client.vector_stores.files.delete(big, vector_store_id=first.id)
+    client.vector_stores.files.delete(big, vector_store_id=second.id)
+    assert client.vector_stores.files.create(vector_store_id=first.id, file_id=more).id == more
+    # Another tenant has a quota of its own.
+    neighbour = OpenAI(base_url=small_quota_gateway.base_url, api_key=make_key(make_tenant()), max_retries=0)
+    assert neighbour.vector_stores.create(name="n", file_ids=[upload(neighbour, "n.md", b"# N\n\n" + b"x " * 1000)])
