@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError
 from gateway.batches.schemas import MAX_METADATA_PAIRS, NO_CONTROL
 from gateway.bodies import check_body
 from gateway.errors import invalid_request
+from gateway.knowledge.filters import Comparison, Compound
 from gateway.schemas import _Strict, integer, json_object, validation_error
 
 MAX_FILES_AT_CREATE = 500
@@ -76,14 +77,13 @@ class Search(_Strict):
     max_num_results: integer(ge=1, le=MAX_RESULTS) | None = None
     ranking_options: RankingOptions | None = None
     rewrite_query: Literal[False] | None = None  # no model rewrites queries here
-    filters: None = None  # attribute filters: not served yet
+    filters: Comparison | Compound | None = None  # on the files' attributes (gateway.knowledge.filters)
     # Sentinel's own: one side of the hybrid search alone (as the quality table compares them).
     search_mode: Literal["hybrid", "semantic", "keyword"] | None = None
 
 
 UNSUPPORTED = {
     "expires_after": "Vector stores are kept until deleted: 'expires_after' is not supported.",
-    "filters": "Attribute filters are not supported by this gateway's vector store search yet.",
     "rewrite_query": "Query rewriting is not supported by this gateway.",
 }
 

@@ -148,24 +148,40 @@ class Hit:
     score: float  # the fused score, 1.0 for a chunk first in both rankings
 
 
-def search(*, store: VectorStore, query: str, vector: np.ndarray, limit: int, mode: str = "hybrid") -> list[Hit]:
+def search(
+    *,
+    store: VectorStore,
+    query: str,
+    vector: np.ndarray,
+    limit: int,
+    mode: str = "hybrid",
+    where: tuple[str, dict] | None = None,
+) -> list[Hit]:
     """The store's chunks best matching `query`: the CANDIDATES nearest embeddings and the CANDIDATES
     best full-text matches (any of the query's words, stemmed), fused by reciprocal rank; `mode`
-    "semantic" or "keyword" uses one side alone."""
+    "semantic" or "keyword" uses one side alone. `where` (gateway.knowledge.filters.to_sql) keeps
+    the chunks of files whose attributes match, before either side ranks them."""
+    # The filter's SQL comes from filters.to_sql: its keys and values are parameters.
+    files = (
+        "AND store_file_id IN (SELECT e.id FROM gateway_vectorstorefile e WHERE e.store_id = %(store)s "  # noqa: S608
+        f"AND ({where[0]})) "
+        if where is not None
+        else ""
+    )
     sides = []
     if mode in ("hybrid", "semantic"):
         sides.append(
-            "SELECT id, row_number() OVER (ORDER BY embedding <=> %(vector)s::vector) AS rank FROM gateway_chunk "
-            "WHERE store_id = %(store)s ORDER BY embedding <=> %(vector)s::vector LIMIT %(candidates)s"
+            "SELECT id, row_number() OVER (ORDER BY embedding <=> %(vector)s::vector) AS rank FROM gateway_chunk "  # noqa: S608
+            f"WHERE store_id = %(store)s {files}ORDER BY embedding <=> %(vector)s::vector LIMIT %(candidates)s"
         )
     if mode in ("hybrid", "keyword"):
         # plainto_tsquery stems the words and joins them with & (all of them); | makes any of them
         # match (read back with the 'simple' configuration, which leaves the stems as they are).
         sides.append(
-            "SELECT id, row_number() OVER (ORDER BY ts_rank_cd(search, query) DESC, id) AS rank "
+            "SELECT id, row_number() OVER (ORDER BY ts_rank_cd(search, query) DESC, id) AS rank "  # noqa: S608
             "FROM gateway_chunk, "
             "to_tsquery('simple', replace(plainto_tsquery(%(config)s, %(query)s)::text, ' & ', ' | ')) AS query "
-            "WHERE store_id = %(store)s AND search @@ query "
+            f"WHERE store_id = %(store)s AND search @@ query {files}"
             "ORDER BY ts_rank_cd(search, query) DESC, id LIMIT %(candidates)s"
         )
     ranked = " UNION ALL ".join(f"({side})" for side in sides)
@@ -184,6 +200,7 @@ def search(*, store: VectorStore, query: str, vector: np.ndarray, limit: int, mo
         "query": query,
         "best": len(sides) / (RRF_K + 1),
         "limit": limit,
+        **(where[1] if where is not None else {}),
     }
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

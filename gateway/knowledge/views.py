@@ -25,7 +25,7 @@ from gateway.batches.views import (
 )
 from gateway.cache import engine
 from gateway.errors import GatewayError, invalid_request
-from gateway.knowledge import schemas, services
+from gateway.knowledge import filters, schemas, services
 from gateway.knowledge.models import VectorStore, VectorStoreFile
 
 STORE_ID = re.compile(r"^vs_[0-9a-f]{24}$")
@@ -234,12 +234,17 @@ async def search(request: HttpRequest, store_id: str) -> HttpResponse:
         found = await sync_to_async(_store_for)(key, store_id)
         query = asked.query if isinstance(asked.query, str) else " ".join(asked.query)
         vector = await engine.embed(query)
+        try:
+            where = filters.to_sql(asked.filters) if asked.filters is not None else None
+        except filters.FilterError as exc:
+            raise invalid_request(f"Invalid filters: {exc}.", param="filters", code="invalid_value") from None
         hits = await sync_to_async(services.search)(
             store=found,
             query=query,
             vector=vector,
             limit=asked.max_num_results or 10,
             mode=asked.search_mode or "hybrid",
+            where=where,
         )
         threshold = asked.ranking_options.score_threshold if asked.ranking_options else None
         data = [
