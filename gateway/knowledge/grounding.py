@@ -1,11 +1,11 @@
 """Grounded chat: a chat completion naming vector stores (Sentinel's `file_search` field, shaped as
 the Responses API's file_search tool) is answered from the tenant's documents. Before the request is
 admitted, its last user message is searched for in those stores (gateway.knowledge.services.search),
-and the best passages go into the conversation as a system message, numbered, with the instruction to
-cite them; the `x-sentinel-file-search` header (gateway.call.response_headers) names the files and
-scores, in that order. So the
-reservation counts the passages' tokens, screening reads them, and the provider bills them as prompt
-tokens. A grounded request neither reads nor fills the cache (the documents may change under it).
+and the best passages go into the conversation as a user turn just before that message, numbered,
+with the instruction to cite them; the `x-sentinel-file-search` header (gateway.call.response_headers)
+names the files and scores, in that order. So the reservation counts the passages' tokens, screening
+reads them (injection and moderation too), and the provider bills them as prompt tokens. A grounded
+request neither reads nor fills the cache (the documents may change under it).
 """
 
 from __future__ import annotations
@@ -65,10 +65,11 @@ async def ground(call: Call) -> None:
     if hits:
         passages = "\n\n".join(f"[{n}] ({hit.filename})\n{hit.text}" for n, hit in enumerate(hits, start=1))
         messages = call.body["messages"]
-        first_other = next(
-            (i for i, message in enumerate(messages) if message.get("role") not in ("system", "developer")), 0
-        )
-        messages.insert(first_other, {"role": "system", "content": f"{INSTRUCTION}\n\n{passages}"})
+        # A user turn just before the question, not a system message: the passages are documents,
+        # not the app's instructions, so the tenant's injection and moderation checks read them as
+        # they read tool results (an instruction planted in a document is an indirect injection).
+        last_user = max(i for i, message in enumerate(messages) if message.get("role") == "user")
+        messages.insert(last_user, {"role": "user", "content": f"{INSTRUCTION}\n\n{passages}"})
     call.request = ChatRequest.model_validate(call.body)
 
 
