@@ -42,7 +42,7 @@ MAX_INPUT_IMAGES = 16  # OpenAI's limit for an edit (gpt-image-1); a variation t
 SIGNATURES = {"png": (b"\x89PNG\r\n\x1a\n",), "jpeg": (b"\xff\xd8\xff",)}
 
 
-class ImageEditRequest(_Strict):
+class ImageEditRequest(images.ImagesAsked, _Strict):
     """OpenAI's image edit parameters (the official SDK's ImageEditParams) but the files, and without
     its streaming, video and vector ones, which Sentinel refuses by name (EDIT_UNSUPPORTED)."""
 
@@ -58,16 +58,8 @@ class ImageEditRequest(_Strict):
     output_compression: integer(ge=0, le=100) | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
 
-    @property
-    def stream(self) -> bool:
-        return False
 
-    @property
-    def count(self) -> int:
-        return self.n or 1
-
-
-class ImageVariationRequest(_Strict):
+class ImageVariationRequest(images.ImagesAsked, _Strict):
     """OpenAI's image variation parameters (ImageCreateVariationParams) but the image."""
 
     model: Annotated[str, Field(min_length=1, max_length=200)]
@@ -75,14 +67,6 @@ class ImageVariationRequest(_Strict):
     size: Annotated[str, Field(pattern=images.SIZE_PATTERN)] | None = None
     response_format: Literal["url", "b64_json"] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
-
-    @property
-    def stream(self) -> bool:
-        return False
-
-    @property
-    def count(self) -> int:
-        return self.n or 1
 
     @property
     def quality(self) -> None:

@@ -62,7 +62,22 @@ ANSWER_VALUES = {
 }
 
 
-class ImageRequest(_Strict):
+class ImagesAsked:
+    """What the image path reads of a request, whichever endpoint made it: images are never streamed
+    (the ledger's `stream` column) and `n` defaults to one."""
+
+    n: int | None
+
+    @property
+    def stream(self) -> bool:
+        return False
+
+    @property
+    def count(self) -> int:
+        return self.n or 1
+
+
+class ImageRequest(ImagesAsked, _Strict):
     """OpenAI's image generation request (the official SDK's ImageGenerateParams) without its
     streaming and video parameters, which Sentinel refuses by name (UNSUPPORTED_PARAMETERS)."""
 
@@ -78,14 +93,6 @@ class ImageRequest(_Strict):
     output_format: Literal["png", "webp", "jpeg"] | None = None
     output_compression: integer(ge=0, le=100) | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
-
-    @property
-    def stream(self) -> bool:
-        return False  # the ledger's `stream` column
-
-    @property
-    def count(self) -> int:
-        return self.n or 1
 
 
 IMAGE_PARAMETERS = frozenset(ImageRequest.model_fields)
