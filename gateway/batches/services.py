@@ -58,7 +58,12 @@ def file_create(*, tenant_id: int, key_id: int, filename: str, content: bytes, p
 
 
 def file_delete(*, file: BatchFile) -> None:
-    """Its content goes; the row stays for the batches that name it."""
+    """Its content goes; the row stays for the batches that name it. A document for vector stores
+    goes whole, and with it its place in every store and every chunk made of it (on_delete CASCADE):
+    nothing of a deleted document stays searchable."""
+    if file.purpose == BatchFile.Purpose.ASSISTANTS:
+        BatchFile.objects.filter(pk=file.pk).delete()
+        return
     BatchFile.objects.filter(pk=file.pk, deleted_at=None).update(deleted_at=timezone.now(), content=b"", bytes=0)
 
 

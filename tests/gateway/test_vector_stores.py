@@ -197,6 +197,16 @@ def test_a_file_removed_or_a_store_deleted_takes_every_chunk_with_it(library):
     assert all(hit.filename != "handbook.md" for hit in top(client, store_id, "refund to the original card"))
     assert client.files.retrieve(files["handbook.md"]).id == files["handbook.md"]  # the upload itself stays
 
+    # Deleting the upload itself takes it out of every store, every chunk of it with it.
+    warranty_chunks = Chunk.objects.filter(store_file__file__public_id=files["warranty.pdf"]).count()
+    assert warranty_chunks >= 1
+    remaining = Chunk.objects.filter(store__public_id=store_id).count()
+    assert client.files.delete(files["warranty.pdf"]).deleted is True
+    assert not Chunk.objects.filter(store_file__file__public_id=files["warranty.pdf"]).exists()
+    assert Chunk.objects.filter(store__public_id=store_id).count() == remaining - warranty_chunks
+    assert files["warranty.pdf"] not in [f.id for f in client.vector_stores.files.list(vector_store_id=store_id).data]
+    assert all(hit.filename != "warranty.pdf" for hit in top(client, store_id, "kettle warranty two years"))
+
     assert client.vector_stores.delete(store_id).deleted is True
     assert not Chunk.objects.filter(store__public_id=store_id).exists()
     with pytest.raises(openai.NotFoundError):
