@@ -180,7 +180,7 @@ _SESSION_PARAMETER = {
         "The session of your app this request belongs to (else `metadata.session_id`), held to the key's "
         "session limits; at most 256 characters, no control characters. The end user is OpenAI's `user`."
     ),
-    "schema": {"type": "string", "maxLength": 256},
+    "schema": {"type": "string", "maxLength": 256, "pattern": NO_CONTROL},
 }
 _KEY_SECURITY = [{"VirtualKey": []}, {"VirtualKeyHeader": []}]
 # The refusals of an endpoint that calls a provider (chat, embeddings, responses: each changes some).

@@ -10,6 +10,7 @@ request neither reads nor fills the cache (the documents may change under it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from asgiref.sync import sync_to_async
@@ -17,8 +18,9 @@ from pydantic import Field, ValidationError
 
 from gateway.cache import engine
 from gateway.call import Call
-from gateway.errors import GatewayError
-from gateway.knowledge import services
+from gateway.errors import GatewayError, invalid_request
+from gateway.knowledge import filters, services
+from gateway.knowledge.filters import Comparison, Compound
 from gateway.knowledge.models import VectorStore
 from gateway.schemas import ChatRequest, _Strict, integer, validation_error
 
@@ -35,28 +37,50 @@ class FileSearch(_Strict):
         list[Annotated[str, Field(min_length=1, max_length=64)]], Field(min_length=1, max_length=MAX_STORES)
     ]
     max_num_results: integer(ge=1, le=20) | None = None
+    filters: Comparison | Compound | None = None
 
 
-async def ground(call: Call) -> None:
-    """Search the stores `file_search` names and put the passages into call.body (see above)."""
-    spec = call.body.pop("file_search", None)
-    if spec is None:
-        return
+@dataclass(frozen=True)
+class Grounded:
+    """What a grounded request was given: the text searched for and the passages, best first."""
+
+    query: str
+    hits: list[services.Hit]
+
+
+def parse(spec: object, param: str) -> FileSearch:
+    """`spec` validated; a GatewayError(400) names the field under `param`."""
     try:
         asked = FileSearch.model_validate(spec)
+        if asked.filters is not None:
+            filters.to_sql(asked.filters)
+        return asked
     except ValidationError as exc:
         error = validation_error(exc)
-        param = f"file_search.{error.param}" if error.param else "file_search"
+        name = f"{param}.{error.param}" if error.param else param
         raise GatewayError(
-            error.status, error.code, error.message.replace(f"'{error.param}'", f"'{param}'"), param=param
+            error.status, error.code, error.message.replace(f"'{error.param}'", f"'{name}'"), param=name
         ) from None
-    stores = await sync_to_async(_stores)(call.key.tenant_id, asked.vector_store_ids)
+    except filters.FilterError as exc:
+        raise invalid_request(f"Invalid filters: {exc}.", param=f"{param}.filters", code="invalid_value") from None
+
+
+async def ground(call: Call, asked: FileSearch | None = None, param: str = "file_search") -> Grounded | None:
+    """Search the stores `file_search` names (or `asked`: the Responses API's file_search tool) and
+    put the passages into call.body (see above)."""
+    spec = call.body.pop("file_search", None)
+    if asked is None:
+        if spec is None:
+            return None
+        asked = parse(spec, param)
+    stores = await sync_to_async(_stores)(call.key.tenant_id, asked.vector_store_ids, param)
+    where = filters.to_sql(asked.filters) if asked.filters is not None else None
     query = _last_user_text(call.body["messages"])[:MAX_QUERY_CHARS]
     limit = asked.max_num_results or 5
     hits = []
     vector = await engine.embed(query) if query else None  # no user text: nothing to search for
     for store in stores if vector is not None else ():
-        hits += await sync_to_async(services.search)(store=store, query=query, vector=vector, limit=limit)
+        hits += await sync_to_async(services.search)(store=store, query=query, vector=vector, limit=limit, where=where)
     hits = sorted(hits, key=lambda hit: -hit.score)[:limit]
     call.file_search = [(hit.file_id, hit.score) for hit in hits]
     call.cache_controls = engine.Controls(
@@ -71,9 +95,10 @@ async def ground(call: Call) -> None:
         last_user = max(i for i, message in enumerate(messages) if message.get("role") == "user")
         messages.insert(last_user, {"role": "user", "content": f"{INSTRUCTION}\n\n{passages}"})
     call.request = ChatRequest.model_validate(call.body)
+    return Grounded(query=query, hits=hits)
 
 
-def _stores(tenant_id: int, ids: list[str]) -> list[VectorStore]:
+def _stores(tenant_id: int, ids: list[str], param: str) -> list[VectorStore]:
     found = {store.public_id: store for store in VectorStore.objects.filter(tenant_id=tenant_id, public_id__in=ids)}
     for public_id in ids:
         if public_id not in found:
@@ -81,7 +106,7 @@ def _stores(tenant_id: int, ids: list[str]) -> list[VectorStore]:
                 404,
                 "vector_store_not_found",
                 f"No vector_store with id '{public_id}'.",
-                param="file_search.vector_store_ids",
+                param=f"{param}.vector_store_ids",
             )
     return [found[public_id] for public_id in dict.fromkeys(ids)]
 

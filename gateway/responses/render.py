@@ -137,6 +137,28 @@ def assistant_message(output: list[dict]) -> dict:
     return message
 
 
+def file_search_item(query: str, hits: list, *, with_results: bool) -> dict:
+    """A file_search_call output item: what was searched for and, when the request's `include` asks
+    for `file_search_call.results`, the passages found."""
+    results = [
+        {
+            "file_id": hit.file_id,
+            "filename": hit.filename,
+            "score": round(hit.score, 6),
+            "text": hit.text,
+            "attributes": hit.attributes,
+        }
+        for hit in hits
+    ]
+    return {
+        "id": new_id("fs"),
+        "type": "file_search_call",
+        "status": "completed",
+        "queries": [query] if query else [],
+        "results": results if with_results else None,
+    }
+
+
 def response_from_completion(shape: Shape, completion: dict) -> dict:
     """A non-streamed chat completion as a Response object."""
     choice = (completion.get("choices") or [{}])[0]
@@ -170,9 +192,13 @@ class ResponsesEvents:
     then response.completed (or .incomplete, cut at max_output_tokens) carrying the whole Response,
     stored first when it is to be (`keep`), so it can be read as soon as the client has it."""
 
-    def __init__(self, shape: Shape, keep: Callable[[dict], Awaitable[None]]) -> None:
+    def __init__(
+        self, shape: Shape, keep: Callable[[dict], Awaitable[None]], prelude: list[dict] | None = None
+    ) -> None:
         self.shape = shape
         self.keep = keep
+        # Items done before the model runs (a file_search_call), first in the output.
+        self.prelude = prelude or []
         self.sequence = 0
         self.started = False
         self.model = ""
@@ -181,7 +207,7 @@ class ResponsesEvents:
         self.message_index: int | None = None
         self.message_id = new_id("msg")
         self.calls: dict[int, _Call] = {}
-        self.next_index = 0
+        self.next_index = len(self.prelude)
         self.finish_reason: str | None = None
 
     def _event(self, kind: str, **fields) -> bytes:
@@ -192,9 +218,15 @@ class ResponsesEvents:
     def _start(self) -> bytes:
         self.started = True
         snapshot = self.shape.response(status="in_progress", model=self.model, output=[], usage=None)
-        return self._event("response.created", response=snapshot) + self._event(
+        out = self._event("response.created", response=snapshot) + self._event(
             "response.in_progress", response=snapshot
         )
+        for index, item in enumerate(self.prelude):  # a file search, as OpenAI streams one
+            out += self._event("response.output_item.added", output_index=index, item={**item, "status": "in_progress"})
+            for stage in ("in_progress", "searching", "completed"):
+                out += self._event(f"response.file_search_call.{stage}", output_index=index, item_id=item["id"])
+            out += self._event("response.output_item.done", output_index=index, item=item)
+        return out
 
     def _index(self) -> int:
         self.next_index += 1
@@ -265,7 +297,7 @@ class ResponsesEvents:
         pass  # the usage reaches end() with the answer
 
     def output(self) -> list[dict]:
-        items: list[tuple[int, dict]] = []
+        items: list[tuple[int, dict]] = list(enumerate(self.prelude))
         if self.message_index is not None or self.refusal:
             text, refusal = "".join(self.text), "".join(self.refusal) or None
             position = self.message_index if self.message_index is not None else -1

@@ -5,8 +5,9 @@ Responses request fields Sentinel serves, and its own `cache` controls. A field 
 Sentinel does not serve (background runs, stored prompts, server-side conversations, context
 management) is refused by name (400 `unsupported_parameter`) rather than ignored; anything else,
 above all the settings litellm reads from a call's keywords (`api_base`, `api_key`, `base_url`), is
-refused as OpenAI refuses it (400 `unknown_parameter`). Tools are function tools only: OpenAI's
-hosted tools (web and file search, code interpreter, MCP with its `server_url`) would run against
+refused as OpenAI refuses it (400 `unknown_parameter`). Tools are function tools, and file_search,
+which Sentinel runs itself against the tenant's own vector stores (gateway.knowledge.grounding); the
+other hosted tools (web search, code interpreter, MCP with its `server_url`) would run against
 whatever server a request named.
 """
 
@@ -18,6 +19,8 @@ from pydantic import Discriminator, Field, Tag, ValidationError
 
 from gateway.bodies import check_body
 from gateway.errors import invalid_request
+from gateway.knowledge import grounding
+from gateway.knowledge.grounding import FileSearch
 from gateway.schemas import MAX_INT32, Metadata, _Strict, integer, json_object, validation_error
 
 # Strings keyed on, stored or passed on as ids (gateway.bodies.CHAT_IDENTIFIERS, and the id of
@@ -189,8 +192,10 @@ class ResponsesRequest(_Strict):
 RESPONSES_PARAMETERS = frozenset(ResponsesRequest.model_fields)
 
 
-def parse_responses_request(raw: bytes) -> tuple[ResponsesRequest, dict]:
-    """The validated request and the body as sent. Raises GatewayError(400) on anything wrong."""
+def parse_responses_request(raw: bytes) -> tuple[ResponsesRequest, dict, tuple[FileSearch, str] | None]:
+    """The validated request, the body as sent (less a file_search tool) and that tool with the
+    name of its place (`tools[i]`), which Sentinel runs itself against the tenant's vector stores
+    (gateway.knowledge.grounding). Raises GatewayError(400) on anything wrong."""
     body = json_object(raw)
     check_body(body, identifiers=RESPONSES_IDENTIFIERS, raw=raw)
     for name in body:
@@ -198,11 +203,34 @@ def parse_responses_request(raw: bytes) -> tuple[ResponsesRequest, dict]:
             message = f"Sentinel does not support the parameter '{name}' of the Responses API."
             raise invalid_request(message, param=name, code="unsupported_parameter")
     refuse_unserved(body)
+    file_search = _file_search_tool(body)
     try:
         request = ResponsesRequest.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
-    return request, body
+    return request, body, file_search
+
+
+def _file_search_tool(body: dict) -> tuple[FileSearch, str] | None:
+    """The file_search tool taken out of `tools` (one at most), validated as grounded chat's is."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return None
+    found = [(i, tool) for i, tool in enumerate(tools) if isinstance(tool, dict) and tool.get("type") == "file_search"]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise invalid_request("One file_search tool at most.", param=f"tools[{found[1][0]}]", code="invalid_value")
+    index, tool = found[0]
+    if tool.get("ranking_options") is not None:
+        message = "Sentinel ranks by its own hybrid search: 'ranking_options' is not supported."
+        raise invalid_request(message, param=f"tools[{index}].ranking_options", code="unsupported_parameter")
+    spec = {name: value for name, value in tool.items() if name not in ("type", "ranking_options")}
+    asked = grounding.parse(spec, f"tools[{index}]")
+    body["tools"] = [tool for i, tool in enumerate(tools) if i != index]
+    if not body["tools"]:
+        del body["tools"]
+    return asked, f"tools[{index}]"
 
 
 def refuse_unserved(body: dict) -> None:

@@ -72,7 +72,7 @@ def test_a_text_input_translates_as_litellms_bridge_translates_it(fields, text):
     from gateway.responses.schemas import parse_responses_request
     from gateway.responses.translate import BRIDGED, bridged, turn_messages
 
-    request, body = parse_responses_request(json.dumps({"model": "m", "input": text, **fields}).encode())
+    request, body, _ = parse_responses_request(json.dumps({"model": "m", "input": text, **fields}).encode())
     params = {name: body[name] for name in BRIDGED if name in body}
     if request.max_output_tokens is not None:
         params["max_output_tokens"] = request.max_output_tokens

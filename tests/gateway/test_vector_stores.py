@@ -445,3 +445,69 @@ def test_an_instruction_planted_in_a_document_is_screened_as_an_injection(
     assert (body["code"], body["param"]) == ("content_policy_violation", "messages[0].content")
     assert "system prompt" not in body["message"]
     assert mock_provider.stats(provider)["calls"] == 1
+
+
+# --- the Responses API's file_search tool -----------------------------------------------------------
+
+
+def test_the_responses_file_search_tool_runs_against_the_tenants_stores(
+    library, gateway, make_model, make_tenant, make_key, mock_provider
+):
+    client, store_id, files = library
+    model, (provider,) = make_model()
+    tool = {"type": "file_search", "vector_store_ids": [store_id], "max_num_results": 2}
+    question = "When will I get my money back after sending something back?"
+
+    raw = client.responses.with_raw_response.create(
+        model=model, input=question, tools=[tool], include=["file_search_call.results"]
+    )
+    response = raw.parse()
+    search, message = response.output[0], response.output[1]
+    assert (search.type, search.status, search.queries) == ("file_search_call", "completed", [question])
+    assert search.results[0].filename == "handbook.md" and len(search.results) == 2
+    assert "within 14 days" in search.results[0].text and search.results[0].file_id == files["handbook.md"]
+    assert message.type == "message" and response.output_text
+    assert raw.headers["x-sentinel-file-search"].startswith(files["handbook.md"] + ":")
+    sent = orjson.loads(mock_provider.stats(provider)["last_body"])
+    assert [m["role"] for m in sent["messages"]] == ["user", "user"]
+    assert sent["messages"][0]["content"].startswith(INSTRUCTION) and "tools" not in sent  # the tool is Sentinel's
+    # Without the include, the call says what was searched, not what was found.
+    plain = client.responses.create(model=model, input=question, tools=[tool])
+    assert plain.output[0].type == "file_search_call" and plain.output[0].results is None
+
+    # Streamed: the search's item and events come first, then the answer's.
+    events = list(client.responses.create(model=model, input=question, tools=[tool], stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[:7] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.file_search_call.in_progress",
+        "response.file_search_call.searching",
+        "response.file_search_call.completed",
+        "response.output_item.done",
+    ]
+    assert events[2].item.type == "file_search_call" and events[2].output_index == 0
+    assert all(getattr(event, "output_index", 1) >= 1 for event in events[7:] if event.type != "response.completed")
+    final = events[-1].response
+    assert events[-1].type == "response.completed" and [item.type for item in final.output] == [
+        "file_search_call",
+        "message",
+    ]
+
+    # Another tenant's store, two tools, ranking options, bad filters: refused, naming the tool.
+    stranger = OpenAI(base_url=gateway.base_url, api_key=make_key(make_tenant()), max_retries=0, timeout=30)
+    with pytest.raises(openai.NotFoundError) as refused:
+        stranger.responses.create(model=model, input=question, tools=[tool])
+    assert refused.value.body["param"] == "tools[0].vector_store_ids"
+    calls = mock_provider.stats(provider)["calls"]
+    for tools, param in [
+        ([tool, tool], "tools[1]"),
+        ([{**tool, "ranking_options": {"ranker": "auto"}}], "tools[0].ranking_options"),
+        ([{**tool, "filters": {"type": "gt", "key": "a", "value": True}}], "tools[0].filters"),
+        ([{**tool, "vector_store_ids": []}], "tools[0].vector_store_ids"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(model=model, input=question, tools=tools)
+        assert refused.value.body["param"] == param, refused.value.body
+    assert mock_provider.stats(provider)["calls"] == calls
