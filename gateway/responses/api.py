@@ -41,6 +41,7 @@ from gateway.responses.render import (
     ResponsesEvents,
     Shape,
     assistant_message,
+    cite,
     file_search_item,
     message_item,
     new_id,
@@ -59,10 +60,18 @@ log = logging.getLogger(__name__)
 class Turn:
     """One request's response: its shape, and how it is kept for a next turn."""
 
-    def __init__(self, call: Call, request: ResponsesRequest, body: dict, prelude: list[dict] | None = None) -> None:
+    def __init__(
+        self,
+        call: Call,
+        request: ResponsesRequest,
+        body: dict,
+        prelude: list[dict] | None = None,
+        sources: list | None = None,
+    ) -> None:
         self.call = call
         self.shape = Shape(new_id("resp"), request, body, store=request.store is not False)
         self.prelude = prelude or []  # output items before the model's (a file_search_call)
+        self.sources = sources or []  # the passages it gave, which the answer's [n] markers cite
         self.items = input_items(body["input"])
         self.system = 1 if request.instructions else 0
         self.body = b""  # the Response as sent, once rendered (answer)
@@ -70,6 +79,7 @@ class Turn:
     async def answer_completion(self, completion: dict) -> None:
         """A chat completion as this turn's Response, serialized and kept (answer)."""
         response = response_from_completion(self.shape, completion)
+        cite(response["output"], self.sources)
         response["output"] = [*self.prelude, *response["output"]]
         await self.answer(response)
 
@@ -117,21 +127,22 @@ async def _create(call: Call, headers, raw_body: bytes) -> Reply:
     messages, params = turn_messages(request, body)
     call.request, call.body = chat_request(request, body, history, messages, params)
     call.cache_controls = cache.controls_from(call.body, headers)
-    prelude = []
+    prelude, sources = [], []
     if file_search is not None:  # the tenant's passages, before the prompt is counted (as grounded chat)
         asked, param = file_search
         grounded = await grounding.ground(call, asked, param=param)
         if grounded is not None:
             with_results = "file_search_call.results" in (request.include or ())
             prelude.append(file_search_item(grounded.query, grounded.hits, with_results=with_results))
+            sources = grounded.hits
     route, chain = await route_and_admit(call, headers, None, model_of=pick_model, admit_with=admit)
     await screening.screen_input(call)  # may block, or redact call.body before the cache sees it
-    turn = Turn(call, request, body, prelude)
+    turn = Turn(call, request, body, prelude, sources)
     hit = await consult_cache(call, route)
     if hit is not None:
         return await serve_from_cache(call, hit, turn)
     if request.stream:
-        return await stream_from_chain(call, chain, ResponsesEvents(turn.shape, turn.keep, turn.prelude))
+        return await stream_from_chain(call, chain, ResponsesEvents(turn.shape, turn.keep, turn.prelude, turn.sources))
     # Rendered and stored as soon as the answer is final, while the ledger is handed off.
     _, headers = await answer_from_chain(call, chain, alongside=turn.answer_completion)
     return Reply(200, headers, turn.body)

@@ -11,6 +11,7 @@ items it saw streamed. One renderer for both keeps a streamed response and its s
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -137,6 +138,34 @@ def assistant_message(output: list[dict]) -> dict:
     return message
 
 
+_CITATION = re.compile(r"\[(\d{1,2})\]")
+
+
+def citations(text: str, sources: list) -> list[dict]:
+    """The `[n]` markers of an answer's text as OpenAI's file_citation annotations: passage n of those
+    the file search gave (gateway.knowledge.grounding numbers them from 1); other numbers are text."""
+    return [
+        {
+            "type": "file_citation",
+            "index": match.start(),
+            "file_id": sources[int(match[1]) - 1].file_id,
+            "filename": sources[int(match[1]) - 1].filename,
+        }
+        for match in _CITATION.finditer(text)
+        if 1 <= int(match[1]) <= len(sources)
+    ]
+
+
+def cite(output: list[dict], sources: list) -> None:
+    """Annotate, in place, each output_text of the output's messages with its citations."""
+    if not sources:
+        return
+    for item in output:
+        for part in item.get("content") or () if item["type"] == "message" else ():
+            if part["type"] == "output_text":
+                part["annotations"] = citations(part["text"], sources)
+
+
 def file_search_item(query: str, hits: list, *, with_results: bool) -> dict:
     """A file_search_call output item: what was searched for and, when the request's `include` asks
     for `file_search_call.results`, the passages found."""
@@ -193,12 +222,18 @@ class ResponsesEvents:
     stored first when it is to be (`keep`), so it can be read as soon as the client has it."""
 
     def __init__(
-        self, shape: Shape, keep: Callable[[dict], Awaitable[None]], prelude: list[dict] | None = None
+        self,
+        shape: Shape,
+        keep: Callable[[dict], Awaitable[None]],
+        prelude: list[dict] | None = None,
+        sources: list | None = None,
     ) -> None:
         self.shape = shape
         self.keep = keep
-        # Items done before the model runs (a file_search_call), first in the output.
+        # Items done before the model runs (a file_search_call), first in the output, and the passages
+        # it gave, which the answer's [n] markers cite.
         self.prelude = prelude or []
+        self.sources = sources or []
         self.sequence = 0
         self.started = False
         self.model = ""
@@ -310,11 +345,17 @@ class ResponsesEvents:
         out = b"" if self.started else self._start()
         if self.message_index is not None:
             text = "".join(self.text)
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            annotations = citations(text, self.sources)
+            part = {"type": "output_text", "text": text, "annotations": annotations, "logprobs": []}
             common = {"item_id": self.message_id, "output_index": self.message_index, "content_index": 0}
+            for number, annotation in enumerate(annotations):
+                out += self._event(
+                    "response.output_text.annotation.added", **common, annotation_index=number, annotation=annotation
+                )
             out += self._event("response.output_text.done", **common, text=text, logprobs=[])
             out += self._event("response.content_part.done", **common, part=part)
         output = self.output()
+        cite(output, self.sources)
         for item in output:
             if item["type"] == "function_call":
                 call = next(c for c in self.calls.values() if c.item_id == item["id"])

@@ -14,6 +14,7 @@ from openai import OpenAI
 
 from gateway.knowledge.grounding import INSTRUCTION
 from gateway.knowledge.models import Chunk, VectorStoreFile
+from gateway.mock_answers import ECHO_TRIGGER
 from sentinel.celery import app as celery_app
 from tests.gateway.test_dialect_chains import ledger_rows
 from tests.servers import start_celery_worker, start_gateway
@@ -494,6 +495,22 @@ def test_the_responses_file_search_tool_runs_against_the_tenants_stores(
         "file_search_call",
         "message",
     ]
+
+    # The answer's [n] markers become file_citation annotations of the passages given ([9]: none given).
+    echoing = f"refund timeline {ECHO_TRIGGER} Refunds take 14 days [1], see [2] and [9]."
+    cited = client.responses.create(model=model, input=echoing, tools=[tool], include=["file_search_call.results"])
+    given = cited.output[0].results
+    text = cited.output[1].content[0]
+    assert text.text == "Refunds take 14 days [1], see [2] and [9]."
+    assert [(a.type, a.index, a.file_id, a.filename) for a in text.annotations] == [
+        ("file_citation", text.text.index("[1]"), given[0].file_id, given[0].filename),
+        ("file_citation", text.text.index("[2]"), given[1].file_id, given[1].filename),
+    ]
+    streamed = list(client.responses.create(model=model, input=echoing, tools=[tool], stream=True))
+    added = [event.annotation for event in streamed if event.type == "response.output_text.annotation.added"]
+    assert [(a.index, a.file_id) for a in added] == [(a.index, a.file_id) for a in text.annotations]
+    final_text = streamed[-1].response.output[1].content[0]
+    assert [(a.index, a.file_id) for a in final_text.annotations] == [(a.index, a.file_id) for a in text.annotations]
 
     # Another tenant's store, two tools, ranking options, bad filters: refused, naming the tool.
     stranger = OpenAI(base_url=gateway.base_url, api_key=make_key(make_tenant()), max_retries=0, timeout=30)
