@@ -76,7 +76,8 @@ def request_counts(batch_ids: list[int]) -> dict[int, dict[str, int]]:
     return counts
 
 
-def _stamp(moment: datetime | None) -> int | None:
+def stamp(moment: datetime | None) -> int | None:
+    """A moment as OpenAI writes one: whole Unix seconds (None stays None)."""
     return int(moment.timestamp()) if moment else None
 
 
@@ -85,7 +86,7 @@ def file_object(file: BatchFile) -> dict:
         "id": file.public_id,
         "object": "file",
         "bytes": file.bytes,
-        "created_at": _stamp(file.created_at),
+        "created_at": stamp(file.created_at),
         "filename": file.filename,
         "purpose": file.purpose,
         "status": "processed",
@@ -105,15 +106,15 @@ def batch_object(batch: Batch, counts: dict[str, int]) -> dict:
         "status": batch.status,
         "output_file_id": batch.output_file.public_id if batch.output_file_id else None,
         "error_file_id": batch.error_file.public_id if batch.error_file_id else None,
-        "created_at": _stamp(batch.created_at),
-        "in_progress_at": _stamp(batch.in_progress_at),
-        "expires_at": _stamp(batch.expires_at),
-        "finalizing_at": _stamp(batch.finalizing_at),
-        "completed_at": _stamp(batch.completed_at),
-        "failed_at": _stamp(batch.failed_at),
-        "expired_at": _stamp(batch.expired_at),
-        "cancelling_at": _stamp(batch.cancelling_at),
-        "cancelled_at": _stamp(batch.cancelled_at),
+        "created_at": stamp(batch.created_at),
+        "in_progress_at": stamp(batch.in_progress_at),
+        "expires_at": stamp(batch.expires_at),
+        "finalizing_at": stamp(batch.finalizing_at),
+        "completed_at": stamp(batch.completed_at),
+        "failed_at": stamp(batch.failed_at),
+        "expired_at": stamp(batch.expired_at),
+        "cancelling_at": stamp(batch.cancelling_at),
+        "cancelled_at": stamp(batch.cancelled_at),
         "request_counts": counts,
         "usage": batch.usage,
         "metadata": batch.metadata,

@@ -30,8 +30,8 @@ CANDIDATES = 50
 RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009)
 
 
-def store_create(*, tenant_id: int, name: str, metadata: dict) -> VectorStore:
-    return VectorStore.objects.create(tenant_id=tenant_id, name=name, metadata=metadata)
+def store_create(*, tenant_id: int, name: str, metadata: dict, description: str = "") -> VectorStore:
+    return VectorStore.objects.create(tenant_id=tenant_id, name=name, description=description, metadata=metadata)
 
 
 def store_delete(*, store: VectorStore) -> None:

@@ -4,7 +4,6 @@ are): authenticated with a virtual key and scoped to its tenant; another tenant'
 from __future__ import annotations
 
 import re
-from datetime import datetime
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
@@ -31,10 +30,6 @@ from gateway.knowledge.models import VectorStore, VectorStoreFile
 STORE_ID = re.compile(r"^vs_[0-9a-f]{24}$")
 
 
-def _stamp(moment: datetime) -> int:
-    return int(moment.timestamp())
-
-
 def store_object(store: VectorStore) -> dict:
     counts = VectorStoreFile.objects.filter(store=store).aggregate(
         total=Count("id"),
@@ -46,7 +41,7 @@ def store_object(store: VectorStore) -> dict:
     return {
         "id": store.public_id,
         "object": "vector_store",
-        "created_at": _stamp(store.created_at),
+        "created_at": file_selectors.stamp(store.created_at),
         "name": store.name,
         "description": store.description or None,
         "usage_bytes": counts.pop("usage") or 0,
@@ -54,7 +49,7 @@ def store_object(store: VectorStore) -> dict:
         "status": "in_progress" if counts["in_progress"] else "completed",
         "expires_after": None,
         "expires_at": None,
-        "last_active_at": _stamp(store.last_active_at),
+        "last_active_at": file_selectors.stamp(store.last_active_at),
         "metadata": store.metadata,
     }
 
@@ -63,7 +58,7 @@ def file_object(entry: VectorStoreFile) -> dict:
     return {
         "id": entry.file.public_id,
         "object": "vector_store.file",
-        "created_at": _stamp(entry.created_at),
+        "created_at": file_selectors.stamp(entry.created_at),
         "vector_store_id": entry.store.public_id,
         "status": entry.status,
         "last_error": entry.last_error,
@@ -126,10 +121,12 @@ def _quota_error(exc: services.QuotaExceeded, param: str) -> GatewayError:
 @transaction.atomic  # a file over the quota leaves no store behind
 def _create(key: KeyInfo, create: schemas.StoreCreate) -> HttpResponse:
     files = [_file_for(key, file_id, param="file_ids") for file_id in dict.fromkeys(create.file_ids or [])]
-    store = services.store_create(tenant_id=key.tenant_id, name=create.name or "", metadata=create.metadata or {})
-    if create.description:
-        VectorStore.objects.filter(pk=store.pk).update(description=create.description)
-        store.description = create.description
+    store = services.store_create(
+        tenant_id=key.tenant_id,
+        name=create.name or "",
+        description=create.description or "",
+        metadata=create.metadata or {},
+    )
     for file in files:
         try:
             services.file_add(store=store, file=file, attributes={})
