@@ -34,6 +34,15 @@ def index_cache_partitions() -> dict:
 
 
 @shared_task(ignore_result=True)
+def index_knowledge_stores() -> dict:
+    """Give large vector stores their own HNSW index; drop those of shrunk ones."""
+    from gateway.knowledge.indexes import index_stores
+
+    outcome = index_stores()
+    return {"created": len(outcome.created), "dropped": len(outcome.dropped), "indexed": outcome.indexed}
+
+
+@shared_task(ignore_result=True)
 def sample_deployment_load() -> int:
     """Read every self-hosted deployment's load and share it through Redis (beat, every few seconds)."""
     from gateway.upstream.load import sample_deployments

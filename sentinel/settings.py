@@ -449,6 +449,15 @@ CELERY_BEAT_SCHEDULE = {
         ),
         "options": {"expires": 600},
     },
+    "index-knowledge-stores": {
+        "task": "gateway.tasks.index_knowledge_stores",
+        "schedule": envfloat(
+            "SENTINEL_KNOWLEDGE_INDEX_SECONDS",
+            300.0,
+            "How often beat gives large vector stores their own HNSW index (and drops shrunk ones').",
+        ),
+        "options": {"expires": 600},
+    },
     "sample-deployment-load": {
         "task": "gateway.tasks.sample_deployment_load",
         "schedule": LOAD_SAMPLE_SECONDS,
@@ -549,6 +558,11 @@ KNOWLEDGE_QUOTA_BYTES = envint(
     "SENTINEL_KNOWLEDGE_QUOTA_BYTES",
     1024 * 1024 * 1024,
     "Each tenant's storage for vector stores: the bytes of the distinct files in its stores (docs/knowledge.md).",
+)
+KNOWLEDGE_INDEX_ROWS = envint(
+    "SENTINEL_KNOWLEDGE_INDEX_ROWS",
+    2_000,
+    "Chunks from which a vector store gets its own HNSW index; smaller stores are searched exactly.",
 )
 BATCH_MAX_REQUESTS = envint("SENTINEL_BATCH_MAX_REQUESTS", 50_000, "Most requests (lines) one batch may hold.")
 BATCH_LEASE_SECONDS = envfloat(

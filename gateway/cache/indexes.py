@@ -47,8 +47,8 @@ class Outcome:
     skipped: bool = False  # another run held the lock
 
 
-def index_name(partition: str, *, prefix: str = PREFIX) -> str:
-    return f"{prefix}_{partition[:_PREFIX_CHARS]}"
+def index_name(partition: str | int, *, prefix: str = PREFIX) -> str:
+    return f"{prefix}_{str(partition)[:_PREFIX_CHARS]}"
 
 
 def partition_indexes(cursor, *, table: str = TABLE, prefix: str = PREFIX) -> dict[str, bool]:
@@ -61,32 +61,52 @@ def partition_indexes(cursor, *, table: str = TABLE, prefix: str = PREFIX) -> di
     return dict(cursor.fetchall())
 
 
-def create_index_sql(partition: str, *, table: str = TABLE, prefix: str = PREFIX, concurrently: bool = True) -> str:
-    if not _DIGEST.fullmatch(partition):  # the digest goes into SQL as a literal: never anything else
-        raise ValueError(f"not a partition digest: {partition!r}")
+def create_index_sql(
+    partition: str | int,
+    *,
+    table: str = TABLE,
+    prefix: str = PREFIX,
+    column: str = "partition",
+    concurrently: bool = True,
+) -> str:
+    # The partition goes into SQL as a literal: a digest or an integer id, never anything else.
+    if type(partition) is int:
+        literal = str(partition)
+    elif isinstance(partition, str) and _DIGEST.fullmatch(partition):
+        literal = f"'{partition}'"
+    else:
+        raise ValueError(f"not a partition digest or id: {partition!r}")
     return (
         f"create index {'concurrently ' if concurrently else ''}if not exists {index_name(partition, prefix=prefix)} "
-        f"on {table} {HNSW_METHOD} where partition = '{partition}'"
+        f"on {table} {HNSW_METHOD} where {column} = {literal}"
     )
 
 
 def index_partitions(
-    *, rows: int | None = None, table: str = TABLE, prefix: str = PREFIX, concurrently: bool = True, using=None
+    *,
+    rows: int | None = None,
+    table: str = TABLE,
+    prefix: str = PREFIX,
+    column: str = "partition",
+    lock: int = _LOCK,
+    concurrently: bool = True,
+    using=None,
 ) -> Outcome:
-    """Bring the partition indexes in line with the partitions' sizes (see the module's docstring)."""
+    """Bring the partition indexes in line with the partitions' sizes (see the module's docstring).
+    The knowledge bases' chunks are kept the same way, partitioned by store (gateway.knowledge.indexes)."""
     threshold = max(1, int(rows if rows is not None else settings.CACHE_PARTITION_INDEX_ROWS))
     conn = using or connection
     outcome = Outcome()
     with conn.cursor() as cursor:
-        cursor.execute("select pg_try_advisory_lock(%s)", [_LOCK])
+        cursor.execute("select pg_try_advisory_lock(%s)", [lock])
         if not cursor.fetchone()[0]:
             outcome.skipped = True
             return outcome
         try:
             # An index-only scan of the partition btree; only partitions that matter either way.
             cursor.execute(
-                f"select partition, count(*) from {table} where embedding is not null "  # noqa: S608 - our table
-                f"group by partition having count(*) >= %s",
+                f"select {column}, count(*) from {table} where embedding is not null "  # noqa: S608 - our table
+                f"group by {column} having count(*) >= %s",
                 [max(1, threshold // 2)],
             )
             sizes = dict(cursor.fetchall())
@@ -102,16 +122,21 @@ def index_partitions(
                 if name in existing:
                     continue
                 try:
-                    cursor.execute(create_index_sql(partition, table=table, prefix=prefix, concurrently=concurrently))
+                    cursor.execute(
+                        create_index_sql(
+                            partition, table=table, prefix=prefix, column=column, concurrently=concurrently
+                        )
+                    )
                     outcome.created.append(name)
                 except Exception as exc:  # noqa: BLE001 - the next run drops what was left invalid and retries
-                    log.warning("cache partition index %s not built: %s: %s", name, type(exc).__name__, exc)
+                    log.warning("partition index %s not built: %s: %s", name, type(exc).__name__, exc)
             outcome.indexed = len(existing) + len(outcome.created)  # what is left of `existing` is valid
         finally:
-            cursor.execute("select pg_advisory_unlock(%s)", [_LOCK])
+            cursor.execute("select pg_advisory_unlock(%s)", [lock])
     if outcome.created or outcome.dropped:
         log.info(
-            "cache partition indexes: %d built, %d dropped, %d in use",
+            "%s partition indexes: %d built, %d dropped, %d in use",
+            table,
             len(outcome.created),
             len(outcome.dropped),
             outcome.indexed,

@@ -78,10 +78,9 @@ async def ground(call: Call, asked: FileSearch | None = None, param: str = "file
     query = _last_user_text(call.body["messages"])[:MAX_QUERY_CHARS]
     limit = asked.max_num_results or 5
     hits = []
-    vector = await engine.embed(query) if query else None  # no user text: nothing to search for
-    for store in stores if vector is not None else ():
-        hits += await sync_to_async(services.search)(store=store, query=query, vector=vector, limit=limit, where=where)
-    hits = sorted(hits, key=lambda hit: -hit.score)[:limit]
+    if query:  # no user text: nothing to search for
+        vector = await engine.embed(query)
+        hits = await sync_to_async(services.search)(stores=stores, query=query, vector=vector, limit=limit, where=where)
     call.file_search = [(hit.file_id, hit.score) for hit in hits]
     call.cache_controls = engine.Controls(
         no_cache=True, no_store=True, ttl=call.cache_controls.ttl, namespace=call.cache_controls.namespace

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 import orjson
@@ -137,6 +138,18 @@ def _distinct(texts: list[str], vectors: np.ndarray) -> tuple[list[str], list[np
 
 # --- search ---------------------------------------------------------------------------------------
 
+# A store's last_active_at is written at most this often by searches (a write on the read path).
+ACTIVE_RESOLUTION = timedelta(minutes=1)
+
+
+def touched(stores: list[VectorStore]) -> None:
+    """The stores' last_active_at now, unless it was set within ACTIVE_RESOLUTION: one UPDATE that
+    changes no row (and takes no row lock) for stores searched a moment ago."""
+    now = timezone.now()
+    stale = [store.pk for store in stores if now - store.last_active_at >= ACTIVE_RESOLUTION]
+    if stale:
+        VectorStore.objects.filter(pk__in=stale, last_active_at__lt=now - ACTIVE_RESOLUTION).update(last_active_at=now)
+
 
 @dataclass(frozen=True)
 class Hit:
@@ -150,40 +163,59 @@ class Hit:
 
 def search(
     *,
-    store: VectorStore,
+    stores: list[VectorStore],
     query: str,
     vector: np.ndarray,
     limit: int,
     mode: str = "hybrid",
     where: tuple[str, dict] | None = None,
 ) -> list[Hit]:
-    """The store's chunks best matching `query`: the CANDIDATES nearest embeddings and the CANDIDATES
-    best full-text matches (any of the query's words, stemmed), fused by reciprocal rank; `mode`
-    "semantic" or "keyword" uses one side alone. `where` (gateway.knowledge.filters.to_sql) keeps
-    the chunks of files whose attributes match, before either side ranks them."""
-    # The filter's SQL comes from filters.to_sql: its keys and values are parameters.
-    files = (
-        "AND store_file_id IN (SELECT e.id FROM gateway_vectorstorefile e WHERE e.store_id = %(store)s "  # noqa: S608
-        f"AND ({where[0]})) "
-        if where is not None
-        else ""
-    )
+    """The chunks of `stores` best matching `query`, in one statement: for each store, the CANDIDATES
+    nearest embeddings (through the store's own HNSW index when it has one: gateway.knowledge.indexes)
+    and the CANDIDATES best full-text matches (any of the query's words, stemmed), fused by reciprocal
+    rank; `mode` "semantic" or "keyword" uses one side alone. `where` (gateway.knowledge.filters.to_sql)
+    keeps the chunks of files whose attributes match, before either side ranks them."""
     sides = []
-    if mode in ("hybrid", "semantic"):
-        sides.append(
-            "SELECT id, row_number() OVER (ORDER BY embedding <=> %(vector)s::vector) AS rank FROM gateway_chunk "  # noqa: S608
-            f"WHERE store_id = %(store)s {files}ORDER BY embedding <=> %(vector)s::vector LIMIT %(candidates)s"
+    params: dict = {
+        "vector": "[" + ",".join(f"{value:.8g}" for value in vector.tolist()) + "]",
+        "candidates": CANDIDATES,
+        "config": TEXT_SEARCH_CONFIG,
+        "query": query,
+        "limit": limit,
+        **(where[1] if where is not None else {}),
+    }
+    for n, store in enumerate(stores):
+        params[f"store{n}"] = store.pk
+        # The filter's SQL comes from filters.to_sql: its keys and values are parameters.
+        files = (
+            f"AND store_file_id IN (SELECT e.id FROM gateway_vectorstorefile e WHERE e.store_id = %(store{n})s "  # noqa: S608
+            f"AND ({where[0]})) "
+            if where is not None
+            else ""
         )
-    if mode in ("hybrid", "keyword"):
-        # plainto_tsquery stems the words and joins them with & (all of them); | makes any of them
-        # match (read back with the 'simple' configuration, which leaves the stems as they are).
-        sides.append(
-            "SELECT id, row_number() OVER (ORDER BY ts_rank_cd(search, query) DESC, id) AS rank "  # noqa: S608
-            "FROM gateway_chunk, "
-            "to_tsquery('simple', replace(plainto_tsquery(%(config)s, %(query)s)::text, ' & ', ' | ')) AS query "
-            f"WHERE store_id = %(store)s AND search @@ query {files}"
-            "ORDER BY ts_rank_cd(search, query) DESC, id LIMIT %(candidates)s"
-        )
+        if mode in ("hybrid", "semantic"):
+            # Ranked on the distance the inner query returns: an HNSW scan may return its rows a little
+            # out of order (relaxed iterative scans, below).
+            sides.append(
+                "SELECT id, row_number() OVER (ORDER BY distance, id) AS rank FROM ("  # noqa: S608
+                "SELECT id, embedding <=> %(vector)s::vector AS distance FROM gateway_chunk "
+                f"WHERE store_id = %(store{n})s {files}ORDER BY embedding <=> %(vector)s::vector "
+                "LIMIT %(candidates)s) AS nearest"
+            )
+        if mode in ("hybrid", "keyword"):
+            # plainto_tsquery stems the words and joins them with & (all of them); | makes any of them
+            # match (read back with the 'simple' configuration, which leaves the stems as they are).
+            sides.append(
+                "SELECT id, row_number() OVER (ORDER BY ts_rank_cd(search, query) DESC, id) AS rank "  # noqa: S608
+                "FROM gateway_chunk, "
+                "to_tsquery('simple', replace(plainto_tsquery(%(config)s, %(query)s)::text, ' & ', ' | ')) AS query "
+                f"WHERE store_id = %(store{n})s AND search @@ query {files}"
+                "ORDER BY ts_rank_cd(search, query) DESC, id LIMIT %(candidates)s"
+            )
+    if not sides:
+        return []
+    # A chunk first on both sides of its store scores 1.0.
+    params["best"] = (2 if mode == "hybrid" else 1) / (RRF_K + 1)
     ranked = " UNION ALL ".join(f"({side})" for side in sides)
     sql = (
         f"SELECT c.id, c.text, f.public_id, f.filename, e.attributes, fused.score FROM ("  # noqa: S608
@@ -192,20 +224,14 @@ def search(
         "JOIN gateway_vectorstorefile e ON e.id = c.store_file_id JOIN gateway_batchfile f ON f.id = e.file_id "
         "ORDER BY fused.score DESC, c.id LIMIT %(limit)s"
     )
-    params = {
-        "vector": "[" + ",".join(f"{value:.8g}" for value in vector.tolist()) + "]",
-        "store": store.pk,
-        "candidates": CANDIDATES,
-        "config": TEXT_SEARCH_CONFIG,
-        "query": query,
-        "best": len(sides) / (RRF_K + 1),
-        "limit": limit,
-        **(where[1] if where is not None else {}),
-    }
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
+        # ef_search at least the candidates wanted (its default, 40, would cap them); relaxed iterative
+        # scans so an attribute filter that discards most of what the graph walks still fills them.
+        cursor.execute(f"SET LOCAL hnsw.ef_search = {max(100, 2 * CANDIDATES)}")
+        cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    VectorStore.objects.filter(pk=store.pk).update(last_active_at=timezone.now())
+    touched(stores)
     return [
         Hit(
             chunk_id=row[0],

@@ -7,7 +7,7 @@ import re
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 
 from gateway.auth import KeyInfo
@@ -30,22 +30,39 @@ from gateway.knowledge.models import VectorStore, VectorStoreFile
 STORE_ID = re.compile(r"^vs_[0-9a-f]{24}$")
 
 
-def store_object(store: VectorStore) -> dict:
-    counts = VectorStoreFile.objects.filter(store=store).aggregate(
-        total=Count("id"),
-        in_progress=Count("id", filter=Q(status=VectorStoreFile.Status.IN_PROGRESS)),
-        completed=Count("id", filter=Q(status=VectorStoreFile.Status.COMPLETED)),
-        failed=Count("id", filter=Q(status=VectorStoreFile.Status.FAILED)),
-        usage=Sum("usage_bytes"),
+def with_counts(stores: QuerySet[VectorStore]) -> QuerySet[VectorStore]:
+    """The stores with their files counted by status and their usage, in the same query."""
+    status = VectorStoreFile.Status
+    return stores.annotate(
+        files_total=Count("files"),
+        files_in_progress=Count("files", filter=Q(files__status=status.IN_PROGRESS)),
+        files_completed=Count("files", filter=Q(files__status=status.COMPLETED)),
+        files_failed=Count("files", filter=Q(files__status=status.FAILED)),
+        files_usage=Sum("files__usage_bytes"),
     )
+
+
+def recounted(store: VectorStore) -> VectorStore:
+    return with_counts(VectorStore.objects.filter(pk=store.pk)).get()
+
+
+def store_object(store: VectorStore) -> dict:
+    """`store` as the API shows it; from with_counts()."""
+    counts = {
+        "in_progress": store.files_in_progress,
+        "completed": store.files_completed,
+        "failed": store.files_failed,
+        "cancelled": 0,
+        "total": store.files_total,
+    }
     return {
         "id": store.public_id,
         "object": "vector_store",
         "created_at": file_selectors.stamp(store.created_at),
         "name": store.name,
         "description": store.description or None,
-        "usage_bytes": counts.pop("usage") or 0,
-        "file_counts": {**counts, "cancelled": 0},
+        "usage_bytes": store.files_usage or 0,
+        "file_counts": counts,
         "status": "in_progress" if counts["in_progress"] else "completed",
         "expires_after": None,
         "expires_at": None,
@@ -68,10 +85,11 @@ def file_object(entry: VectorStoreFile) -> dict:
     }
 
 
-def _store_for(key: KeyInfo, public_id: str) -> VectorStore:
+def _store_for(key: KeyInfo, public_id: str, *, counted: bool = False) -> VectorStore:
     store = None
     if STORE_ID.match(public_id):
-        store = VectorStore.objects.filter(tenant_id=key.tenant_id, public_id=public_id).first()
+        found = VectorStore.objects.filter(tenant_id=key.tenant_id, public_id=public_id)
+        store = (with_counts(found) if counted else found).first()
     if store is None:
         raise not_found("vector_store", public_id)
     return store
@@ -132,14 +150,15 @@ def _create(key: KeyInfo, create: schemas.StoreCreate) -> HttpResponse:
             services.file_add(store=store, file=file, attributes={})
         except services.QuotaExceeded as exc:
             raise _quota_error(exc, "file_ids") from None
-    return json_response(store_object(store))
+    return json_response(store_object(recounted(store)))
 
 
 def _list(key: KeyInfo, limit: int, after: str | None) -> HttpResponse:
     found = VectorStore.objects.filter(tenant_id=key.tenant_id)
     if after is not None:
-        found = found.filter(created_at__lte=_store_for(key, after).created_at).exclude(public_id=after)
-    page = list(found.order_by("-created_at", "-id")[: limit + 1])
+        last = _store_for(key, after)
+        found = found.filter(Q(created_at__lt=last.created_at) | Q(created_at=last.created_at, id__lt=last.pk))
+    page = list(with_counts(found).order_by("-created_at", "-id")[: limit + 1])
     return list_response([store_object(store) for store in page[:limit]], has_more=len(page) > limit)
 
 
@@ -150,7 +169,7 @@ async def store(request: HttpRequest, store_id: str) -> HttpResponse:
             return await sync_to_async(_update)(key, store_id, update)
         if request.method == "DELETE":
             return await sync_to_async(_delete)(key, store_id)
-        return await sync_to_async(lambda: json_response(store_object(_store_for(key, store_id))))()
+        return await sync_to_async(lambda: json_response(store_object(_store_for(key, store_id, counted=True))))()
 
     return await _answer(request, "GET,POST,DELETE", handle)
 
@@ -162,7 +181,7 @@ def _update(key: KeyInfo, store_id: str, update: schemas.StoreUpdate) -> HttpRes
     if update.metadata is not None:
         found.metadata = update.metadata
     found.save(update_fields=["name", "metadata"])
-    return json_response(store_object(found))
+    return json_response(store_object(recounted(found)))
 
 
 def _delete(key: KeyInfo, store_id: str) -> HttpResponse:
@@ -236,7 +255,7 @@ async def search(request: HttpRequest, store_id: str) -> HttpResponse:
         except filters.FilterError as exc:
             raise invalid_request(f"Invalid filters: {exc}.", param="filters", code="invalid_value") from None
         hits = await sync_to_async(services.search)(
-            store=found,
+            stores=[found],
             query=query,
             vector=vector,
             limit=asked.max_num_results or 10,
