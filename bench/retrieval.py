@@ -88,7 +88,7 @@ def evaluate(store, asked: list[dict], rounds: int) -> tuple[dict, dict]:
     for mode in MODES:
         ranks = []
         for item in asked:
-            hits = services.search(store=store, query=item["q"], vector=vectors[item["q"]], limit=TOP, mode=mode)
+            hits = services.search(stores=[store], query=item["q"], vector=vectors[item["q"]], limit=TOP, mode=mode)
             rank = next(
                 (n for n, hit in enumerate(hits, 1) if hit.filename == item["file"] and item["answer"] in hit.text),
                 None,
@@ -107,7 +107,7 @@ def evaluate(store, asked: list[dict], rounds: int) -> tuple[dict, dict]:
             vector = embedder.embed([item["q"]])[0]
             embed_ms.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            services.search(store=store, query=item["q"], vector=vector, limit=TOP, mode="hybrid")
+            services.search(stores=[store], query=item["q"], vector=vector, limit=TOP, mode="hybrid")
             search_ms.append((time.perf_counter() - started) * 1000)
     latency = {
         "searches": len(search_ms),
@@ -124,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one latency round")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for retrieval.json")
     parser.add_argument("--data-dir", type=Path, default=None, help="settings' data folder (default .data/bench)")
+    parser.add_argument(
+        "--chunks", type=int, default=None, help="chunks generated for the scale run (default 1,000,000; quick 20,000)"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the quick run's generated stores")
     args = parser.parse_args(argv)
     start_django(args.data_dir, migrate=True)
     tenant, store, ingested = build_store()
@@ -153,9 +157,35 @@ def main(argv: list[str] | None = None) -> int:
         f"query embedding p50 {latency['embed_p50_ms']} ms; hybrid search p50 {latency['search_p50_ms']} ms, "
         f"p99 {latency['search_p99_ms']} ms"
     )
+    from bench import retrieval_scale
+
+    chunks = args.chunks or (20_000 if args.quick else 1_000_000)
+    scale = retrieval_scale.run(chunks, quick=args.quick, keep=args.keep or not args.quick)
+    print(
+        table(
+            ["chunks in the store", "stores", "own HNSW index", "queries", "p50 ms", "p99 ms", "semantic recall@10"],
+            [
+                [r["store_chunks"], r["stores"], r["indexed"], r["queries"], r["p50_ms"], r["p99_ms"]]
+                + [r["semantic_recall_at_10"]]
+                for r in scale["search"]
+            ],
+            title=f"hybrid search, top 10, among {chunks:,} chunks ({scale['build']})",
+        )
+    )
+    pdf = scale["pdf"]
+    print(
+        f"PDF ingestion: {pdf['pages']} pages ({pdf['characters']} characters, {pdf['chunks']} chunks) in "
+        f"{pdf['seconds']} s: {pdf['pages_per_s']} pages/s ({pdf['status']})"
+    )
     write_json(
         args.out,
         "retrieval",
-        {**envelope("retrieval", quick=args.quick), "ingestion": ingested, "quality": quality, "latency": latency},
+        {
+            **envelope("retrieval", quick=args.quick),
+            "ingestion": ingested,
+            "quality": quality,
+            "latency": latency,
+            "scale": scale,
+        },
     )
     return 0

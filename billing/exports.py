@@ -204,6 +204,8 @@ REQUEST_LOG_COLUMNS = [
     *TOKEN_KINDS,
     "batch",
     "images",
+    "retrieval_tokens",
+    "retrieval_cost_usd",
 ]
 
 

@@ -92,6 +92,8 @@ class LedgerRecord:
     end_user: str = ""  # the client's `user` field, as sent (gateway.audience)
     session_id: str = ""  # x-sentinel-session or metadata.session_id, as sent
     images: int = 0  # images generated (gateway.images), billed per image in cost_usd
+    retrieval_tokens: int = 0  # of the queries embedded to search vector stores (gateway.knowledge)
+    retrieval_cost_usd: str = "0"  # what the searches cost: part of cost_usd
 
     def encode(self) -> bytes:
         # orjson serializes dataclasses itself, much faster than through asdict(): this is on the request path.
@@ -187,6 +189,7 @@ _CONVERT = {
     "cache_write_cost_usd": _amount,
     "reasoning_cost_usd": _amount,
     "saved_cost_usd": _amount,
+    "retrieval_cost_usd": _amount,
 }
 
 

@@ -86,6 +86,18 @@ class LedgerEntry(models.Model):
     reasoning_cost_usd = models.DecimalField(max_digits=20, decimal_places=10, default=0, db_default=0)
     batch = models.BooleanField(default=False, db_default=False, help_text="A Batch API item, billed at batch rates.")
     price = models.ForeignKey(Price, null=True, on_delete=models.PROTECT, related_name="+")
+    retrieval_tokens = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Tokens of the queries embedded to search the tenant's vector stores (file_search, /search).",
+    )
+    retrieval_cost_usd = models.DecimalField(
+        max_digits=20,
+        decimal_places=10,
+        default=0,
+        db_default=0,
+        help_text="What searching the vector stores cost (SENTINEL_KNOWLEDGE_USD_PER_THOUSAND_SEARCHES): part of cost_usd.",
+    )
     images = models.PositiveIntegerField(
         default=0, db_default=0, help_text="Images generated (POST /v1/images/generations); 0 for other requests."
     )

@@ -58,6 +58,15 @@ class Reply:
     stream: AsyncIterator[bytes] | None = None
 
 
+@dataclass(frozen=True)
+class Retrieval:
+    """A search of the tenant's vector stores (gateway.knowledge): the query's tokens as the embedder
+    counts them, and its price, which is added to the request's cost."""
+
+    tokens: int
+    cost: Decimal
+
+
 @dataclass
 class Call:
     """What the pipeline learns about one request as it goes."""
@@ -86,6 +95,7 @@ class Call:
     escalated_from: Target | None = None  # the deployment whose refusal went to the smart model
     screening: screening.Screening | None = None  # what the tenant's safety screening did
     file_search: list[tuple[str, float]] | None = None  # the passages a grounded chat was given (file id, score)
+    retrieval: Retrieval | None = None  # what searching the vector stores used and cost
     answer_text: str | None = None  # what the client was answered (for a tenant that logs prompts)
     fallback_reasons: list[str] = field(default_factory=list)  # "<deployment>=<why it was passed over>"
     queued_ms: int = 0  # waiting for saturated deployments to recover
@@ -166,7 +176,7 @@ def response_headers(call: Call, cost: Decimal | None) -> dict[str, str]:
         headers["x-sentinel-provider"] = call.target.provider
         headers["x-sentinel-deployment"] = call.target.deployment
     if cost is not None:
-        headers["x-sentinel-cost-usd"] = format_usd(cost)
+        headers["x-sentinel-cost-usd"] = format_usd(cost + (call.retrieval.cost if call.retrieval else 0))
     if call.route is not None:
         headers["x-sentinel-route"] = f"{call.route.route}; reason={call.route.reason}"
     if call.escalated_from is not None:

@@ -91,6 +91,7 @@ def ledger_record(
     charged = charged or Bill(Tokens.from_usage(usage or {}))
     tokens = charged.tokens
     target = call.target
+    retrieval = call.retrieval
     record = LedgerRecord(
         request_id=call.request_id,
         tenant_id=call.key.tenant_id,
@@ -107,7 +108,7 @@ def ledger_record(
         cache_read_tokens=tokens.cache_read,
         cache_write_tokens=tokens.cache_write,
         reasoning_tokens=tokens.reasoning,
-        cost_usd=format_usd(charged.cost),
+        cost_usd=format_usd(charged.cost + retrieval.cost if retrieval else charged.cost),
         cache_read_cost_usd=format_usd(charged.cache_read_cost),
         cache_write_cost_usd=format_usd(charged.cache_write_cost),
         reasoning_cost_usd=format_usd(charged.reasoning_cost),
@@ -125,6 +126,8 @@ def ledger_record(
         screening=screening.summary(call),
         end_user=call.audience.end_user,
         session_id=call.audience.session,
+        retrieval_tokens=retrieval.tokens if retrieval else 0,
+        retrieval_cost_usd=format_usd(retrieval.cost) if retrieval else "0",
     )
     if call.queued is not None:
         record.id = call.queued.record_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -61,6 +62,18 @@ def envfloat(name: str, default: float, help: str) -> float:
         return float(value)
     except ValueError:
         raise ValueError(f"{name} must be a number, not {value!r}") from None
+
+
+def envusd(name: str, default: str, help: str) -> Decimal:
+    """A non-negative amount of money, exact (never a float)."""
+    value = read_env(name, default, help)
+    try:
+        amount = Decimal(default if value is None else value)
+    except ArithmeticError:
+        amount = None
+    if amount is None or not amount.is_finite() or amount < 0:
+        raise ValueError(f"{name} must be a non-negative amount, not {value!r}")
+    return amount
 
 
 def envlist(name: str, default: str, help: str) -> list[str]:

@@ -26,6 +26,7 @@ from sentinel.env import (  # noqa: F401
     envint,
     envlist,
     envstr,
+    envusd,
     read_env,
 )
 
@@ -558,6 +559,12 @@ KNOWLEDGE_QUOTA_BYTES = envint(
     "SENTINEL_KNOWLEDGE_QUOTA_BYTES",
     1024 * 1024 * 1024,
     "Each tenant's storage for vector stores: the bytes of the distinct files in its stores (docs/knowledge.md).",
+)
+KNOWLEDGE_USD_PER_THOUSAND_SEARCHES = envusd(
+    "SENTINEL_KNOWLEDGE_USD_PER_THOUSAND_SEARCHES",
+    "0",
+    "What a search of the vector stores costs the tenant, per thousand (a grounded request or a /search call; "
+    "in the ledger's retrieval_cost_usd and counted in cost_usd and budgets). OpenAI charges 2.50.",
 )
 KNOWLEDGE_INDEX_ROWS = envint(
     "SENTINEL_KNOWLEDGE_INDEX_ROWS",

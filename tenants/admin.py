@@ -174,7 +174,7 @@ class TenantAdmin(ModelNamesAdmin, TenantScopedAdmin):
         if request.user.is_superuser:
             return ["created_at", *tightened]
         # Suspension, plan (tier) and identity are the operators' to set.
-        return ["slug", "status", "tier", "created_at", *tightened]
+        return ["slug", "status", "tier", "knowledge_quota_bytes", "created_at", *tightened]
 
     def get_actions(self, request):
         actions = super().get_actions(request)

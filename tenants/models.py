@@ -164,6 +164,12 @@ class Tenant(Limits):
         help_text="A model alias to ask when every provider the request reaches refuses it under its content "
         "policy (the key must be allowed it). Empty: the refusal goes back to the client (docs/routing.md).",
     )
+    knowledge_quota_bytes = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Bytes of files this tenant's vector stores may hold; empty: SENTINEL_KNOWLEDGE_QUOTA_BYTES. "
+        "Set by operators.",
+    )
     log_prompts = models.BooleanField(
         default=False,
         help_text="Write each answered request's messages and answer to the request log (after screening's "

@@ -244,3 +244,16 @@ class Embedder:
 
     def embed_one(self, text: str) -> np.ndarray:
         return self.embed([text])[0]
+
+    def count_tokens(self, text: str) -> int:
+        """The tokens the model reads of `text` (its own tokenizer, with [CLS] and [SEP], cut at
+        MAX_TOKENS as embedding cuts it): what a retrieval query is counted as in the ledger."""
+        tokenizer = getattr(self, "_tokenizer", None)
+        if tokenizer is None:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(max_length=MAX_TOKENS)
+            self._tokenizer = tokenizer
+        return len(tokenizer.encode(text).ids)

@@ -81,6 +81,7 @@ async def ground(call: Call, asked: FileSearch | None = None, param: str = "file
     if query:  # no user text: nothing to search for
         vector = await engine.embed(query)
         hits = await sync_to_async(services.search)(stores=stores, query=query, vector=vector, limit=limit, where=where)
+        call.retrieval = services.retrieval_used(query)
     call.file_search = [(hit.file_id, hit.score) for hit in hits]
     call.cache_controls = engine.Controls(
         no_cache=True, no_store=True, ttl=call.cache_controls.ttl, namespace=call.cache_controls.namespace

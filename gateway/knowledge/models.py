@@ -83,7 +83,9 @@ class Chunk(models.Model):
         ordering = ["store_file", "position"]
         indexes = [
             models.Index(fields=["store", "store_file"]),
-            GinIndex(fields=["search"], name="chunk_search"),
+            # A store's full-text matches from the index alone (btree_gin puts the store in the GIN
+            # index): with the text's index only, a large store's search read and tested every chunk.
+            GinIndex(fields=["store", "search"], name="chunk_store_search"),
         ]
 
     def __str__(self) -> str:

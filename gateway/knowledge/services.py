@@ -16,6 +16,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from gateway.batches.models import BatchFile
+from gateway.call import Retrieval
 from gateway.knowledge import documents
 from gateway.knowledge.models import TEXT_SEARCH_CONFIG, Chunk, VectorStore, VectorStoreFile
 from tenants.models import Tenant
@@ -29,6 +30,10 @@ NEAR_DUPLICATE = 0.98
 # Each side of a hybrid search ranks this many chunks before they are fused.
 CANDIDATES = 50
 RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al. 2009)
+# When fewer than CANDIDATES chunks hold every word of a query, at most this many of those holding any
+# of its words are ranked (see search()).
+KEYWORD_SCAN = 5_000
+ANY_WORD = "to_tsquery('simple', replace(plainto_tsquery(%(config)s, %(query)s)::text, ' & ', ' | '))"
 
 
 def store_create(*, tenant_id: int, name: str, metadata: dict, description: str = "") -> VectorStore:
@@ -40,7 +45,13 @@ def store_delete(*, store: VectorStore) -> None:
 
 
 class QuotaExceeded(ValueError):
-    """The tenant's stores would hold more than SENTINEL_KNOWLEDGE_QUOTA_BYTES; the text says by how much."""
+    """The tenant's stores would hold more than its quota (quota_of); the text says by how much."""
+
+
+def quota_of(tenant: Tenant) -> int:
+    """The bytes of files the tenant's stores may hold: its own quota, else the deployment's."""
+    own = tenant.knowledge_quota_bytes
+    return settings.KNOWLEDGE_QUOTA_BYTES if own is None else own
 
 
 def storage_used(tenant_id: int) -> int:
@@ -54,10 +65,10 @@ def file_add(*, store: VectorStore, file: BatchFile, attributes: dict) -> Vector
     """The file in the store (again, if it was: its chunks are made anew), ingested by a worker.
     Raises QuotaExceeded when the tenant's stores would outgrow its storage."""
     # One add at a time per tenant: two at once must not both fit in the last of the quota.
-    Tenant.objects.select_for_update().filter(pk=store.tenant_id).first()
+    tenant = Tenant.objects.select_for_update().only("knowledge_quota_bytes").get(pk=store.tenant_id)
     already = VectorStoreFile.objects.filter(store__tenant_id=store.tenant_id, file=file).exists()
     used = storage_used(store.tenant_id)
-    quota = settings.KNOWLEDGE_QUOTA_BYTES
+    quota = quota_of(tenant)
     if not already and used + file.bytes > quota:
         raise QuotaExceeded(
             f"The tenant's vector stores hold {used} bytes of files of the {quota} they may hold; "
@@ -138,6 +149,14 @@ def _distinct(texts: list[str], vectors: np.ndarray) -> tuple[list[str], list[np
 
 # --- search ---------------------------------------------------------------------------------------
 
+
+def retrieval_used(query: str) -> Retrieval:
+    """What one search for `query` used and costs (one search, however many stores it names)."""
+    from gateway.cache.engine import shared_embedder
+
+    return Retrieval(tokens=shared_embedder().count_tokens(query), cost=settings.KNOWLEDGE_USD_PER_THOUSAND_SEARCHES / 1000)
+
+
 # A store's last_active_at is written at most this often by searches (a write on the read path).
 ACTIVE_RESOLUTION = timedelta(minutes=1)
 
@@ -175,10 +194,12 @@ def search(
     and the CANDIDATES best full-text matches (any of the query's words, stemmed), fused by reciprocal
     rank; `mode` "semantic" or "keyword" uses one side alone. `where` (gateway.knowledge.filters.to_sql)
     keeps the chunks of files whose attributes match, before either side ranks them."""
-    sides = []
+    sides: list[str] = []
+    ctes: list[str] = []
     params: dict = {
         "vector": "[" + ",".join(f"{value:.8g}" for value in vector.tolist()) + "]",
         "candidates": CANDIDATES,
+        "scan": KEYWORD_SCAN,
         "config": TEXT_SEARCH_CONFIG,
         "query": query,
         "limit": limit,
@@ -203,22 +224,38 @@ def search(
                 "LIMIT %(candidates)s) AS nearest"
             )
         if mode in ("hybrid", "keyword"):
-            # plainto_tsquery stems the words and joins them with & (all of them); | makes any of them
-            # match (read back with the 'simple' configuration, which leaves the stems as they are).
-            sides.append(
-                "SELECT id, row_number() OVER (ORDER BY ts_rank_cd(search, query) DESC, id) AS rank "  # noqa: S608
-                "FROM gateway_chunk, "
-                "to_tsquery('simple', replace(plainto_tsquery(%(config)s, %(query)s)::text, ' & ', ' | ')) AS query "
+            # Chunks holding every word of the query first (plainto_tsquery stems them and joins them
+            # with &), ranked; then, only when those are fewer than the candidates, chunks holding any
+            # of them (| read back with the 'simple' configuration, which leaves the stems as they
+            # are), of which at most KEYWORD_SCAN are ranked: in a large store a common word is in
+            # tens of thousands of chunks, and ranking them all would cost seconds (bench retrieval).
+            ctes.append(
+                f"every{n} AS MATERIALIZED (SELECT id, ts_rank_cd(search, query) AS score "  # noqa: S608
+                "FROM gateway_chunk, plainto_tsquery(%(config)s, %(query)s) AS query "
                 f"WHERE store_id = %(store{n})s AND search @@ query {files}"
-                "ORDER BY ts_rank_cd(search, query) DESC, id LIMIT %(candidates)s"
+                "ORDER BY score DESC, id LIMIT %(candidates)s)"
+            )
+            ctes.append(
+                f"some{n} AS MATERIALIZED (SELECT matched.id, ts_rank_cd(matched.search, query) AS score FROM ("  # noqa: S608
+                f"SELECT id, search FROM gateway_chunk, {ANY_WORD} AS query "
+                f"WHERE store_id = %(store{n})s AND search @@ query {files}"
+                f"AND (SELECT count(*) FROM every{n}) < %(candidates)s LIMIT %(scan)s"
+                f") AS matched, {ANY_WORD} AS query WHERE matched.id NOT IN (SELECT id FROM every{n}) "
+                "ORDER BY score DESC, matched.id LIMIT %(candidates)s)"
+            )
+            sides.append(
+                "SELECT id, row_number() OVER (ORDER BY tier, score DESC, id) AS rank FROM ("  # noqa: S608
+                f"SELECT id, 0 AS tier, score FROM every{n} UNION ALL SELECT id, 1, score FROM some{n}"
+                ") AS worded ORDER BY tier, score DESC, id LIMIT %(candidates)s"
             )
     if not sides:
         return []
     # A chunk first on both sides of its store scores 1.0.
     params["best"] = (2 if mode == "hybrid" else 1) / (RRF_K + 1)
     ranked = " UNION ALL ".join(f"({side})" for side in sides)
+    with_clause = f"WITH {', '.join(ctes)} " if ctes else ""
     sql = (
-        f"SELECT c.id, c.text, f.public_id, f.filename, e.attributes, fused.score FROM ("  # noqa: S608
+        f"{with_clause}SELECT c.id, c.text, f.public_id, f.filename, e.attributes, fused.score FROM ("  # noqa: S608
         f"  SELECT id, sum(1.0 / ({RRF_K} + rank)) / %(best)s AS score FROM ({ranked}) AS ranked GROUP BY id"
         ") AS fused JOIN gateway_chunk c ON c.id = fused.id "
         "JOIN gateway_vectorstorefile e ON e.id = c.store_file_id JOIN gateway_batchfile f ON f.id = e.file_id "

@@ -4,12 +4,15 @@ are): authenticated with a virtual key and scoped to its tenant; another tenant'
 from __future__ import annotations
 
 import re
+import time
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 
+from billing.ledger import LedgerRecord, hand_off
+from billing.money import format_usd
 from gateway.auth import KeyInfo
 from gateway.batches import selectors as file_selectors
 from gateway.batches.models import BatchFile
@@ -23,11 +26,14 @@ from gateway.batches.views import (
     page_size,
 )
 from gateway.cache import engine
+from gateway.call import request_id_from
 from gateway.errors import GatewayError, invalid_request
 from gateway.knowledge import filters, schemas, services
 from gateway.knowledge.models import VectorStore, VectorStoreFile
 
 STORE_ID = re.compile(r"^vs_[0-9a-f]{24}$")
+# What a /search call is filed under in the ledger's model column.
+SEARCH_MODEL = "vector_store.search"
 
 
 def with_counts(stores: QuerySet[VectorStore]) -> QuerySet[VectorStore]:
@@ -244,7 +250,28 @@ def _store_file(key: KeyInfo, store_id: str, file_id: str, *, delete: bool) -> H
 # --- search --------------------------------------------------------------------------------------
 
 
+async def _record_search(request: HttpRequest, key: KeyInfo, query: str, started: float) -> None:
+    """A search's ledger record: the query's tokens and the search's price (no provider was called)."""
+    used = services.retrieval_used(query)
+    await hand_off(
+        LedgerRecord(
+            request_id=request_id_from(request.headers.get("x-request-id")),
+            tenant_id=key.tenant_id,
+            key_id=key.key_id,
+            model_requested=SEARCH_MODEL,
+            status_code=200,
+            provider="sentinel",
+            cost_usd=format_usd(used.cost),
+            retrieval_tokens=used.tokens,
+            retrieval_cost_usd=format_usd(used.cost),
+            latency_ms=int((time.perf_counter() - started) * 1000),
+        )
+    )
+
+
 async def search(request: HttpRequest, store_id: str) -> HttpResponse:
+    started = time.perf_counter()
+
     async def handle(key: KeyInfo) -> HttpResponse:
         asked = schemas.parse(schemas.Search, request.body)
         found = await sync_to_async(_store_for)(key, store_id)
@@ -262,6 +289,7 @@ async def search(request: HttpRequest, store_id: str) -> HttpResponse:
             mode=asked.search_mode or "hybrid",
             where=where,
         )
+        await _record_search(request, key, query, started)
         threshold = asked.ranking_options.score_threshold if asked.ranking_options else None
         data = [
             {

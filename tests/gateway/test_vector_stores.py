@@ -5,6 +5,7 @@ PDF, chunked and embedded by the local model), hybrid search, tenant isolation a
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 
 import httpx
 import openai
@@ -385,8 +386,12 @@ QUOTA = 3_000
 
 @pytest.fixture(scope="module")
 def small_quota_gateway(test_database_name, mock_provider, embedding_model):
-    """A gateway whose tenants may keep 3,000 bytes of files in their vector stores."""
-    server = start_gateway(test_database_name, env={"SENTINEL_KNOWLEDGE_QUOTA_BYTES": str(QUOTA)})
+    """A gateway whose tenants may keep 3,000 bytes of files in their vector stores, and where a
+    search costs $2.50 a thousand."""
+    server = start_gateway(
+        test_database_name,
+        env={"SENTINEL_KNOWLEDGE_QUOTA_BYTES": str(QUOTA), "SENTINEL_KNOWLEDGE_USD_PER_THOUSAND_SEARCHES": "2.50"},
+    )
     yield server
     server.stop()
     celery_app.control.purge()
@@ -418,6 +423,73 @@ def test_a_tenants_stores_hold_no_more_than_its_quota(small_quota_gateway, make_
     # Another tenant has a quota of its own.
     neighbour = OpenAI(base_url=small_quota_gateway.base_url, api_key=make_key(make_tenant()), max_retries=0)
     assert neighbour.vector_stores.create(name="n", file_ids=[upload(neighbour, "n.md", b"# N\n\n" + b"x " * 1000)])
+
+
+def test_an_operator_sets_a_tenants_own_quota(small_quota_gateway, make_tenant, make_key):
+    """A tenant's knowledge_quota_bytes replaces the deployment's 3,000 for it, larger or smaller."""
+    larger, none = make_tenant(knowledge_quota_bytes=4_000), make_tenant(knowledge_quota_bytes=0)
+    client = OpenAI(base_url=small_quota_gateway.base_url, api_key=make_key(larger), max_retries=0)
+    big = upload(client, "big.md", b"# Big\n\n" + b"word " * 400)  # 2,007 bytes
+    more = upload(client, "more.md", b"# More\n\n" + b"text " * 300)  # 1,508 bytes: 3,515 in all
+    store = client.vector_stores.create(name="both", file_ids=[big, more])
+    assert {f.id for f in client.vector_stores.files.list(vector_store_id=store.id).data} == {big, more}
+    extra = upload(client, "extra.md", b"# Extra\n\n" + b"y " * 300)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.vector_stores.files.create(vector_store_id=store.id, file_id=extra)
+    assert "3515 bytes of files of the 4000" in refused.value.body["message"]
+
+    empty = OpenAI(base_url=small_quota_gateway.base_url, api_key=make_key(none), max_retries=0)
+    tiny = upload(empty, "tiny.md", b"# T\n\nx")
+    with pytest.raises(openai.BadRequestError) as refused:
+        empty.vector_stores.create(name="none", file_ids=[tiny])
+    assert refused.value.body["code"] == "storage_quota_exceeded"
+    assert empty.vector_stores.list().data == []
+
+
+def test_retrieval_is_in_the_ledger_with_its_tokens_and_price(
+    small_quota_gateway, make_tenant, make_key, make_model, ingest_worker
+):
+    """A /search call and a grounded chat each cost one search ($2.50 a thousand here), counted in the
+    request's cost (and its header), with the query's tokens as the embedder reads them."""
+    tenant = make_tenant()
+    client = OpenAI(base_url=small_quota_gateway.base_url, api_key=make_key(tenant), max_retries=0, timeout=30)
+    doc = upload(client, "visit.html", OPENING_HOURS)
+    store = client.vector_stores.create(name="visit", file_ids=[doc])
+    assert wait_ingested(client, store.id, doc).status == "completed"
+    found = client.vector_stores.with_raw_response.search(
+        vector_store_id=store.id,
+        query="When is the office open on Saturdays?",
+        extra_headers={"x-request-id": "srch-1"},
+    )
+    assert found.parse().data[0].file_id == doc
+
+    model, _ = make_model()
+    question = [{"role": "user", "content": "When will I get my money back after sending something back?"}]
+    grounded = client.chat.completions.with_raw_response.create(
+        model=model, messages=question, extra_body={"file_search": {"vector_store_ids": [store.id]}}
+    )
+    plain = client.chat.completions.with_raw_response.create(model=model, messages=question)
+    ids = ["srch-1", grounded.headers["x-sentinel-request-id"], plain.headers["x-sentinel-request-id"]]
+    rows = ledger_rows(ids)
+    search_row, grounded_row, plain_row = (rows[i] for i in ids)
+    # [CLS] when is the office open on saturdays ? [SEP]
+    assert (search_row.model_requested, search_row.provider, search_row.status_code) == (
+        "vector_store.search",
+        "sentinel",
+        200,
+    )
+    assert (search_row.retrieval_tokens, search_row.retrieval_cost_usd, search_row.cost_usd) == (
+        10,
+        Decimal("0.0025"),
+        Decimal("0.0025"),
+    )
+    assert search_row.tenant_id == tenant.pk and search_row.prompt_tokens == 0
+    # [CLS] when will i get my money back after sending something back ? [SEP]
+    assert (grounded_row.retrieval_tokens, grounded_row.retrieval_cost_usd) == (14, Decimal("0.0025"))
+    assert grounded_row.cost_usd > Decimal("0.0025")  # the provider's tokens, and the search
+    assert Decimal(grounded.headers["x-sentinel-cost-usd"]) == grounded_row.cost_usd
+    assert (plain_row.retrieval_tokens, plain_row.retrieval_cost_usd) == (0, Decimal(0))
+    assert Decimal(plain.headers["x-sentinel-cost-usd"]) == plain_row.cost_usd
 
 
 def test_an_instruction_planted_in_a_document_is_screened_as_an_injection(
