@@ -154,7 +154,9 @@ def retrieval_used(query: str) -> Retrieval:
     """What one search for `query` used and costs (one search, however many stores it names)."""
     from gateway.cache.engine import shared_embedder
 
-    return Retrieval(tokens=shared_embedder().count_tokens(query), cost=settings.KNOWLEDGE_USD_PER_THOUSAND_SEARCHES / 1000)
+    return Retrieval(
+        tokens=shared_embedder().count_tokens(query), cost=settings.KNOWLEDGE_USD_PER_THOUSAND_SEARCHES / 1000
+    )
 
 
 # A store's last_active_at is written at most this often by searches (a write on the read path).
