@@ -96,7 +96,7 @@ class LedgerEntry(models.Model):
         decimal_places=10,
         default=0,
         db_default=0,
-        help_text="What searching the vector stores cost (SENTINEL_KNOWLEDGE_USD_PER_THOUSAND_SEARCHES): part of cost_usd.",
+        help_text="What searching the vector stores cost: part of cost_usd.",
     )
     images = models.PositiveIntegerField(
         default=0, db_default=0, help_text="Images generated (POST /v1/images/generations); 0 for other requests."

@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='ledgerentry',
             name='retrieval_cost_usd',
-            field=models.DecimalField(db_default=0, decimal_places=10, default=0, help_text='What searching the vector stores cost (SENTINEL_KNOWLEDGE_USD_PER_THOUSAND_SEARCHES): part of cost_usd.', max_digits=20),
+            field=models.DecimalField(db_default=0, decimal_places=10, default=0, help_text='What searching the vector stores cost: part of cost_usd.', max_digits=20),
         ),
         migrations.AddField(
             model_name='ledgerentry',
