@@ -258,7 +258,7 @@ async def authenticate_digest(digest: str) -> KeyInfo:
 
 
 def block_markers(info: KeyInfo) -> tuple[str, str]:
-    return blocked_key_marker(info.digest), blocked_tenant_marker(info.tenant_id)
+    return blocked_key_marker(info.digest, info.tenant_id), blocked_tenant_marker(info.tenant_id)
 
 
 async def ensure_not_blocked(info: KeyInfo) -> None:
