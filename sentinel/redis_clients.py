@@ -48,7 +48,15 @@ _async_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 SOCKET_TIMEOUT = 2.0  # the sync client's, and the async client's backstop under its own timeout
 CONNECT_TIMEOUT = 1.0
 PROBE_INTERVAL_SECONDS = 1.0
-UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# On a cluster also: a failover under way, a slot no live node serves (raised by pipelines, which
+# GuardedRedisCluster does not see).
+UNREACHABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    OSError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.SlotNotCoveredError,
+)
 
 
 def is_cluster(url: str | None = None) -> bool:
