@@ -332,6 +332,37 @@ def test_the_channels_layer_on_the_cluster_delivers_a_group_message_published_on
     assert late is None
 
 
+def test_block_markers_refuse_on_the_cluster_in_admission_and_outside_it(on_cluster):
+    """The markers carry the tenant's tag: admission checks them in the tenant's step (nothing
+    taken), and the check for requests that never reach admission reads them beside the generation
+    (another slot) without CROSSSLOT."""
+    from gateway.auth import ensure_not_blocked
+    from gateway.errors import GatewayError
+    from sentinel.localstate import blocked_key_marker, blocked_tenant_marker
+
+    key = key_info(9400, tenant_limits=(("rpm", 5),))
+    client = cluster_client(on_cluster)
+    log = redis_keys.rate_log("tenant:9400", "rpm", tag=redis_keys.tenant_tag(9400))
+
+    async def outcome(request_id: str) -> tuple[object, object]:
+        results = []
+        for check in (admit(key, [target(9401)], request_id), ensure_not_blocked(key)):
+            try:
+                await check
+                results.append("ok")
+            except GatewayError as error:
+                results.append(error.status)
+        return tuple(results)
+
+    assert asyncio.run(outcome("blk-1")) == ("ok", "ok")
+    client.set(blocked_tenant_marker(9400), 1)
+    assert asyncio.run(outcome("blk-2")) == (403, 403)
+    client.delete(blocked_tenant_marker(9400))
+    client.set(blocked_key_marker(key.digest, 9400), 1)
+    assert asyncio.run(outcome("blk-3")) == (401, 401)
+    assert client.zrange(log, 0, -1) == [b"blk-1"]  # the refused took nothing
+
+
 # --- a primary dies ----------------------------------------------------------------------------
 
 
