@@ -363,6 +363,50 @@ def test_block_markers_refuse_on_the_cluster_in_admission_and_outside_it(on_clus
     assert client.zrange(log, 0, -1) == [b"blk-1"]  # the refused took nothing
 
 
+def test_django_s_cache_on_the_cluster_reads_and_writes_keys_of_many_slots(on_cluster):
+    """Django's cache (django-ratelimit's counters) through the cluster client: many keys at once
+    are sent key by key, as a cluster refuses MGET and MSET across slots."""
+    from django.core.cache import caches
+
+    cache = caches["default"]
+    names = [f"cluster-cache-{i}" for i in range(20)]
+    node = on_cluster.nodes[0].client()
+    slots = {slot_of(node, cache.make_and_validate_key(name)) for name in names}
+    assert len(slots) > 1  # the test means something: the keys are in several slots
+    cache.set_many({name: i for i, name in enumerate(names)}, 60)
+    assert cache.get_many(names) == {name: i for i, name in enumerate(names)}
+    assert cache.incr(names[3]) == 4
+    cache.delete_many(names[:10])
+    assert cache.get_many(names) == {name: i for i, name in enumerate(names) if i >= 10}
+
+
+def test_a_tenant_step_sent_twice_takes_nothing_twice_and_a_voided_one_takes_nothing(on_cluster):
+    """The cluster client resends a command whose connection failed: a step that ran but whose
+    answer was lost runs again. The tenant's step answers as before and takes nothing twice (with a
+    limit of 1, a second take would have refused it); once voided, sent again, it takes nothing."""
+    from gateway.lua import scripts
+
+    tag = redis_keys.tenant_tag(9500)
+    log = redis_keys.rate_log("tenant:9500", "rpm", tag=tag)
+    marker = redis_keys.void("step-1", tag=tag)
+    keys = [marker, redis_keys.blocked_key("d", tenant_id=9500), redis_keys.blocked_tenant(9500), log]
+
+    def step(rid: str, marker_key: str = marker) -> list:
+        args = [rid, 10, 0, 60_000, 1, "r", 1, 60_000, 0, 0, "*"]
+        return asyncio.run(scripts.admission(keys=[marker_key, *keys[1:]], args=args))
+
+    client = cluster_client(on_cluster)
+    assert step("r-1")[0] == b"ok"
+    assert step("r-1")[0] == b"ok"  # the same step again: its marker says it took its holds
+    assert client.zrange(log, 0, -1) == [b"r-1"]
+    assert step("r-2", redis_keys.void("step-2", tag=tag))[0] == b"limit"  # the limit of 1 is taken
+    void_args = ["r-1", 10, 0, 60, 1, "r", 0]
+    asyncio.run(scripts.void(keys=[marker, log], args=void_args))
+    assert client.zcard(log) == 0
+    assert step("r-1")[0] == b"void"  # sent again after it was voided: nothing taken
+    assert client.zcard(log) == 0
+
+
 # --- a primary dies ----------------------------------------------------------------------------
 
 
