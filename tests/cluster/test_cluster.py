@@ -13,6 +13,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 import redis
 
 from sentinel import redis_keys
+from tenants.periods import period_bounds
 from tests.valkey_cluster import ValkeyCluster, start_cluster
 
 pytestmark = pytest.mark.cluster
@@ -405,6 +407,45 @@ def test_a_tenant_step_sent_twice_takes_nothing_twice_and_a_voided_one_takes_not
     assert client.zcard(log) == 0
     assert step("r-1")[0] == b"void"  # sent again after it was voided: nothing taken
     assert client.zcard(log) == 0
+
+
+def test_budgets_start_from_the_ledger_and_model_slots_are_freed_across_slots(on_cluster, tenant):
+    """A tenant budget whose period has no counter starts from the ledger (the tenant's step answers
+    init, the caller reads Postgres and asks again); a model's concurrency limit of 1 (the model's
+    slot) holds one request until it settles, which frees it and turns the reservation into spend."""
+    from gateway.errors import GatewayError
+    from gateway.limits import admission
+
+    # Worst case $0.001 a request, a hard budget of $0.0025: two fit, a third does not.
+    key = key_info(tenant.pk, budgets=((9601, None, "daily", "0.0025", None, True),))
+    deployment = target(9602)
+
+    async def scenario() -> list:
+        seen: list = []
+        first = await admit(key, [deployment], "bud-1", model="mc", model_limits={"concurrency": 1})
+        try:
+            await admit(key, [deployment], "bud-2", model="mc", model_limits={"concurrency": 1})
+        except GatewayError as error:
+            seen.append(error.status)  # the model's one slot is held
+        await admission.settle(first, attempts=[], tokens_used=5, cost=Decimal("0.0004"), ledger_record=b"{}")
+        second = await admit(key, [deployment], "bud-3", model="mc", model_limits={"concurrency": 1})
+        await admission.settle(second, attempts=[], tokens_used=5, cost=Decimal("0.0004"), ledger_record=b"{}")
+        third = await admit(key, [deployment], "bud-4", model="mc", model_limits={"concurrency": 1})
+        try:
+            await admit(key, [deployment], "bud-5", model="other")  # $0.0008 spent + $0.001 held
+        except GatewayError as error:
+            seen.append(error.status)
+        seen.append(third.request_id)
+        return seen
+
+    assert asyncio.run(scenario()) == [429, 402, "bud-4"]
+    client = cluster_client(on_cluster)
+    start, _ = period_bounds("daily", datetime.now(UTC))
+    base = redis_keys.budget_period(9601, start, tenant_id=tenant.pk)
+    assert int(client.get(base + ":spent")) == admission.to_units(Decimal("0.0008"))
+    assert client.zrange(base + ":res", 0, -1) == [b"bud-4|" + str(admission.to_units(Decimal("0.001"))).encode()]
+    model_slots = redis_keys.rate_log("model:mc", "concurrency", tag=redis_keys.model_tag("mc"))
+    assert client.zrange(model_slots, 0, -1) == [b"bud-4"]
 
 
 # --- a primary dies ----------------------------------------------------------------------------
