@@ -536,3 +536,62 @@ def test_a_primary_killed_its_replica_takes_over_and_no_admission_or_ledger_reco
             assert sorted(rows.values_list("request_id", flat=True)) == [f"failover-{i}" for i in range(10)]
         finally:
             reset_clients()
+
+
+def test_a_stalled_primary_costs_one_request_the_timeout_then_requests_stop_waiting(own_cluster):
+    """The guarded cluster client keeps the single-node client's outage behaviour: a primary that
+    stops answering (SIGSTOP) costs the first request the request path's timeout, the next ones
+    nothing while one of them checks whether it answers again (a fail-closed tenant's get 503 at
+    once); once it answers again (SIGCONT) the next
+    admission goes through Redis, after voiding the step given up on, which took nothing."""
+    import signal
+
+    from django.test import override_settings
+
+    from gateway.errors import GatewayError
+    from sentinel.redis_clients import reset_clients
+
+    tenant_id = 9700
+    node = own_cluster.node_for(redis_keys.blocked_tenant(tenant_id))
+    key = key_info(tenant_id, tenant_limits=(("rpm", 50),))
+    log = redis_keys.rate_log(f"tenant:{tenant_id}", "rpm", tag=redis_keys.tenant_tag(tenant_id))
+
+    async def attempt(request_id: str) -> tuple[object, float]:
+        started = time.monotonic()
+        try:
+            await admit(key, [target(9701)], request_id)
+            outcome: object = "ok"
+        except GatewayError as error:
+            outcome = (error.status, error.code)
+        return outcome, time.monotonic() - started
+
+    async def scenario() -> list:
+        seen = [(await attempt("st-1"))[0]]
+        os.kill(node.process.pid, signal.SIGSTOP)
+        try:
+            seen.append(await attempt("st-2"))
+            seen.append(sorted(await asyncio.gather(attempt("st-3"), attempt("st-4")), key=lambda r: r[1]))
+        finally:
+            os.kill(node.process.pid, signal.SIGCONT)
+        for i in range(100):  # each admission checks whether Redis answers again
+            outcome, _ = await attempt(f"st-back-{i}")
+            if outcome == "ok":
+                seen.append(f"st-back-{i}")
+                break
+            await asyncio.sleep(0.1)
+        return seen
+
+    with override_settings(REDIS_URL=own_cluster.url, REDIS_TIMEOUT_MS=300):
+        reset_clients()
+        try:
+            first, (stalled, stalled_for), together, back = asyncio.run(scenario())
+        finally:
+            reset_clients()
+    assert first == "ok"
+    (fast, fast_for), (checking, checking_for) = together
+    assert stalled == fast == checking == (503, "admission_unavailable")
+    assert 0.3 <= stalled_for < 2.5  # waited for the timeout (and the loop's verdict), not the socket's
+    assert 0.3 <= checking_for < 2.5  # the one checking whether it answers again waits as long ...
+    assert fast_for < 0.1  # ... the other does not wait at all
+    members = set(cluster_client(own_cluster).zrange(log, 0, -1))
+    assert members == {b"st-1", back.encode()}  # the step given up on took nothing
