@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -104,6 +105,7 @@ class ValkeyCluster:
             if node.alive():
                 node.process.kill()
                 node.process.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _own_slots(node: Node) -> list[tuple[int, int]]:
