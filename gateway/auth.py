@@ -30,7 +30,7 @@ from sentinel.localstate import (
     current_generation,
     from_database,
 )
-from sentinel.redis_clients import UNREACHABLE, async_redis
+from sentinel.redis_clients import UNREACHABLE, async_redis, is_cluster
 from tenants.models import Budget, EndUserLimit, Tenant, VirtualKey
 from tenants.services import BLOCK_MARKER_SECONDS, key_digest
 
@@ -258,7 +258,7 @@ async def authenticate_digest(digest: str) -> KeyInfo:
 
 
 def block_markers(info: KeyInfo) -> tuple[str, str]:
-    return blocked_key_marker(info.digest), blocked_tenant_marker(info.tenant_id)
+    return blocked_key_marker(info.digest, info.tenant_id), blocked_tenant_marker(info.tenant_id)
 
 
 async def ensure_not_blocked(info: KeyInfo) -> None:
@@ -266,8 +266,12 @@ async def ensure_not_blocked(info: KeyInfo) -> None:
     Admission does this in its own step; this is for requests that never get there."""
     from sentinel.localstate import GENERATION_KEY, observe_generation
 
+    client = async_redis()
     try:
-        generation, key_blocked, tenant_blocked = await async_redis().mget(GENERATION_KEY, *block_markers(info))
+        if is_cluster():  # the generation and the tenant's markers are in different slots
+            generation, key_blocked, tenant_blocked = await client.mget_nonatomic(GENERATION_KEY, *block_markers(info))
+        else:
+            generation, key_blocked, tenant_blocked = await client.mget(GENERATION_KEY, *block_markers(info))
     except UNREACHABLE:
         return
     observe_generation(generation)

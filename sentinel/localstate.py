@@ -26,10 +26,10 @@ GENERATION_KEY = redis_keys.CONFIG_GENERATION
 _MISSING = object()
 
 
-def blocked_key_marker(digest: str) -> str:
+def blocked_key_marker(digest: str, tenant_id: int) -> str:
     """Keyed by the secret's digest, which names exactly one secret forever (ids can be reused
-    when a database is rebuilt)."""
-    return redis_keys.blocked_key(digest)
+    when a database is rebuilt), under its tenant's tag."""
+    return redis_keys.blocked_key(digest, tenant_id=tenant_id)
 
 
 def blocked_tenant_marker(tenant_id: int) -> str:

@@ -11,6 +11,14 @@ request (`checking_allowed`), so the first request after Redis comes back is adm
 anything else checks at most every PROBE_INTERVAL_SECONDS (the readiness probe, so a replica without
 traffic recovers too). A stall therefore costs one request at a time at most the timeout, and the
 others nothing. The sync client (admin, workers) keeps its longer timeouts.
+
+REDIS_URL names a Valkey/Redis Cluster with the scheme `redis+cluster://` (or `rediss+cluster://`):
+host:port of any node, as a seed; the clients are then redis-py's cluster clients, which find the
+other nodes and follow slots as they move (failover included). The async cluster client is guarded
+the same way (GuardedRedisCluster): one view of whether Redis answers per process and event loop, for
+the whole cluster, since one node that stops answering stalls every request whose tenant lives there.
+Pipelines (either client) are not guarded, as before: only the request path's commands and scripts.
+docs/cluster.md has the key design.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from django.conf import settings
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from sentinel.redis_urls import is_cluster_url, plain_url
+
 log = logging.getLogger(__name__)
 
 _sync_client: redis.Redis | None = None
@@ -38,19 +48,45 @@ _async_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 SOCKET_TIMEOUT = 2.0  # the sync client's, and the async client's backstop under its own timeout
 CONNECT_TIMEOUT = 1.0
 PROBE_INTERVAL_SECONDS = 1.0
-UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# On a cluster also: a failover under way, a slot no live node serves (raised by pipelines, which
+# GuardedRedisCluster does not see).
+UNREACHABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    OSError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.SlotNotCoveredError,
+)
+
+
+def is_cluster(url: str | None = None) -> bool:
+    """Whether the URL (REDIS_URL by default) names a cluster: `redis+cluster://host:port`."""
+    return is_cluster_url(settings.REDIS_URL if url is None else url)
 
 
 def sync_redis() -> redis.Redis:
     global _sync_client
     if _sync_client is None:
-        _sync_client = redis.Redis.from_url(
-            settings.REDIS_URL,
-            socket_timeout=SOCKET_TIMEOUT,
-            socket_connect_timeout=CONNECT_TIMEOUT,
-            health_check_interval=30,
-        )
+        options = {
+            "socket_timeout": SOCKET_TIMEOUT,
+            "socket_connect_timeout": CONNECT_TIMEOUT,
+            "health_check_interval": 30,
+        }
+        if is_cluster():
+            _sync_client = redis.RedisCluster.from_url(plain_url(settings.REDIS_URL), **options)
+        else:
+            _sync_client = redis.Redis.from_url(settings.REDIS_URL, **options)
     return _sync_client
+
+
+def reset_clients() -> None:
+    """Forget every client (the next use makes new ones from settings.REDIS_URL): for tests that
+    point the process at another Redis."""
+    global _sync_client
+    if _sync_client is not None:
+        _sync_client.close()
+    _sync_client = None
+    _async_clients.clear()
 
 
 def async_redis() -> aioredis.Redis:
@@ -61,15 +97,24 @@ def async_redis() -> aioredis.Redis:
         timeout = settings.REDIS_TIMEOUT_MS / 1000
         # The client's own timeouts are backstops: a command gives up when Redis has been silent for
         # the request path's timeout (within), which a burst of new connections being accepted is not.
-        client: GuardedRedis = GuardedRedis.from_url(
-            settings.REDIS_URL,
-            socket_timeout=max(SOCKET_TIMEOUT, timeout),
-            socket_connect_timeout=max(CONNECT_TIMEOUT, timeout),
-            max_connections=512,
-            # One more try on a fresh connection when a pooled one turns out dead (Redis restarted);
-            # never after a timeout, which would double the wait.
-            retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
-        )
+        options = {
+            "socket_timeout": max(SOCKET_TIMEOUT, timeout),
+            "socket_connect_timeout": max(CONNECT_TIMEOUT, timeout),
+            "max_connections": 512,  # per node, on a cluster
+        }
+        if is_cluster():
+            # The cluster client retries a command on a connection error after refreshing its map of
+            # the slots (a failed-over primary's replica took its slots); GuardedRedisCluster bounds
+            # the whole of it by the request path's timeout all the same.
+            client = GuardedRedisCluster.from_url(plain_url(settings.REDIS_URL), **options)
+        else:
+            client = GuardedRedis.from_url(
+                settings.REDIS_URL,
+                **options,
+                # One more try on a fresh connection when a pooled one turns out dead (Redis
+                # restarted); never after a timeout, which would double the wait.
+                retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
+            )
         client.outage = Outage()
         _async_clients[loop] = client
     return client
@@ -126,7 +171,7 @@ def checking_allowed() -> Iterator[None]:
         _checking_allowed.reset(token)
 
 
-class GuardedRedis(aioredis.Redis):
+class _Guarded:
     """The async client with the request path's timeout and its view of whether Redis answers."""
 
     outage: Outage
@@ -152,6 +197,44 @@ class GuardedRedis(aioredis.Redis):
             raise
         self.outage.answered()
         return result
+
+
+class GuardedRedis(_Guarded, aioredis.Redis):
+    """A single Redis or Valkey, guarded."""
+
+
+class GuardedRedisCluster(_Guarded, aioredis.RedisCluster):
+    """A cluster, guarded: every command (routed to its slot's node, redirections and retries
+    included) is bounded by the request path's timeout.
+
+    Two things redis-py's async cluster client does are fenced off here. Its nodes open a connection
+    per command in flight with no waiting for a free one: past max_connections a command fails with
+    a connection error, on which the client closes every connection to every node (to re-learn the
+    slots), failing the other commands in flight, some with AttributeError from a connection closed
+    under them. So commands in flight are bounded by a semaphore (each holds one connection at most),
+    and an AttributeError from a connection closed under a command is what it means: the connection
+    was lost (ConnectionError), which callers already handle."""
+
+    IN_FLIGHT = 512
+
+    async def execute_command(self, *args, **options):
+        semaphore = self.__dict__.get("_in_flight")
+        if semaphore is None:
+            semaphore = self.__dict__["_in_flight"] = asyncio.Semaphore(self.IN_FLIGHT)
+        async with semaphore:
+            try:
+                return await super().execute_command(*args, **options)
+            except (redis.exceptions.RedisClusterException, redis.exceptions.ClusterDownError) as error:
+                # No node reachable, a slot no live node serves, a failover under way: for the
+                # request path as for a single Redis that does not answer.
+                self.outage.silent(error)
+                raise redis.exceptions.ConnectionError(f"{type(error).__name__}: {error}") from error
+
+    async def _execute_command(self, target_node, *args, **kwargs):
+        try:
+            return await super()._execute_command(target_node, *args, **kwargs)
+        except AttributeError as error:
+            raise redis.exceptions.ConnectionError(f"connection closed under the command ({error})") from error
 
 
 async def within(seconds: float, awaitable, outage: Outage):

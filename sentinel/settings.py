@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.templatetags.static import static
 
-from sentinel import egress, logs, redis_keys
+from sentinel import egress, logs, redis_keys, redis_urls
 from sentinel.env import (  # noqa: F401
     DATA_DIR_DEFAULT,
     ENV_VARS,
@@ -51,7 +51,12 @@ DATABASE_URL = envstr(
     "",
     "PostgreSQL (with pgvector) URL. Unset: an embedded PostgreSQL 18 under SENTINEL_DATA_DIR.",
 )
-REDIS_URL = envstr("REDIS_URL", "", "Redis or Valkey URL. Unset: an embedded Valkey under SENTINEL_DATA_DIR.")
+REDIS_URL = envstr(
+    "REDIS_URL",
+    "",
+    "Redis or Valkey URL; redis+cluster://host:port (rediss+cluster:// with TLS) names a Valkey/Redis Cluster by any "
+    "of its nodes (docs/cluster.md). Unset: an embedded Valkey under SENTINEL_DATA_DIR.",
+)
 REDIS_TIMEOUT_MS = envint(
     "SENTINEL_REDIS_TIMEOUT_MS",
     100,
@@ -189,26 +194,10 @@ _db.setdefault("OPTIONS", {})["pool"] = {
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-CACHES = {
-    "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": REDIS_URL,
-        "KEY_PREFIX": redis_keys.DJANGO_CACHE_PREFIX,
-    }
-}
-
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {
-            # A consumer waits for its messages in BZPOPMIN calls that block 5 s (channels_redis'
-            # brpop_timeout). redis-py's default read timeout is also 5 s, so the read lost that race
-            # and the error ended the socket: reads get longer than the block.
-            "hosts": [{"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}],
-            "prefix": redis_keys.CHANNELS_PREFIX,
-        },
-    }
-}
+# On a cluster (REDIS_URL redis+cluster://...), Django's cache and Channels get what works there
+# (sentinel.redis_urls; docs/cluster.md).
+CACHES = redis_urls.caches(REDIS_URL, redis_keys.DJANGO_CACHE_PREFIX)
+CHANNEL_LAYERS = redis_urls.channel_layers(REDIS_URL, redis_keys.CHANNELS_PREFIX)
 
 # Every sign-in with a password (console login, HTTP Basic on the API) passes the brute-force guard.
 AUTHENTICATION_BACKENDS = ["sentinel.authentication.GuardedModelBackend"]
@@ -377,7 +366,19 @@ LOGIN_RATE_PER_IP = envstr(
 
 # --- Celery ------------------------------------------------------------------------------------
 
-CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_URL = envstr(
+    "SENTINEL_BROKER_URL",
+    "",
+    "Celery's broker (a single Redis or Valkey). Unset: REDIS_URL. Required when REDIS_URL names a "
+    "cluster: Celery has no cluster transport (docs/cluster.md).",
+) or (REDIS_URL if not redis_urls.is_cluster_url(REDIS_URL) else "")
+if not CELERY_BROKER_URL and REDIS_URL:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "REDIS_URL names a Valkey/Redis Cluster: set SENTINEL_BROKER_URL to a single Redis or Valkey for "
+        "Celery's queue (docs/cluster.md)."
+    )
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"

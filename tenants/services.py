@@ -143,7 +143,9 @@ def key_revoke(*, key: VirtualKey) -> None:
             target=describe(key),
             changes={"status": [VirtualKey.Status.ACTIVE, VirtualKey.Status.REVOKED]},
         )
-        transaction.on_commit(lambda: sync_redis().set(blocked_key_marker(key.digest), 1, ex=BLOCK_MARKER_SECONDS))
+        transaction.on_commit(
+            lambda: sync_redis().set(blocked_key_marker(key.digest, key.tenant_id), 1, ex=BLOCK_MARKER_SECONDS)
+        )
         announce_change()
 
 

@@ -52,7 +52,7 @@ TEST_BREAKER = {
     "open_seconds": 30,
     "max_open_seconds": 60,
 }
-SERVER_FIXTURES = {"django_db_setup", "mock_provider", "gateway", "browser"}
+SERVER_FIXTURES = {"django_db_setup", "mock_provider", "gateway", "browser", "valkey_cluster"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -346,7 +346,7 @@ async def _exact(key: CacheKey, *, count_partition: bool) -> tuple[Hit | None, P
         if stored is None or _expired(stored):
             counts = (partition_redis_key(key.partition), partition_misses_redis_key(key.partition))
             if stored is None:
-                raw, entries, misses = await async_redis().mget(exact_redis_key(key.exact), *counts)
+                raw, entries, misses = await async_redis().mget(exact_redis_key(key.exact, key.partition), *counts)
                 if raw is not None:
                     stored = orjson.loads(raw)
                     _exact_local.set(key.exact, stored)
@@ -591,7 +591,7 @@ async def store(
             stored = {"id": row[0], "answer": answer, "cost_usd": str(cost_usd), "expires": expires.timestamp()}
             counted = tenant_redis_key(tenant_id)
             async with async_redis().pipeline(transaction=False) as pipe:
-                pipe.set(exact_redis_key(key.exact), orjson.dumps(stored), ex=ttl)
+                pipe.set(exact_redis_key(key.exact, key.partition), orjson.dumps(stored), ex=ttl)
                 if key.semantic:  # counted even with the tenant's semantic tier off, for when it is on
                     part = partition_redis_key(key.partition)
                     # Both counts live as long as the partition's longest-lived entry.
@@ -622,9 +622,9 @@ async def _evict(conn, tenant_id: int, max_entries: int, counted: int) -> None:
     rows = await (
         await conn.execute(
             "delete from gateway_cacheentry where id in (select id from gateway_cacheentry where tenant_id = %s "
-            "order by coalesce(last_hit_at, created_at) asc, id asc limit %s) returning exact_digest",
+            "order by coalesce(last_hit_at, created_at) asc, id asc limit %s) returning exact_digest, partition",
             (tenant_id, count - max_entries),
         )
     ).fetchall()
     if rows:
-        await async_redis().delete(*(exact_redis_key(digest) for (digest,) in rows))
+        await async_redis().delete(*(exact_redis_key(digest, partition) for digest, partition in rows))

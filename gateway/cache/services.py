@@ -14,10 +14,11 @@ from sentinel.redis_clients import sync_redis
 def cache_invalidate(*, entries: QuerySet[CacheEntry]) -> int:
     """Forget these entries everywhere: rows, exact keys in Redis, and (through the configuration
     generation) every gateway process's in-memory copy. Returns how many were removed."""
-    digests = list(entries.values_list("exact_digest", flat=True))
+    digests = list(entries.values_list("exact_digest", "partition"))
     removed, _ = entries.delete()
     if digests:
-        sync_redis().delete(*(exact_redis_key(d) for d in digests))
+        # On a cluster the keys are in many slots: the cluster client deletes them slot by slot.
+        sync_redis().delete(*(exact_redis_key(digest, partition) for digest, partition in digests))
     announce_change()
     return removed
 

@@ -18,6 +18,7 @@ admitted through it, and the admission steps given up on meanwhile are voided (v
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -41,7 +42,7 @@ from gateway.upstream import breakers
 from gateway.upstream.breakers import Attempt
 from sentinel import redis_keys
 from sentinel.localstate import GENERATION_KEY, current_generation, from_database, observe_generation
-from sentinel.redis_clients import UNREACHABLE, NotWaiting, checking_allowed
+from sentinel.redis_clients import UNREACHABLE, NotWaiting, checking_allowed, is_cluster
 from tenants.periods import period_bounds
 
 if TYPE_CHECKING:
@@ -72,6 +73,12 @@ class Limit:
     kind: str  # rpm | tpm | concurrency
     limit: int
     keys: tuple[str, ...]  # the Redis log (and running sum, for tpm)
+    tag: str = ""  # the keys' hash tag: the tenant's (key and tenant limits) or the model's
+
+    @property
+    def shared(self) -> bool:
+        """A model's limit, counted across tenants (on a cluster, in the model's slot)."""
+        return self.policy.startswith("model-")
 
     @property
     def script_kind(self) -> str:
@@ -104,18 +111,19 @@ class BudgetHold:
 
 
 def limits_for(key: KeyInfo, model: str, model_limits: dict[str, int]) -> list[Limit]:
-    scopes = (
-        ("key", f"key:{key.key_id}", dict(key.key_limits)),
-        ("tenant", f"tenant:{key.tenant_id}", dict(key.tenant_limits)),
-        ("model", f"model:{model}", model_limits),
+    tenant = redis_keys.tenant_tag(key.tenant_id)
+    scopes = (  # the tenant's first, the model's last (a cluster's admission relies on the order)
+        ("key", f"key:{key.key_id}", dict(key.key_limits), tenant),
+        ("tenant", f"tenant:{key.tenant_id}", dict(key.tenant_limits), tenant),
+        ("model", f"model:{model}", model_limits, redis_keys.model_tag(model)),
     )
     limits = []
-    for scope, ident, values in scopes:
+    for scope, ident, values, tag in scopes:
         for kind in ("rpm", "tpm", "concurrency"):
             if kind in values:
-                base = redis_keys.rate_log(ident, kind)
+                base = redis_keys.rate_log(ident, kind, tag=tag)
                 keys = (base, base + ":sum") if kind == "tpm" else (base,)
-                limits.append(Limit(f"{scope}-{kind}", kind, values[kind], keys))
+                limits.append(Limit(f"{scope}-{kind}", kind, values[kind], keys, tag))
     return limits
 
 
@@ -132,7 +140,7 @@ def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:
     for budget_id, key_id, period, limit_usd, alert_percent, hard in key.budgets:
         start, end = period_bounds(period, now)
         limit = to_units(Decimal(limit_usd))
-        base = redis_keys.budget_period(budget_id, start)
+        base = redis_keys.budget_period(budget_id, start, tenant_id=key.tenant_id)
         holds.append(
             BudgetHold(
                 budget_id=budget_id,
@@ -162,7 +170,9 @@ def audience_holds(key: KeyInfo, now: datetime, *, end_user: str, session: str) 
         for tokens, limit in ((False, limit_usd), (True, token_cap)):
             if limit is None:
                 continue
-            base = redis_keys.audience_period(limit_id, subject, period, start, "tok" if tokens else "usd")
+            base = redis_keys.audience_period(
+                limit_id, subject, period, start, "tok" if tokens else "usd", tenant_id=key.tenant_id
+            )
             holds.append(
                 BudgetHold(
                     budget_id=None,
@@ -257,6 +267,7 @@ class Ticket:
     breaker_states: dict[int, str] = field(default_factory=dict)
     slots: dict[int, str] = field(default_factory=dict)  # deployment id → in-flight log holding this request
     local: bool = False  # counted in this process only (Redis unreachable, failing open)
+    tenant_id: int = 0
     settled: bool = False
     step: str = field(default_factory=lambda: uuid.uuid4().hex)  # names its admission step, for void.lua
 
@@ -315,6 +326,7 @@ async def admit(
     `session` (gateway.audience) bring the key's end-user limits in."""
     now = datetime.now(UTC)
     ticket = Ticket(
+        tenant_id=key.tenant_id,
         request_id=request_id,
         tokens=tokens,
         cost_units=to_units(worst_cost),
@@ -329,16 +341,19 @@ async def admit(
             try:
                 # While Redis is unreachable, each request's admission finds out whether it answers again.
                 with checking_allowed():
-                    result = await scripts.admission(
-                        keys=_admit_keys(key, ticket) + deployment_keys,
-                        args=_admit_args(ticket, lease_ms, initial, len(deployments), deployment_args),
-                    )
+                    if is_cluster():
+                        result = await _admit_on_cluster(key, ticket, lease_ms, initial, deployments, now.date())
+                    else:
+                        result = await scripts.admission(
+                            keys=_admit_keys(key, ticket) + deployment_keys,
+                            args=_admit_args(ticket, lease_ms, initial, len(deployments), deployment_args),
+                        )
             except NotWaiting:
                 raise
             except UNREACHABLE:
                 # Sent, but no answer: the step may have run, or run when Redis resumes. Once Redis
                 # answers again, whatever it took is given back (void.lua).
-                _voids.append(_void_of(ticket, deployments))
+                _voids.extend(_void_of(ticket, deployments))
                 raise
             if _voids:
                 await _void_given_up()
@@ -415,9 +430,13 @@ async def admit(
     return ticket
 
 
-def _admit_keys(key: KeyInfo, ticket: Ticket) -> list[str]:
-    keys = [GENERATION_KEY, *block_markers(key), void_key(ticket.step)]
-    for limit in ticket.limits:
+def _admit_keys(
+    key: KeyInfo, ticket: Ticket, limits: list[Limit] | None = None, *, generation: bool = True
+) -> list[str]:
+    keys = [void_key(ticket.step, redis_keys.tenant_tag(key.tenant_id)), *block_markers(key)]
+    if generation:
+        keys.append(GENERATION_KEY)
+    for limit in ticket.limits if limits is None else limits:
         keys.extend(limit.keys)
     for hold in ticket.budgets:
         keys.extend(hold.keys)
@@ -425,24 +444,153 @@ def _admit_keys(key: KeyInfo, ticket: Ticket) -> list[str]:
 
 
 def _admit_args(
-    ticket: Ticket, lease_ms: int, initial: dict[int, int], deployments: int, deployment_args: list
+    ticket: Ticket,
+    lease_ms: int,
+    initial: dict[int, int],
+    deployments: int,
+    deployment_args: list,
+    limits: list[Limit] | None = None,
+    budgets: list[BudgetHold] | None = None,
+    mode: bytes | str | None = None,
 ) -> list:
-    args: list = [ticket.request_id, ticket.tokens, ticket.cost_units, lease_ms, len(ticket.limits)]
-    for limit in ticket.limits:
+    limits = ticket.limits if limits is None else limits
+    budgets = ticket.budgets if budgets is None else budgets
+    args: list = [ticket.request_id, ticket.tokens, ticket.cost_units, lease_ms, len(limits)]
+    for limit in limits:
         args.extend((limit.script_kind, limit.limit, WINDOW_MS))
-    args.append(len(ticket.budgets))
-    for i, hold in enumerate(ticket.budgets):
+    args.append(len(budgets))
+    for i, hold in enumerate(budgets):
         ttl = int((hold.period_end - datetime.now(UTC)).total_seconds()) + 2 * 86400
         args.extend((hold.limit_units, initial.get(i, ""), ttl, 1 if hold.hard else 0, hold.reserves(ticket)))
     args.append(deployments)
     args.extend(deployment_args)
-    args.append(current_generation())
+    args.append(current_generation() if mode is None else mode)
     return args
 
 
-def void_key(step: str) -> str:
-    """Set when an admission step was given up on: if it runs after that, it takes nothing."""
-    return redis_keys.void(step)
+def void_key(step: str, tag: str) -> str:
+    """Set when an admission step was given up on: if it runs after that, it takes nothing (one per
+    slot the step touches: `tag`)."""
+    return redis_keys.void(step, tag=tag)
+
+
+# --- admission on a cluster --------------------------------------------------------------------
+
+# On a Valkey/Redis Cluster (docs/cluster.md) one script cannot touch keys in several slots. A
+# tenant's keys share its slot, so everything of one tenant is checked and taken in one atomic step,
+# as on a single node; a model's global limits, each deployment's breaker and concurrency slots, and
+# each provider's spend are each in their own slot. Admission then runs as steps, each atomic in its
+# slot, in a fixed order: the tenant's, then the model's (with the configuration generation and the
+# chain's breakers and spend read meanwhile), then a slot on the first deployment that may be called.
+# A step that refuses, or a generation that moved, gives back what the earlier steps took (void.lua)
+# before the refusal is answered. Every counter is checked and taken atomically in its own step, so
+# no limit is ever exceeded (a cap of N never admits N + 1); what a later refusal gives back was held
+# for a moment, which can only refuse another request in that moment, never admit one too many.
+
+
+async def _admit_on_cluster(
+    key: KeyInfo, ticket: Ticket, lease_ms: int, initial: dict[int, int], deployments: list[Target], day: date
+) -> list:
+    """The admission, as steps per slot; answers as admission.lua does."""
+    from sentinel.redis_clients import async_redis
+
+    own = [limit for limit in ticket.limits if not limit.shared]
+    shared = [limit for limit in ticket.limits if limit.shared]
+    result = await scripts.admission(
+        keys=_admit_keys(key, ticket, own, generation=False),
+        args=_admit_args(ticket, lease_ms, initial, 0, [], limits=own, mode="*"),
+    )
+    if result[0] != b"ok":
+        return list(result)
+    used, resets = list(result[4]), list(result[5])
+    client = async_redis()
+    reads: list = [client.get(GENERATION_KEY)]  # after the tenant's step: see below
+    capped_at = [t for t in deployments if t.spend_cap is not None]
+    reads += [client.get(provider_spend_key(t.provider_id, day)) for t in capped_at]
+    reads += [_claim(ticket, t, lease_ms, capped=False, take=False) for t in deployments]
+    if shared:
+        model_tag = shared[0].tag
+        reads.append(
+            scripts.admission(
+                keys=[void_key(ticket.step, model_tag), *(k for limit in shared for k in limit.keys)],
+                args=_admit_args(ticket, lease_ms, {}, 0, [], limits=shared, budgets=[], mode="-"),
+            )
+        )
+    answers = await asyncio.gather(*reads, return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, UNREACHABLE):  # (unreachable: the caller voids every step)
+                await _give_back(ticket, own, shared, deployments)
+            raise answer
+    generation, answers = answers[0], answers[1:]
+    spent, answers = answers[: len(capped_at)], answers[len(capped_at) :]
+    states, answers = [state for state, _ in answers[: len(deployments)]], answers[len(deployments) :]
+    if shared:
+        model = answers[0]
+        used += list(model[4])
+        resets += list(model[5])
+        if model[0] != b"ok":
+            await _give_back(ticket, own, [], [])
+            index = int(model[1]) + len(own) if model[0] == b"limit" else model[1]
+            return [model[0], index, model[2], generation or b"", used, resets]
+    # The generation is read after the tenant's step took its holds, and only grows: the same value
+    # as the caller's caches reflect means no configuration changed before that step ran, so the
+    # step checked what is configured, as the single script's check does.
+    if (generation or b"") != current_generation():
+        await _give_back(ticket, own, shared, [])
+        return [b"stale", 0, b"0", generation or b"", [], []]
+    capped = {
+        t.deployment_id
+        for t, units in zip(capped_at, spent, strict=True)
+        if t.spend_cap is not None and int(units or 0) >= to_units(t.spend_cap)
+    }
+    final: list[bytes] = []
+    slot = 0
+    chosen = full = False
+    for index, target in enumerate(deployments, 1):
+        state = b"capped" if target.deployment_id in capped else states[index - 1]
+        if not chosen and state in CALLABLE:
+            if target.max_concurrent is None:
+                chosen = True
+            else:
+                # The state is read again with the slot, atomically (it may have moved since).
+                state, took = await _claim(ticket, target, lease_ms, capped=False, take=True)
+                if took:
+                    chosen, slot = True, index
+                elif state == b"full":
+                    full = True
+        final.append(state)
+    if full and not chosen:
+        await _give_back(ticket, own, shared, [])
+        return [b"overloaded", 0, b"1000", generation or b"", used, resets]
+    return [b"ok", 0, b"0", generation or b"", used, resets, final, slot]
+
+
+CALLABLE = (b"closed", b"probe", b"forced_closed")  # as deployments.lua says
+
+
+async def _claim(ticket: Ticket, target: Target, lease_ms: int, *, capped: bool, take: bool) -> tuple[bytes, int]:
+    """claim.lua on the deployment's slot: its breaker state and, if `take`, a concurrency slot."""
+    tag = redis_keys.deployment_tag(target.deployment_id)
+    keys = [void_key(ticket.step, tag), breakers.keys_for(target.deployment_id)[0]]
+    limit: object = ""
+    if take and target.max_concurrent is not None:
+        keys.append(in_flight_key(target.deployment_id))
+        limit = target.max_concurrent
+    state, took = await scripts.claim(keys=keys, args=[ticket.request_id, lease_ms, 1 if capped else 0, "", limit])
+    return state, int(took)
+
+
+async def _give_back(ticket: Ticket, own: list[Limit], shared: list[Limit], deployments: list[Target]) -> None:
+    """Void the steps of an admission a later step refused (or that could not finish): what they
+    took is given back, and a step that has not run yet takes nothing when it does."""
+    voids = _voids_for(ticket, own, shared, deployments)
+    for index, (keys, args) in enumerate(voids):
+        try:
+            await scripts.void(keys=keys, args=args)
+        except UNREACHABLE:
+            _voids.extend(voids[index:])  # given back once Redis answers again
+            return
 
 
 # --- admission steps given up on ---------------------------------------------------------------
@@ -457,14 +605,42 @@ VOID_TTL_SECONDS = 2 * 86400  # outlives any step a stall can hold
 VOIDS_PER_REQUEST = 50  # a long stall's backlog is worked off over the first requests after it
 
 
-def _void_of(ticket: Ticket, deployments: list[Target]) -> tuple[list[str], list]:
-    keys = [void_key(ticket.step)]
-    args: list = [ticket.request_id, ticket.tokens, ticket.cost_units, VOID_TTL_SECONDS, len(ticket.limits)]
-    for limit in ticket.limits:
+def _void_of(ticket: Ticket, deployments: list[Target]) -> list[tuple[list[str], list]]:
+    """What voids an admission step given up on: one void.lua call on a single node, one per slot
+    the steps touch on a cluster."""
+    if not is_cluster():
+        return [_void_step(ticket, ticket.limits, ticket.budgets, _tenant_of(ticket), deployments)]
+    own = [limit for limit in ticket.limits if not limit.shared]
+    shared = [limit for limit in ticket.limits if limit.shared]
+    return _voids_for(ticket, own, shared, deployments)
+
+
+def _tenant_of(ticket: Ticket) -> str:
+    return redis_keys.tenant_tag(ticket.tenant_id)
+
+
+def _voids_for(
+    ticket: Ticket, own: list[Limit], shared: list[Limit], deployments: list[Target]
+) -> list[tuple[list[str], list]]:
+    voids = [_void_step(ticket, own, ticket.budgets, _tenant_of(ticket), [])]
+    if shared:
+        voids.append(_void_step(ticket, shared, [], shared[0].tag, []))
+    for target in deployments:  # every deployment's marker: a claim sent but unanswered takes nothing later
+        tag = redis_keys.deployment_tag(target.deployment_id)
+        voids.append(_void_step(ticket, [], [], tag, [target] if target.max_concurrent is not None else []))
+    return voids
+
+
+def _void_step(
+    ticket: Ticket, limits: list[Limit], budgets: list[BudgetHold], tag: str, deployments: list[Target]
+) -> tuple[list[str], list]:
+    keys = [void_key(ticket.step, tag)]
+    args: list = [ticket.request_id, ticket.tokens, ticket.cost_units, VOID_TTL_SECONDS, len(limits)]
+    for limit in limits:
         keys.extend(limit.keys)
         args.append(limit.script_kind)
-    args.append(len(ticket.budgets))
-    for hold in ticket.budgets:
+    args.append(len(budgets))
+    for hold in budgets:
         keys.extend(hold.keys[1:])
         args.append(hold.reserves(ticket))
     keys.extend(in_flight_key(t.deployment_id) for t in deployments if t.max_concurrent is not None)
@@ -497,7 +673,10 @@ async def reserve(ticket: Ticket, targets: list[Target]) -> None:
     keys, args = _deployment_keys_and_args(targets, datetime.now(UTC).date())
     lease_ms = int(settings.CHAIN_DEADLINE_SECONDS * 1000) + LEASE_MARGIN_MS
     try:
-        states, slot = await scripts.reserve(keys=keys, args=[ticket.request_id, lease_ms, len(targets), *args])
+        if is_cluster():
+            states, slot = await _reserve_on_cluster(ticket, targets, lease_ms)
+        else:
+            states, slot = await scripts.reserve(keys=keys, args=[ticket.request_id, lease_ms, len(targets), *args])
     except UNREACHABLE:
         return  # unreachable: nothing is limited, as admission without Redis limits nothing
     for target, state in zip(targets, states, strict=True):
@@ -505,6 +684,39 @@ async def reserve(ticket: Ticket, targets: list[Target]) -> None:
     if slot:
         taken = targets[int(slot) - 1].deployment_id
         ticket.slots[taken] = in_flight_key(taken)
+
+
+async def _reserve_on_cluster(ticket: Ticket, targets: list[Target], lease_ms: int) -> tuple[list[bytes], int]:
+    """reserve.lua's answer, on a cluster: the states read at once, then a slot on the first that
+    may be called (claim.lua, one deployment's slot at a time)."""
+    from sentinel.redis_clients import async_redis
+
+    day = datetime.now(UTC).date()
+    capped_at = [t for t in targets if t.spend_cap is not None]
+    client = async_redis()
+    answers = await asyncio.gather(
+        *(client.get(provider_spend_key(t.provider_id, day)) for t in capped_at),
+        *(_claim(ticket, t, lease_ms, capped=False, take=False) for t in targets),
+    )
+    spent, read = answers[: len(capped_at)], answers[len(capped_at) :]
+    capped = {
+        t.deployment_id
+        for t, units in zip(capped_at, spent, strict=True)
+        if t.spend_cap is not None and int(units or 0) >= to_units(t.spend_cap)
+    }
+    states, slot, chosen = [], 0, False
+    for index, (target, (state, _)) in enumerate(zip(targets, read, strict=True), 1):
+        if target.deployment_id in capped:
+            state = b"capped"
+        if not chosen and state in CALLABLE:
+            if target.max_concurrent is None:
+                chosen = True
+            else:
+                state, took = await _claim(ticket, target, lease_ms, capped=False, take=True)
+                if took:
+                    chosen, slot = True, index
+        states.append(state)
+    return states, slot
 
 
 def _settled_sync(holds: list[BudgetHold]) -> list[int]:
@@ -641,21 +853,26 @@ async def settle(
     for units in paid.values():
         spend_args.extend((units, SPEND_TTL_SECONDS))
     try:
-        totals, transitions, details = await scripts.settle(
-            keys=[*keys, *breaker_keys, *spend_keys, ledger.STREAM],
-            args=[
-                ticket.request_id,
-                ticket.tokens,
-                tokens_used,
-                len(tpm),
-                len(concurrency) + len(ticket.slots),
-                len(ticket.budgets),
-                *budget_args,
-                *breaker_args,
-                *spend_args,
-                ledger_record,
-            ],
-        )
+        if is_cluster():
+            totals, transitions, details = await _settle_on_cluster(
+                ticket, attempts, tokens_used, budget_args, paid, today, ledger_record
+            )
+        else:
+            totals, transitions, details = await scripts.settle(
+                keys=[*keys, *breaker_keys, *spend_keys, ledger.STREAM],
+                args=[
+                    ticket.request_id,
+                    ticket.tokens,
+                    tokens_used,
+                    len(tpm),
+                    len(concurrency) + len(ticket.slots),
+                    len(ticket.budgets),
+                    *budget_args,
+                    *breaker_args,
+                    *spend_args,
+                    ledger_record,
+                ],
+            )
     except UNREACHABLE as exc:
         # The holds expire on their own (leases); the ledger keeps the spend either way.
         log.warning("admission: could not settle %s (%s)", ticket.request_id, exc)
@@ -679,6 +896,80 @@ async def settle(
             await sync_to_async(budget_alert.delay)(
                 hold.budget_id, hold.period_start.isoformat(), str(from_units(total))
             )
+
+
+async def _settle_on_cluster(
+    ticket: Ticket,
+    attempts: list[Attempt],
+    tokens_used: int,
+    budget_args: list,
+    paid: dict[int, int],
+    today: date | None,
+    ledger_record: bytes,
+) -> tuple[list, list, list]:
+    """settle.lua's work on a cluster, one call per slot: the ledger record first (its stream is a
+    slot of its own; raises when Redis did not take it, and the caller writes it to Postgres), then
+    at once the tenant's holds, the model's, each deployment's slot and breaker, each provider's
+    spend. Once the record is queued nothing raises: a part Redis did not take is logged (its holds
+    end with their leases; its breakers are recorded in this process)."""
+    from sentinel.redis_clients import async_redis
+
+    await async_redis().xadd(ledger.STREAM, {"r": ledger_record})
+    rid = ticket.request_id
+    calls: list = []
+
+    def part(limits: list[Limit], budgets: list[BudgetHold], budget_args: list, slots: list[str], records: list):
+        tpm = [limit for limit in limits if limit.kind == "tpm"]
+        concurrency = [limit for limit in limits if limit.kind == "concurrency"]
+        keys = [k for limit in tpm for k in limit.keys] + [limit.keys[0] for limit in concurrency] + slots
+        keys += [k for hold in budgets for k in hold.keys]
+        breaker_keys, breaker_args = breakers.record_arguments(records)
+        args = [rid, ticket.tokens, tokens_used, len(tpm), len(concurrency) + len(slots), len(budgets), *budget_args]
+        return scripts.settle(keys=[*keys, *breaker_keys], args=[*args, *breaker_args, 0, ""])
+
+    own = [limit for limit in ticket.limits if not limit.shared]
+    shared = [limit for limit in ticket.limits if limit.shared and limit.kind != "rpm"]
+    calls.append(part(own, ticket.budgets, budget_args, [], []))
+    if shared:
+        calls.append(part(shared, [], [], [], []))
+    by_deployment: dict[int, list[Attempt]] = {}
+    for attempt in attempts:
+        by_deployment.setdefault(attempt.target.deployment_id, []).append(attempt)
+    deployments = sorted(set(by_deployment) | set(ticket.slots))
+    for deployment in deployments:
+        slot = [ticket.slots[deployment]] if deployment in ticket.slots else []
+        calls.append(part([], [], [], slot, by_deployment.get(deployment, [])))
+    for provider, units in paid.items():
+        assert today is not None
+        spend = provider_spend_key(provider, today)
+        calls.append(scripts.settle(keys=[spend], args=[rid, 0, 0, 0, 0, 0, 0, 1, units, SPEND_TTL_SECONDS, ""]))
+    answers = await asyncio.gather(*calls, return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException) and not isinstance(answer, UNREACHABLE):
+            raise answer
+    tenant = answers[0]
+    if isinstance(tenant, BaseException):
+        log.warning("admission: could not settle %s's holds (%s)", rid, tenant)
+        totals: list = [-1] * len(ticket.budgets)
+    else:
+        totals = list(tenant[0])
+    found: dict[int, tuple[list, list]] = {}
+    for deployment, answer in zip(deployments, answers[1 + bool(shared) :], strict=False):
+        if isinstance(answer, BaseException):
+            breakers.record_locally(by_deployment.get(deployment, []))
+            found[deployment] = ([b""] * len(by_deployment.get(deployment, [])), [])
+        else:
+            found[deployment] = (list(answer[1]), list(answer[2]))
+    transitions, details = [], []
+    seen: dict[int, int] = {}
+    for attempt in attempts:
+        deployment = attempt.target.deployment_id
+        i = seen.get(deployment, 0)
+        seen[deployment] = i + 1
+        got_transitions, got_details = found[deployment]
+        transitions.append(got_transitions[i] if i < len(got_transitions) else b"")
+        details.append(got_details[i] if i < len(got_details) else b"")
+    return totals, transitions, details
 
 
 # --- without Redis -----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 -- block markers, checks every rate limit (sliding logs: exact, no boundary doubling) and every budget,
 -- and either commits all of them or nothing (a rejected request consumes nothing).
 --
--- KEYS: generation, key marker, tenant marker, the request's void marker (void.lua),
+-- KEYS: the request's void marker (void.lua), key marker, tenant marker, generation (see mode),
 --       then per limit: its log (rpm, concurrency) or its log and running sum (tpm),
 --       then per budget: spent, reservations log, reserved sum,
 --       then the breaker of each deployment in the model's chain
@@ -12,7 +12,10 @@
 --       number of budgets, per budget: limit, initial spent ('' when unknown), ttl s, hard (1|0),
 --       amount this request reserves (cost units; tokens, for an end user's or session's token cap),
 --       number of deployments, per deployment: its cap and concurrency limit (see deployments.lua),
---       the configuration generation the caller's caches reflect
+--       the configuration generation the caller's caches reflect, or the mode on a cluster
+--       (docs/cluster.md), where this script runs once per slot: '*' for the tenant's step (no
+--       generation key: the caller reads it after this step), '-' for a model's step (KEYS start with
+--       the void marker only: no markers, no generation; no budgets, no deployments)
 --       (KEYS end with each deployment's breaker, spend counter and in-flight log, see deployments.lua)
 -- Returns {outcome, index, retry ms, generation, used per limit, reset ms per limit, deployments, slot}
 -- whatever the outcome (ok | limit | budget | init | blocked | stale | overloaded | void); budget: the
@@ -30,16 +33,28 @@
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('EXISTS', KEYS[4]) == 1 then return {'void', 0, '0', '', {}, {}} end
-local generation = redis.call('GET', KEYS[1]) or ''
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'blocked', 'key', '0', generation, {}, {}} end
-if redis.call('EXISTS', KEYS[3]) == 1 then return {'blocked', 'tenant', '0', generation, {}, {}} end
-if generation ~= ARGV[#ARGV] then return {'stale', 0, '0', generation, {}, {}} end
+local mode = ARGV[#ARGV]
+local marker = redis.call('GET', KEYS[1])
+-- On a cluster, a step the client sent again (its connection dropped before the answer came) finds
+-- its own marker and answers as it did, taking nothing twice.
+if marker == 'ok' and (mode == '*' or mode == '-') then return {'ok', 0, '0', '', {}, {}, {}, 0} end
+if marker then return {'void', 0, '0', '', {}, {}} end
+local generation, k = '', 2
+if mode ~= '-' then
+  k = 4
+  if mode ~= '*' then
+    generation = redis.call('GET', KEYS[4]) or ''
+    k = 5
+  end
+  if redis.call('EXISTS', KEYS[2]) == 1 then return {'blocked', 'key', '0', generation, {}, {}} end
+  if redis.call('EXISTS', KEYS[3]) == 1 then return {'blocked', 'tenant', '0', generation, {}, {}} end
+  if mode ~= '*' and generation ~= mode then return {'stale', 0, '0', generation, {}, {}} end
+end
 
 local rid = ARGV[1]
 local tokens = tonumber(ARGV[2])
 local lease = tonumber(ARGV[4])
-local a, k = 6, 5
+local a = 6
 
 local function tokens_of(member)
   return tonumber(string.match(member, '|(%d+)$'))
@@ -153,4 +168,5 @@ for _, b in ipairs(budgets) do
   redis.call('EXPIRE', b.sum, b.ttl)
 end
 if slot > 0 then deployment_take(slot_log, rid, now, lease) end
+if mode == '*' or mode == '-' then redis.call('SET', KEYS[1], 'ok', 'PX', lease) end
 return {'ok', 0, '0', generation, used, resets, states, slot}

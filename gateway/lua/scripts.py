@@ -18,6 +18,7 @@ _SOURCES = {
     "reserve": ("breakers", "deployments", "reserve"),
     "pace": ("pace",),
     "void": ("void",),
+    "claim": ("breakers", "deployments", "claim"),
 }
 
 
@@ -31,8 +32,9 @@ class Script:
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         except redis_errors.NoScriptError:
-            await client.script_load(self.source)
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
+            # EVAL caches the script on the node that runs it: on a cluster, the node owning the
+            # keys' slot (a SCRIPT LOAD could land on another).
+            return await client.eval(self.source, len(keys), *keys, *args)
 
     def queue(self, pipe, keys: list, args: list) -> None:
         """Add to a pipeline; run `ensure_loaded` first (the pipeline cannot recover from NOSCRIPT)."""
@@ -50,3 +52,4 @@ probe = Script("probe")
 reserve = Script("reserve")
 pace = Script("pace")
 void = Script("void")
+claim = Script("claim")

@@ -19,7 +19,9 @@
 -- Returns {each budget's spent total after this request (-1 where the period's counter is gone),
 --          each attempt's breaker transition ('' | 'closed>open' | ...), and its detail}.
 
-redis.call('XADD', KEYS[#KEYS], '*', 'r', ARGV[#ARGV])
+-- (On a cluster the stream is in a slot of its own: the record is queued apart, first, and this
+-- script runs once per slot with '' for the record and no stream key; docs/cluster.md.)
+if ARGV[#ARGV] ~= '' then redis.call('XADD', KEYS[#KEYS], '*', 'r', ARGV[#ARGV]) end
 local rid, estimated, actual = ARGV[1], ARGV[2], ARGV[3]
 local ntpm, nconc, nbudgets = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local k = 1

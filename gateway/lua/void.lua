@@ -3,6 +3,8 @@
 -- the request so that admission.lua takes nothing if the step runs after this. Either order ends the
 -- same: nothing held for a request Redis did not admit.
 --
+-- (The marker may hold 'ok', set by a cluster's admission step that took its holds: voiding it
+-- turns it into 1, so that step, sent again, takes nothing.)
 -- KEYS: the request's void marker, then per limit its log (and running sum, for tpm), then per budget
 --       its reservations log and reserved sum, then the in-flight log of each deployment of the chain
 --       that has a concurrency limit (admission may have taken a slot on one of them)

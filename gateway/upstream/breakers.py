@@ -280,7 +280,7 @@ def breaker_force(*, deployment, state: str, actor, reason: str) -> None:
             new = f"forced_{state}"
         else:
             # Back to automatic, from a clean slate.
-            pipe = sync_redis().pipeline()
+            pipe = sync_redis().pipeline(transaction=True)  # the breaker and its window: one slot
             pipe.hset(key, mapping={"forced": "", "state": "closed", "openings": 0, "probes": 0, "probe_ok": 0})
             pipe.delete(window)
             pipe.execute()

@@ -209,7 +209,7 @@ def sample_deployments() -> int:
         if isinstance(load, str):
             # Nothing new to judge by: the last sample stands until it expires.
             log.warning("load of %s not sampled: %s", deployment.name, load)
-            pipe = redis.pipeline()
+            pipe = redis.pipeline(transaction=True)  # (one deployment's keys: one slot on a cluster)
             pipe.hset(key, "error", load)
             pipe.pexpire(key, ttl_ms)
             pipe.execute()
@@ -217,7 +217,7 @@ def sample_deployments() -> int:
         read += 1
         was = redis.hget(key, "saturated") == b"1"
         now_saturated = judge(load, Thresholds.of(deployment), was_saturated=was)
-        pipe = redis.pipeline()
+        pipe = redis.pipeline(transaction=True)
         pipe.hset(
             key,
             mapping={
@@ -296,7 +296,9 @@ async def queue_for(deployment_id: int, *, request_id: str, limit: int, wait_sec
     key = redis_keys.saturation_queue(deployment_id)
     give_up = time.time() + wait_seconds
     try:
-        pipe = redis.pipeline()  # MULTI: prune the ones gone, join, count
+        # MULTI (said, for a cluster's client, whose pipelines are not transactions by default): prune
+        # the ones gone, join, count.
+        pipe = redis.pipeline(transaction=True)
         pipe.zremrangebyscore(key, "-inf", time.time())
         pipe.zadd(key, {request_id: give_up})
         pipe.pexpire(key, int(wait_seconds * 1000) + 1000)

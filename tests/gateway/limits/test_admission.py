@@ -158,7 +158,10 @@ def test_new_end_users_cannot_pass_their_budget_by_arriving_at_once(fleet, tenan
         )
         assert f"it resets at {end:%Y-%m-%dT%H:%M:%SZ}" in body["error"]["message"]
         assert headers["x-sentinel-limit-reset"] == f"{end:%Y-%m-%dT%H:%M:%SZ}"
-    counters = [redis_keys.audience_period(limit.pk, user, "daily", start, "usd") for user in users]
+    counters = [
+        redis_keys.audience_period(limit.pk, user, "daily", start, "usd", tenant_id=limit.key.tenant_id)
+        for user in users
+    ]
     assert {redis_number(counter + ":spent") for counter in counters} == {to_units(Decimal("0.02"))}
     time.sleep(0.5)
     drain()
@@ -267,7 +270,7 @@ def test_a_hard_budget_holds_for_any_text_under_concurrency(fleet, tenant, make_
     assert spent == admitted * actual
     # Redis counts what the ledger billed, and nothing stays reserved.
     start, _ = period_bounds("daily", datetime.now(UTC))
-    base = redis_keys.budget_period(budget.pk, start)
+    base = redis_keys.budget_period(budget.pk, start, tenant_id=budget.tenant_id)
     assert (redis_number(base + ":spent"), redis_number(base + ":res:sum")) == (to_units(spent), 0)
 
 
@@ -283,9 +286,7 @@ def test_a_token_limit_holds_for_cjk(fleet, tenant, make_key, make_model, mock_p
     assert {r.status_code for r in results if isinstance(r, openai.APIStatusError)} == {429}
     key_id = VirtualKey.objects.get(tenant=tenant).pk
     time.sleep(0.2)
-    assert redis_number(redis_keys.rate_log(f"key:{key_id}", "tpm") + ":sum") == sum(
-        r.usage.total_tokens for r in answered
-    )
+    assert redis_number(key_log(key_id, "tpm") + ":sum") == sum(r.usage.total_tokens for r in answered)
 
 
 def test_a_reused_request_id_takes_its_own_share_of_every_limit(fleet, tenant, make_key, make_model, live_db):
@@ -338,7 +339,7 @@ def test_tokens_per_minute_rejects_before_upstream_and_gives_back_unused(
     assert too_big.status_code == 429
     assert "key-tpm" in too_big.json()["error"]["message"]
     assert mock_provider.stats(provider)["calls"] == 0
-    assert redis_number(redis_keys.rate_log(f"key:{key_id}", "tpm") + ":sum") == 0
+    assert redis_number(key_log(key_id, "tpm") + ":sum") == 0
 
     first = httpx.post(url, headers=headers, json=ask(model, 1, max_tokens=500))
     assert first.status_code == 200
@@ -346,7 +347,7 @@ def test_tokens_per_minute_rejects_before_upstream_and_gives_back_unused(
     assert used < 100
     time.sleep(0.2)
     # The ~500-token reservation became the ~50 tokens really used ...
-    assert redis_number(redis_keys.rate_log(f"key:{key_id}", "tpm") + ":sum") == used
+    assert redis_number(key_log(key_id, "tpm") + ":sum") == used
     # ... so a request that only fits because of that is admitted.
     second = httpx.post(url, headers=headers, json=ask(model, 2, max_tokens=900))
     assert second.status_code == 200
@@ -354,12 +355,18 @@ def test_tokens_per_minute_rejects_before_upstream_and_gives_back_unused(
     assert policy == {"q": "1000", "w": "60", "qu": '"tokens"'}
 
 
+def key_log(key_id: int, kind: str) -> str:
+    """A key's rate log (under its tenant's hash tag)."""
+    tenant_id = VirtualKey.objects.get(pk=key_id).tenant_id
+    return redis_keys.rate_log(f"key:{key_id}", kind, tag=redis_keys.tenant_tag(tenant_id))
+
+
 def holds(key_id: int, budget: Budget) -> dict[str, int]:
     start, _ = period_bounds(budget.period, datetime.now(UTC))
-    base = redis_keys.budget_period(budget.pk, start)
+    base = redis_keys.budget_period(budget.pk, start, tenant_id=budget.tenant_id)
     return {
-        "in_flight": sync_redis().zcard(redis_keys.rate_log(f"key:{key_id}", "concurrency")),
-        "tokens": redis_number(redis_keys.rate_log(f"key:{key_id}", "tpm") + ":sum"),
+        "in_flight": sync_redis().zcard(key_log(key_id, "concurrency")),
+        "tokens": redis_number(key_log(key_id, "tpm") + ":sum"),
         "reserved": redis_number(base + ":res:sum"),
         "spent": redis_number(base + ":spent"),
     }

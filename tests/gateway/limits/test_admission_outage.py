@@ -129,7 +129,9 @@ def test_a_stalled_redis_is_not_waited_for_and_recovery_is_immediate(
         try:
             model, _ = make_model()
             open_tenant, closed_tenant, open_key, closed_key = tenants_by_outage_policy(make_tenant, make_key)
-            open_log = redis_keys.rate_log(f"key:{VirtualKey.objects.get(tenant=open_tenant).pk}", "rpm")
+            open_log = redis_keys.rate_log(
+                f"key:{VirtualKey.objects.get(tenant=open_tenant).pk}", "rpm", tag=redis_keys.tenant_tag(open_tenant.pk)
+            )
             url = f"{gateway.base_url}/chat/completions"
 
             def ask(key: str, i: int) -> httpx.Response:
@@ -163,7 +165,7 @@ def test_a_stalled_redis_is_not_waited_for_and_recovery_is_immediate(
             # step waited for Redis, one at a time): whatever they took when the stall let them run
             # is given back, and any still to run will take nothing. The log holds the request before
             # the stall only, and the next one is counted in it, not locally.
-            assert len(direct.keys(redis_keys.void("*"))) == 5
+            assert len(direct.keys(redis_keys.void("*", tag="*"))) == 5
             assert direct.zcard(open_log) == 1
             assert ask(open_key, 5).status_code == 200
             assert direct.zcard(open_log) == 2

@@ -73,7 +73,7 @@ def test_a_sessions_token_cap_refuses_with_429_naming_it_and_its_reset(gateway, 
     assert state["t"] == headers["retry-after"] and 1 <= int(state["t"]) <= 86400
 
     # The refusal took nothing; another session and a request naming none are not held by it.
-    counter = redis_keys.audience_period(limit.pk, "checkout-1", "daily", start, "tok")
+    counter = redis_keys.audience_period(limit.pk, "checkout-1", "daily", start, "tok", tenant_id=limit.key.tenant_id)
     assert (redis_number(counter + ":spent"), redis_number(counter + ":res:sum")) == (used, 0)
     for headers in ({SESSION: "checkout-2"}, {}):
         client.chat.completions.create(**ask(model, 9, max_tokens=900), extra_headers=headers)
@@ -106,7 +106,7 @@ def test_a_hostile_end_user_or_session_is_a_400_naming_the_field(
     error = response.json()["error"]
     assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error")
     assert mock_provider.stats(provider)["calls"] == calls
-    assert list(sync_redis().scan_iter(f"{{sentinel}}:aud:{limit.pk}:*")) == []
+    assert list(sync_redis().scan_iter(f"{redis_keys.tenant_tag(limit.key.tenant_id)}:aud:{limit.pk}:*")) == []
 
 
 def test_an_id_made_to_look_like_a_key_name_only_ever_reaches_redis_as_a_digest(gateway, capped):
@@ -115,8 +115,11 @@ def test_an_id_made_to_look_like_a_key_name_only_ever_reaches_redis_as_a_digest(
     client = OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
     client.chat.completions.create(**ask(model, 0, max_tokens=5), extra_headers={SESSION: hostile})
     start, _ = period_bounds("daily", datetime.now(UTC))
-    counter = redis_keys.audience_period(limit.pk, hostile, "daily", start, "tok")
-    names = {name.decode() for name in sync_redis().scan_iter(f"{{sentinel}}:aud:{limit.pk}:*")}
+    counter = redis_keys.audience_period(limit.pk, hostile, "daily", start, "tok", tenant_id=limit.key.tenant_id)
+    names = {
+        name.decode()
+        for name in sync_redis().scan_iter(f"{redis_keys.tenant_tag(limit.key.tenant_id)}:aud:{limit.pk}:*")
+    }
     assert names == {counter + ":spent", counter + ":res:sum"}  # the emptied reservations log is gone
     assert all(name.count("{") == 1 and "quoted" not in name for name in names)
 
@@ -185,7 +188,7 @@ def test_a_counter_redis_lost_starts_again_from_the_ledger_across_a_rotation(gat
     successor, secret = key_rotate(key=VirtualKey.objects.get(pk=limit.key_id))
     assert EndUserLimit.objects.get(pk=limit.pk).key_id == successor.pk
     start, _ = period_bounds("daily", datetime.now(UTC))
-    counter = redis_keys.audience_period(limit.pk, "s", "daily", start, "tok")
+    counter = redis_keys.audience_period(limit.pk, "s", "daily", start, "tok", tenant_id=limit.key.tenant_id)
     sync_redis().delete(counter + ":spent", counter + ":res", counter + ":res:sum")
 
     new = OpenAI(base_url=gateway.base_url, api_key=secret, max_retries=0)

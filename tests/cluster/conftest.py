@@ -1,0 +1,42 @@
+"""A real three-primary, three-replica Valkey Cluster (tests/valkey_cluster.py), and the process
+pointed at it for a test: REDIS_URL names the cluster and every Redis client is made anew."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.test import override_settings
+
+from sentinel.redis_clients import reset_clients
+from tests.valkey_cluster import ValkeyCluster, start_cluster
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[ValkeyCluster]:
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def on_cluster(valkey_cluster) -> Iterator[ValkeyCluster]:
+    """This process's Redis clients on the cluster for the test, then back on the session's Valkey."""
+    from sentinel.redis_urls import caches, channel_layers
+
+    url = valkey_cluster.url
+    reset_clients()
+    with override_settings(
+        REDIS_URL=url,
+        # A cluster client's first command learns the slots first; on this two-core test host, busy
+        # with six Valkeys, that can take longer than the request path's 100 ms.
+        REDIS_TIMEOUT_MS=3000,
+        CHANNEL_LAYERS=channel_layers(url, "sentinel:channels"),
+        CACHES=caches(url, "sentinel:django"),
+    ):
+        try:
+            yield valkey_cluster
+        finally:
+            reset_clients()
