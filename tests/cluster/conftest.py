@@ -23,10 +23,15 @@ def valkey_cluster() -> Iterator[ValkeyCluster]:
 
 @pytest.fixture
 def on_cluster(valkey_cluster) -> Iterator[ValkeyCluster]:
-    """This process's Redis clients on the cluster for the test, then back on the session's Valkey."""
+    """This process's Redis clients on the cluster for the test, then back on the session's Valkey; its
+    configuration generation the cluster's meanwhile (the suite's earlier tests moved the session
+    Valkey's, and a process whose generation is not Redis's has every admission refused as stale)."""
+    from sentinel.localstate import GENERATION_KEY, current_generation, observe_generation
+    from sentinel.redis_clients import sync_redis
     from sentinel.redis_urls import caches, channel_layers
 
     url = valkey_cluster.url
+    before = current_generation() or None
     reset_clients()
     with override_settings(
         REDIS_URL=url,
@@ -36,7 +41,9 @@ def on_cluster(valkey_cluster) -> Iterator[ValkeyCluster]:
         CHANNEL_LAYERS=channel_layers(url, "sentinel:channels"),
         CACHES=caches(url, "sentinel:django"),
     ):
+        observe_generation(sync_redis().get(GENERATION_KEY))
         try:
             yield valkey_cluster
         finally:
             reset_clients()
+            observe_generation(before)
