@@ -453,12 +453,18 @@ def test_budgets_start_from_the_ledger_and_model_slots_are_freed_across_slots(on
 
 @pytest.fixture
 def own_cluster() -> Iterator[ValkeyCluster]:
-    """A cluster of the test's own: it loses a node."""
+    """A cluster of the test's own: it loses a node. The process's configuration generation is the
+    new cluster's (none) meanwhile, as a fresh process's would be (see on_cluster)."""
+    from sentinel.localstate import current_generation, observe_generation
+
+    before = current_generation() or None
     cluster = start_cluster()
+    observe_generation(None)
     try:
         yield cluster
     finally:
         cluster.stop()
+        observe_generation(before)
 
 
 def caught_up(cluster: ValkeyCluster, primary) -> bool:
