@@ -19,8 +19,7 @@ def main() -> None:
     from gateway.auth import KeyInfo
     from gateway.errors import GatewayError
     from gateway.limits import admission
-    from gateway.upstream.breakers import DEFAULT_POLICY
-    from gateway.upstream.routing import Target
+    from tests.gateway.upstream.targets import target as make_target
 
     key = KeyInfo(
         key_id=spec["key_id"],
@@ -35,25 +34,11 @@ def main() -> None:
         tenant_limits=(("rpm", spec["tenant_rpm"]),),
         fail_open=False,  # an unreachable Redis refuses (503 admission_unavailable), never admits locally
     )
-    target = Target(
+    target = make_target(
         deployment_id=spec["deployment_id"],
-        deployment="d",
-        provider="p",
-        provider_kind="openai",
-        litellm_model="openai/x",
-        api_base=None,
-        api_key=None,
-        timeout=10,
-        first_token_timeout=10,
-        weight=1,
-        position=0,
-        litellm_params=(),
-        fast=None,
-        policy=DEFAULT_POLICY,
-        forced_state="",
-        max_retries=0,
         provider_id=spec["provider_id"],
         max_concurrent=spec["max_concurrent"],
+        max_retries=0,
     )
 
     async def one(i: int) -> str:

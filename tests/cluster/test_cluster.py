@@ -154,30 +154,16 @@ def key_info(tenant_id: int, **fields):
 
 
 def target(deployment_id: int, **fields):
-    from gateway.upstream.breakers import DEFAULT_POLICY
-    from gateway.upstream.routing import Target
+    """A deployment of its own provider, never retried (tests.gateway.upstream.targets otherwise)."""
+    from tests.gateway.upstream.targets import target as plain_target
 
-    values = {
-        "deployment_id": deployment_id,
-        "deployment": f"d{deployment_id}",
-        "provider": "p",
-        "provider_kind": "openai",
-        "litellm_model": "openai/x",
-        "api_base": None,
-        "api_key": None,
-        "timeout": 10,
-        "first_token_timeout": 10,
-        "weight": 1,
-        "position": 0,
-        "litellm_params": (),
-        "fast": None,
-        "policy": DEFAULT_POLICY,
-        "forced_state": "",
-        "max_retries": 0,
-        "provider_id": deployment_id,
+    return plain_target(
+        deployment_id=deployment_id,
+        deployment=f"d{deployment_id}",
+        provider_id=deployment_id,
+        max_retries=0,
         **fields,
-    }
-    return Target(**values)
+    )
 
 
 async def admit(key, deployments, request_id: str, model: str = "m", model_limits=None):
