@@ -539,16 +539,37 @@ async def _admit_on_cluster(
     if (generation or b"") != current_generation():
         await _give_back(ticket, own, shared, [])
         return [b"stale", 0, b"0", generation or b"", [], []]
-    capped = {
+    capped = _over_cap(capped_at, spent)
+    final, slot, overloaded = await _first_slot(ticket, deployments, states, capped, lease_ms)
+    if overloaded:
+        await _give_back(ticket, own, shared, [])
+        return [b"overloaded", 0, b"1000", generation or b"", used, resets]
+    return [b"ok", 0, b"0", generation or b"", used, resets, final, slot]
+
+
+CALLABLE = (b"closed", b"probe", b"forced_closed")  # as deployments.lua says
+
+
+def _over_cap(capped_at: list[Target], spent: list) -> set[int]:
+    """The deployments whose provider spent its daily cap (`spent`: each one's counter, as read)."""
+    return {
         t.deployment_id
         for t, units in zip(capped_at, spent, strict=True)
         if t.spend_cap is not None and int(units or 0) >= to_units(t.spend_cap)
     }
+
+
+async def _first_slot(
+    ticket: Ticket, targets: list[Target], states: list[bytes], capped: set[int], lease_ms: int
+) -> tuple[list[bytes], int, bool]:
+    """The chain's states (capped ones as such) with a slot taken on the first callable deployment
+    (1-based; 0: one without a concurrency limit, or none), and whether every callable one was full."""
     final: list[bytes] = []
     slot = 0
     chosen = full = False
-    for index, target in enumerate(deployments, 1):
-        state = b"capped" if target.deployment_id in capped else states[index - 1]
+    for index, (target, state) in enumerate(zip(targets, states, strict=True), 1):
+        if target.deployment_id in capped:
+            state = b"capped"
         if not chosen and state in CALLABLE:
             if target.max_concurrent is None:
                 chosen = True
@@ -560,13 +581,7 @@ async def _admit_on_cluster(
                 elif state == b"full":
                     full = True
         final.append(state)
-    if full and not chosen:
-        await _give_back(ticket, own, shared, [])
-        return [b"overloaded", 0, b"1000", generation or b"", used, resets]
-    return [b"ok", 0, b"0", generation or b"", used, resets, final, slot]
-
-
-CALLABLE = (b"closed", b"probe", b"forced_closed")  # as deployments.lua says
+    return final, slot, full and not chosen
 
 
 async def _claim(ticket: Ticket, target: Target, lease_ms: int, *, capped: bool, take: bool) -> tuple[bytes, int]:
@@ -699,23 +714,8 @@ async def _reserve_on_cluster(ticket: Ticket, targets: list[Target], lease_ms: i
         *(_claim(ticket, t, lease_ms, capped=False, take=False) for t in targets),
     )
     spent, read = answers[: len(capped_at)], answers[len(capped_at) :]
-    capped = {
-        t.deployment_id
-        for t, units in zip(capped_at, spent, strict=True)
-        if t.spend_cap is not None and int(units or 0) >= to_units(t.spend_cap)
-    }
-    states, slot, chosen = [], 0, False
-    for index, (target, (state, _)) in enumerate(zip(targets, read, strict=True), 1):
-        if target.deployment_id in capped:
-            state = b"capped"
-        if not chosen and state in CALLABLE:
-            if target.max_concurrent is None:
-                chosen = True
-            else:
-                state, took = await _claim(ticket, target, lease_ms, capped=False, take=True)
-                if took:
-                    chosen, slot = True, index
-        states.append(state)
+    capped = _over_cap(capped_at, spent)
+    states, slot, _ = await _first_slot(ticket, targets, [state for state, _ in read], capped, lease_ms)
     return states, slot
 
 
