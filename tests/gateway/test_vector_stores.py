@@ -13,6 +13,7 @@ import orjson
 import pytest
 from openai import OpenAI
 
+from bench.retrieval_scale import pdf as pages_pdf
 from gateway.knowledge.grounding import INSTRUCTION
 from gateway.knowledge.models import Chunk, VectorStoreFile
 from gateway.mock_answers import ECHO_TRIGGER
@@ -47,23 +48,7 @@ Saturday mornings from ten to one. It is closed on Sundays and public holidays.<
 
 def pdf(lines: list[str]) -> bytes:
     """A one-page PDF holding these lines of text (Helvetica), as a PDF writer makes them."""
-    content = "BT /F1 12 Tf 72 720 Td 14 TL " + " ".join(f"({line}) '" for line in lines) + " ET"
-    objects = [
-        "<< /Type /Catalog /Pages 2 0 R >>",
-        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        "/Resources << /Font << /F1 5 0 R >> >> >>",
-        f"<< /Length {len(content)} >>\nstream\n{content}\nendstream",
-        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    out, offsets = "%PDF-1.4\n", []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += f"{number} 0 obj\n{body}\nendobj\n"
-    xref = len(out)
-    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n" + "".join(f"{o:010d} 00000 n \n" for o in offsets)
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n"
-    return out.encode()
+    return pages_pdf([lines])
 
 
 WARRANTY = pdf(
