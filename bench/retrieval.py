@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="folder for retrieval.json")
     parser.add_argument("--data-dir", type=Path, default=None, help="settings' data folder (default .data/bench)")
     parser.add_argument(
-        "--chunks", type=int, default=None, help="chunks generated for the scale run (default 1,000,000; quick 20,000)"
+        "--chunks", type=int, default=None, help="chunks generated for the scale run (default 1,000,000; quick 3,000)"
     )
     parser.add_argument("--keep", action="store_true", help="keep the quick run's generated stores")
     args = parser.parse_args(argv)
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from bench import retrieval_scale
 
-    chunks = args.chunks or (20_000 if args.quick else 1_000_000)
+    chunks = args.chunks or (3_000 if args.quick else 1_000_000)
     scale = retrieval_scale.run(chunks, quick=args.quick, keep=args.keep or not args.quick)
     print(
         table(

@@ -134,6 +134,13 @@ def test_retrieval_scores_each_ranking_on_the_labeled_questions(tmp_path, test_d
         >= max(quality["semantic"]["recall_at_5"], quality["keyword"]["recall_at_5"]) - 0.03
     )
     assert result["latency"]["searches"] == 36 and result["latency"]["search_p50_ms"] > 0
+    # The scale part, small: 3,000 generated chunks, the largest store given its own HNSW index, each
+    # store size searched, and the PDF ingested.
+    scale = result["scale"]
+    assert scale["chunks"] == 3000 and scale["build"]["indexes"] >= 1
+    assert sum(row["stores"] for row in scale["search"]) >= 10 and scale["search"][0]["indexed"] is True
+    assert all(row["queries"] == 5 for row in scale["search"])
+    assert scale["pdf"]["status"] == "completed"
     assert VectorStore.objects.count() == stores
 
 
