@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
-from gateway.screening import credentials, engine, injection, moderation, personal_data
+from gateway.screening import credentials, engine, injection, injection_model, moderation, personal_data
 from gateway.screening.engine import Screening, mask, screen_input
 from gateway.screening.personal_data import Span
 from gateway.screening.policy import Policy
@@ -398,6 +398,17 @@ def test_a_text_met_before_the_prefilter_is_compiled_waits_for_nothing():
     assert prefilter.candidates(text) == {0}
     assert prefilter.candidates("no such words here at all. " * 50) == set()
     assert prefilter.candidates("short") == {0, 1}  # under MIN_CHARS: never prefiltered
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=st.one_of(st.characters(), st.sampled_from(" abc\n.")), max_size=300))
+def test_folding_translates_only_where_it_changes_something(text):
+    """injection_model.fold translates only the 64-character pieces that are not ASCII: the same
+    text as translating the whole of it."""
+    lowered = text.lower()
+    if len(lowered) != len(text):
+        lowered = "".join(c.lower()[0] for c in text)
+    assert injection_model.fold(text) == lowered.translate(injection_model._FOLD)
 
 
 @pytest.mark.slow  # trains the classifier
