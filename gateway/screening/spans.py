@@ -76,10 +76,11 @@ class Prefilter:
         that leaves the GIL (a thread ticking every 5 ms beside it saw a longest gap of 9 ms on a quiet
     host, up to 100 ms at load 5, the scheduler's).
 
-        Only ASCII texts of MIN_CHARS or more are prefiltered (there Python's \\w, \\d, \b and
-        case-folding agree with Hyperscan's byte mode; a short text costs Python's engine little). Other
-        texts, a pattern Hyperscan cannot compile, or Hyperscan not installed (a binary wheel: x86-64 and
-        arm64 Linux and macOS) leave every such pattern in. The database is compiled in a thread of its
+        Only texts of MIN_CHARS or more are prefiltered (a short text costs Python's engine little); in
+        ASCII, Python's \\w, \\d, \b and case-folding agree with Hyperscan's byte mode, and a text
+        that is not ASCII is scanned as its stand-in (below). A shorter text, a pattern Hyperscan cannot
+        compile, or Hyperscan not installed (a binary wheel: x86-64 and arm64 Linux and macOS) leave
+        every such pattern in. The database is compiled in a thread of its
         own when the process first meets such a text (or when asked: engine.compile_prefilters); until
         it is ready every pattern is run, so no request waits for it.
 
@@ -88,7 +89,7 @@ class Prefilter:
         engine then searches only the few characters before those ends instead of the whole text.
 
         A text that is not ASCII is scanned as an ASCII stand-in of the same length (STAND_IN: a
-        space for a space, 0 for a digit, a letter for a letter, \x01 for any other character),
+        space for a space, 0 for a digit, a letter for a letter, \\x01 for any other character),
         which every pattern's character classes match wherever they match the original, so
         Hyperscan still sees every match; a pattern with a character beyond ASCII in it is always
         run, over the whole text."""
@@ -209,11 +210,10 @@ class Scan:
         `index` of the prefilter end (`pattern` is that pattern, or its lowered twin run on the
         lowercased text)."""
         ends = self._ends.get(index) if self._ends is not None else None
-        bounds = window(pattern)
+        bounds = window(pattern) if ends is not None else None
         if ends is None or bounds is None:
-            yield from pattern.finditer(text)
-            return
-        yield from _finditer_near(pattern, text, ends, bounds)
+            return pattern.finditer(text)
+        return _finditer_near(pattern, text, ends, bounds)
 
 
 @functools.cache
