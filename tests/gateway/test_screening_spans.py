@@ -4,6 +4,7 @@ text searched by every pattern finds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import string
@@ -169,6 +170,17 @@ def _findings(text: str) -> list[tuple[str, int, int]]:
     return [(span.check, span.start, span.end) for span in spans]
 
 
+@contextlib.contextmanager
+def unfiltered():
+    """No text is long enough to be prefiltered: every pattern runs over the whole text."""
+    before = Prefilter.MIN_CHARS
+    Prefilter.MIN_CHARS = 1 << 62
+    try:
+        yield
+    finally:
+        Prefilter.MIN_CHARS = before
+
+
 @pytest.fixture(scope="module")
 def compiled():
     assert engine.compile_prefilters(timeout=120)
@@ -176,28 +188,13 @@ def compiled():
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(text=long_texts())
-def test_the_prefilter_finds_what_the_whole_text_finds(compiled, text, monkeypatch_min_chars):
+def test_the_prefilter_finds_what_the_whole_text_finds(compiled, text):
     """Findings (kinds and spans) with the prefilter (windows near Hyperscan's ends, the stand-in
     of a non-ASCII text) equal those of every pattern searched over the whole text."""
     prefiltered = _findings(text)
-    with monkeypatch_min_chars():
+    with unfiltered():
         whole = _findings(text)
     assert prefiltered == whole
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_min_chars():
-    """A context in which no text is long enough to be prefiltered: every pattern, the whole text."""
-
-    class _Unfiltered:
-        def __enter__(self):
-            self.before = Prefilter.MIN_CHARS
-            Prefilter.MIN_CHARS = 1 << 62
-
-        def __exit__(self, *exc):
-            Prefilter.MIN_CHARS = self.before
-
-    return _Unfiltered
 
 
 def test_windowed_search_finds_every_match_of_every_pattern(compiled):
