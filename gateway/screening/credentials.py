@@ -249,16 +249,16 @@ def _name_starts(text: str, lowered: str) -> list[int]:
 def find(text: str) -> list[Span]:
     """Every secret in `text`, each span the whole value (overlaps are settled by the caller)."""
     spans = []
-    candidates = _PREFILTER.candidates(text)
+    candidates = _PREFILTER.scan(text)
     for index, (literals, pattern) in enumerate(_TOKEN_PATTERNS):
         if index not in candidates or (literals and not any(literal in text for literal in literals)):
             continue
-        for match in pattern.finditer(text):
+        for match in candidates.finditer(index, pattern, text):
             spans.append(Span(SECRET, *_whole_token(text, *match.span())))
     for index, (literals, pattern) in enumerate(_VALUE_PATTERNS, len(_TOKEN_PATTERNS)):
         if index not in candidates or (literals and not any(literal in text for literal in literals)):
             continue
-        for match in pattern.finditer(text):
+        for match in candidates.finditer(index, pattern, text):
             if match.group(1):
                 spans.append(Span(SECRET, *_whole_token(text, *match.span(1), trim=False)))
     if "eyJ" in text:

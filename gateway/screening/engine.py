@@ -14,7 +14,8 @@ Where the pipeline calls it:
 
 Local checks (gateway.screening.personal_data, .credentials, .injection, .moderation) are plain CPU
 work: tens of microseconds on a typical prompt, a few milliseconds on thousands of characters (one
-Hyperscan pass first rules out the patterns that cannot match: gateway.screening.spans.Prefilter).
+Hyperscan pass first rules out the patterns that cannot match, and tells those whose matches are
+of bounded length where they can: gateway.screening.spans.Prefilter).
 A text's findings are remembered by digest (remembered_spans), so a conversation's earlier turns,
 sent again with every request, are not read again. Up to
 INLINE_CHARS they run inline; a request or an answer carrying more text is screened in a worker

@@ -91,7 +91,15 @@ def fold(text: str) -> str:
     lowered = text.lower()
     if len(lowered) != len(text):  # "İ" lowercases to two characters: keep the first
         lowered = "".join(c.lower()[0] for c in text)
-    return lowered if lowered.isascii() else lowered.translate(_FOLD)
+    if lowered.isascii():
+        return lowered
+    # Only the pieces with other characters in them are translated: str.translate looks every
+    # character up in the table, 0.3-0.6 ms on 4,000 characters; a text seldom has more than a few.
+    pieces = [lowered[at : at + _FOLD_PIECE] for at in range(0, len(lowered), _FOLD_PIECE)]
+    return "".join([piece if piece.isascii() else piece.translate(_FOLD) for piece in pieces])
+
+
+_FOLD_PIECE = 64
 
 
 def _token_words(token: str) -> list[str]:

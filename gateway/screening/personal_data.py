@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
+from collections.abc import Iterator
 
 import phonenumbers
 from stdnum import iban, luhn
@@ -44,9 +45,7 @@ from stdnum.se import personnummer
 from stdnum.us import ssn
 
 from gateway.screening import credentials
-from gateway.screening.spans import Prefilter, Span, lowercase, lowered
-
-Candidates = frozenset[int] | set[int]  # the patterns the prefilter lets through, by index in _CANDIDATES
+from gateway.screening.spans import Prefilter, Scan, Span, lowercase, lowered
 
 EMAIL, PHONE, CARD, IBAN, NATIONAL_ID, IP_ADDRESS, SECRET = (
     "email",
@@ -83,10 +82,11 @@ _NOT_TLD = frozenset(
 )
 
 
-def _emails(text: str, candidates: Candidates) -> list[Span]:
+def _emails(text: str, candidates: Scan) -> list[Span]:
     if "@" not in text or not _may_match(candidates, _EMAIL):
         return []
-    return [Span(EMAIL, m.start(), m.end()) for m in _EMAIL.finditer(text) if m.group(1).lower() not in _NOT_TLD]
+    matches = _finditer(candidates, _EMAIL, text)
+    return [Span(EMAIL, m.start(), m.end()) for m in matches if m.group(1).lower() not in _NOT_TLD]
 
 
 # --- phone numbers -----------------------------------------------------------------------------
@@ -118,14 +118,14 @@ def _national_lengths(region: str) -> frozenset[int]:
     return frozenset(lengths | {length + prefix for length in lengths} | {length + 1 for length in lengths})
 
 
-def _phones(text: str, region: str, found: list[Span], candidates: Candidates) -> list[Span]:
+def _phones(text: str, region: str, found: list[Span], candidates: Scan) -> list[Span]:
     """Numbers valid in the tenant's region, and numbers written with a country code (+44 ..., 0044
     ...) whose length is possible there: the code is signal enough, and it spares an up-to-date
     number plan (new ranges, ranges reserved for fiction) from deciding."""
     spans = []
     if not _may_match(candidates, _PHONE_RUN):
         return spans
-    for run in _PHONE_RUN.finditer(text):
+    for run in _finditer(candidates, _PHONE_RUN, text):
         digits = sum(c.isdigit() for c in run.group())
         if not 7 <= digits <= 15:
             continue
@@ -175,11 +175,11 @@ def _card_network_fits(digits: str) -> bool:
     return any(prefix.match(digits) and len(digits) in lengths for prefix, lengths in _CARD_NETWORKS)
 
 
-def _cards(text: str, candidates: Candidates) -> list[Span]:
+def _cards(text: str, candidates: Scan) -> list[Span]:
     spans = []
     if not _may_match(candidates, _CARD_RUN):
         return spans
-    for run in _CARD_RUN.finditer(text):
+    for run in _finditer(candidates, _CARD_RUN, text):
         if "." in run.group() and not _DOTTED_CARD.fullmatch(run.group()):
             continue
         digits = re.sub(r"\D", "", run.group())
@@ -194,12 +194,16 @@ _IBAN_RUN = re.compile(r"(?<![\w])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}(?![\w])", r
 _IBAN_RUN_LOWER = lowered(_IBAN_RUN.pattern)
 
 
-def _ibans(text: str, candidates: Candidates) -> list[Span]:
+def _ibans(text: str, candidates: Scan) -> list[Span]:
     spans: list[Span] = []
     if not _may_match(candidates, _IBAN_RUN):
         return spans
     folded = lowercase(text)
-    for run in _IBAN_RUN_LOWER.finditer(folded) if folded is not None else _IBAN_RUN.finditer(text):
+    if folded is not None:  # the lowered pattern, on the lowercased text (see spans.lowered)
+        runs = _finditer(candidates, _IBAN_RUN, folded, _IBAN_RUN_LOWER.pattern)
+    else:
+        runs = _finditer(candidates, _IBAN_RUN, text)
+    for run in runs:
         candidate = text[run.start() : run.end()]
         # The run may have swallowed a following word: try the longest prefix that is an IBAN.
         end = len(candidate)
@@ -241,14 +245,14 @@ _NATIONAL_IDS: tuple[tuple[re.Pattern, object], ...] = (
 _CODICE_FISCALE_MIDDLE = re.compile(r"\d\d[A-Za-z]\d\d[A-Za-z]\d{3}")
 
 
-def _national_ids(text: str, candidates: Candidates) -> list[Span]:
+def _national_ids(text: str, candidates: Scan) -> list[Span]:
     spans = []
     for pattern, valid in _NATIONAL_IDS:
         if not _may_match(candidates, pattern):
             continue
         if valid is codicefiscale.is_valid and not _CODICE_FISCALE_MIDDLE.search(text):
             continue
-        for match in pattern.finditer(text):
+        for match in _finditer(candidates, pattern, text):
             if valid(match.group()):
                 spans.append(Span(NATIONAL_ID, match.start(), match.end()))
     return spans
@@ -272,17 +276,17 @@ def _is_personal_address(candidate: str) -> bool:
     return not (address.version == 4 and candidate.startswith("255."))
 
 
-def _ip_addresses(text: str, candidates: Candidates) -> list[Span]:
+def _ip_addresses(text: str, candidates: Scan) -> list[Span]:
     spans: list[Span] = []
     if not _may_match(candidates, _IPV4, _IPV6):
         return spans
-    for match in _IPV4.finditer(text):
+    for match in _finditer(candidates, _IPV4, text):
         if not _VERSION_BEFORE.search(text, max(0, match.start() - 10), match.start()) and _is_personal_address(
             match.group()
         ):
             spans.append(Span(IP_ADDRESS, match.start(), match.end()))
     if "::" in text or text.count(":") >= 7:
-        for match in _IPV6.finditer(text):
+        for match in _finditer(candidates, _IPV6, text):
             value = match.group()
             if sum(c.isalnum() for c in value) >= 4 and _is_personal_address(value):
                 spans.append(Span(IP_ADDRESS, match.start(), match.end()))
@@ -292,7 +296,7 @@ def _ip_addresses(text: str, candidates: Candidates) -> list[Span]:
 # --- secrets -----------------------------------------------------------------------------------
 
 
-def _secrets(text: str, candidates: Candidates) -> list[Span]:
+def _secrets(text: str, candidates: Scan) -> list[Span]:
     return credentials.find(text)
 
 
@@ -305,8 +309,14 @@ _PREFILTER = Prefilter(list(_CANDIDATES))
 _INDEX = {pattern: index for index, pattern in enumerate(_CANDIDATES)}
 
 
-def _may_match(candidates: Candidates, *patterns: re.Pattern) -> bool:
+def _may_match(candidates: Scan, *patterns: re.Pattern) -> bool:
     return any(_INDEX[pattern] in candidates for pattern in patterns)
+
+
+def _finditer(candidates: Scan, pattern: re.Pattern, text: str, run: re.Pattern | None = None) -> Iterator[re.Match]:
+    """`pattern`'s matches in `text` (or those of `run`, its lowered twin), searched for only near
+    where the prefilter saw them end."""
+    return candidates.finditer(_INDEX[pattern], run or pattern, text)
 
 
 _FINDERS = {
@@ -326,7 +336,7 @@ def find(text: str, kinds: frozenset[str] | tuple[str, ...], *, region: str = "U
     if not text:
         return []
     spans: list[Span] = []
-    candidates = _PREFILTER.candidates(text)
+    candidates = _PREFILTER.scan(text)
     has_digit = any(c.isdigit() for c in text)
     for kind in kinds:
         if kind == PHONE or (kind in (CARD, NATIONAL_ID) and not has_digit):

@@ -10,10 +10,15 @@ moderation phrases, 0.4 -> 0.14 ms each on 4,000 characters).
 
 from __future__ import annotations
 
+import codecs
+import functools
 import os
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from re import _constants as sre
+from re import _parser as sre_parse
 from types import ModuleType
 
 
@@ -71,12 +76,23 @@ class Prefilter:
         that leaves the GIL (a thread ticking every 5 ms beside it saw a longest gap of 9 ms on a quiet
     host, up to 100 ms at load 5, the scheduler's).
 
-        Only ASCII texts of MIN_CHARS or more are prefiltered (there Python's \\w, \\d, \b and
-        case-folding agree with Hyperscan's byte mode; a short text costs Python's engine little). Other
-        texts, a pattern Hyperscan cannot compile, or Hyperscan not installed (a binary wheel: x86-64 and
-        arm64 Linux and macOS) leave every such pattern in. The database is compiled in a thread of its
+        Only texts of MIN_CHARS or more are prefiltered (a short text costs Python's engine little); in
+        ASCII, Python's \\w, \\d, \b and case-folding agree with Hyperscan's byte mode, and a text
+        that is not ASCII is scanned as its stand-in (below). A shorter text, a pattern Hyperscan cannot
+        compile, or Hyperscan not installed (a binary wheel: x86-64 and arm64 Linux and macOS) leave
+        every such pattern in. The database is compiled in a thread of its
         own when the process first meets such a text (or when asked: engine.compile_prefilters); until
-        it is ready every pattern is run, so no request waits for it."""
+        it is ready every pattern is run, so no request waits for it.
+
+        A pattern whose matches are at most some characters long is also told where it can match
+        (Scan.finditer): Hyperscan reports where each match of its superset ends, and Python's
+        engine then searches only the few characters before those ends instead of the whole text.
+
+        A text that is not ASCII is scanned as an ASCII stand-in of the same length (STAND_IN: a
+        space for a space, 0 for a digit, a letter for a letter, \\x01 for any other character),
+        which every pattern's character classes match wherever they match the original, so
+        Hyperscan still sees every match; a pattern with a character beyond ASCII in it is always
+        run, over the whole text."""
 
     MIN_CHARS = 1_000  # as engine.INLINE_CHARS: a text this long is screened off the event loop
 
@@ -85,6 +101,10 @@ class Prefilter:
         self.count = len(patterns)
         self._everything: frozenset[int] = frozenset(range(self.count))
         self._always: frozenset[int] = self._everything
+        # Patterns with a character beyond ASCII: the stand-in of a text has none, so they always run.
+        self._beyond_ascii = frozenset(i for i, regex in enumerate(self.patterns) if not regex.pattern.isascii())
+        self._windowed = frozenset(i for i, regex in enumerate(self.patterns) if window(regex) is not None)
+        self._reported = self._windowed  # those whose ends the database reports (all it compiled)
         self._database = None
         self._compiling: int | None = None  # the process that started compiling (a fork starts again)
         self._compiled = threading.Event()
@@ -119,7 +139,9 @@ class Prefilter:
             return
         expressions = []
         for index, regex in enumerate(self.patterns):
-            flags = hyperscan.HS_FLAG_PREFILTER | hyperscan.HS_FLAG_SINGLEMATCH | hyperscan.HS_FLAG_ALLOWEMPTY
+            flags = hyperscan.HS_FLAG_PREFILTER | hyperscan.HS_FLAG_ALLOWEMPTY
+            if index not in self._windowed:  # where its matches end is of no use: one report is enough
+                flags |= hyperscan.HS_FLAG_SINGLEMATCH
             if regex.flags & re.IGNORECASE:
                 flags |= hyperscan.HS_FLAG_CASELESS
             if regex.flags & re.DOTALL:
@@ -138,24 +160,131 @@ class Prefilter:
             database = _database(hyperscan, expressions)
         if database is not None:
             self._always = self._everything - {index for _, index, _ in expressions}
+            self._reported = self._windowed - self._always
             self._hyperscan = hyperscan
             self._database = database  # last: candidates() reads the others once it sees this
 
     def candidates(self, text: str) -> frozenset[int] | set[int]:
         """Indexes of the patterns that may match `text` (all of them when it cannot tell)."""
-        if len(text) < self.MIN_CHARS or not text.isascii():
-            return self._everything
+        return self.scan(text).candidates
+
+    def scan(self, text: str) -> Scan:
+        """Which patterns may match `text` and where (everything, everywhere, when it cannot tell)."""
+        if len(text) < self.MIN_CHARS:
+            return Scan(self._everything, None)
         database = self._database
         if database is None:
             if self._compiling != os.getpid():
                 self._start()
-            return self._everything
+            return Scan(self._everything, None)
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:  # a scratch space per thread: the screening pool scans concurrently
             scratch = self._local.scratch = self._hyperscan.Scratch(database)
-        found = set(self._always)
-        database.scan(text.encode(), match_event_handler=_collect, context=found, scratch=scratch)
-        return found
+        scanned = stand_in(text)
+        if scanned is None:
+            scanned = text.encode()
+            found = set(self._always)
+            ends: dict[int, list[int]] = {index: [] for index in self._reported}
+        else:
+            found = set(self._always | self._beyond_ascii)
+            ends = {index: [] for index in self._reported - self._beyond_ascii}
+        database.scan(scanned, match_event_handler=_collect, context=(found, ends), scratch=scratch)
+        return Scan(found, ends)
+
+
+class Scan:
+    """What one Hyperscan pass found in a text: `candidates`, the patterns that may match, and for
+    those with a bounded window, where their matches can end."""
+
+    __slots__ = ("_ends", "candidates")
+
+    def __init__(self, candidates: frozenset[int] | set[int], ends: dict[int, list[int]] | None) -> None:
+        self.candidates = candidates
+        self._ends = ends
+
+    def __contains__(self, index: int) -> bool:
+        return index in self.candidates
+
+    def finditer(self, index: int, pattern: re.Pattern, text: str) -> Iterator[re.Match]:
+        """pattern.finditer(text), the same matches, searched for only where Hyperscan saw pattern
+        `index` of the prefilter end (`pattern` is that pattern, or its lowered twin run on the
+        lowercased text)."""
+        ends = self._ends.get(index) if self._ends is not None else None
+        bounds = window(pattern) if ends is not None else None
+        if ends is None or bounds is None:
+            return pattern.finditer(text)
+        return _finditer_near(pattern, text, ends, bounds)
+
+
+@functools.cache
+def window(pattern: re.Pattern) -> tuple[int, int, int] | None:
+    """(longest, shortest, reach) of a pattern's matches, or None when not bounded: a match is
+    `shortest` to `longest` characters long, and trying it at a position reads no character
+    `reach` or more past it (lookaheads included; lookbehinds read before it)."""
+    try:
+        parsed = sre_parse.parse(pattern.pattern, pattern.flags)
+    except re.error:
+        return None
+    shortest, longest = parsed.getwidth()
+    reach = _reach(parsed)
+    if shortest == 0 or longest >= sre.MAXREPEAT or reach is None:
+        return None
+    return longest, shortest, reach + 1
+
+
+def _reach(items) -> int | None:
+    """How far past its start a part of a pattern can read, at most (None: unbounded). Each item is
+    counted as if it were read after the one before, lookaheads too: an overestimate, never less."""
+    total = 0
+    for op, av in items:
+        if op in (sre.LITERAL, sre.NOT_LITERAL, sre.ANY, sre.IN, sre.AT):
+            reach = 1
+        elif op is sre.BRANCH:
+            branches = [_reach(branch) for branch in av[1]]
+            reach = None if None in branches else max(b for b in branches if b is not None)
+        elif op is sre.SUBPATTERN:
+            reach = _reach(av[3])
+        elif op is sre.ATOMIC_GROUP:
+            reach = _reach(av)
+        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+            _, most, item = av
+            inner = _reach(item)
+            reach = None if inner is None or most >= sre.MAXREPEAT else inner * most
+        elif op in (sre.ASSERT, sre.ASSERT_NOT):
+            direction, item = av
+            reach = _reach(item) if direction == 1 else 0  # a lookbehind reads before where it stands
+        else:  # a back-reference, a conditional: not bounded here
+            return None
+        if reach is None:
+            return None
+        total += reach
+    return total
+
+
+def _finditer_near(pattern: re.Pattern, text: str, ends: list[int], bounds: tuple[int, int, int]) -> Iterator[re.Match]:
+    """pattern.finditer(text) where every match ends at one of `ends`. A match ending at e starts in
+    [e - longest, e - shortest]; those ranges, merged, are searched in turn, each up to `reach` past
+    its last start, so every attempt at a start in the range reads only what it would read in the
+    whole text (a lookbehind reads before the search's start: Python's engine sees the whole string).
+    A match found past a range's last start is not trusted: no match of the whole text starts there."""
+    longest, shortest, reach = bounds
+    length = len(text)
+    position = 0
+    ends.sort()
+    index, count = 0, len(ends)
+    while index < count:
+        first, last = ends[index] - longest, ends[index] - shortest
+        index += 1
+        while index < count and ends[index] - longest <= last + 1:
+            last = ends[index] - shortest
+            index += 1
+        start = max(first, position)
+        while start <= last:
+            match = pattern.search(text, start, min(length, last + reach))
+            if match is None or match.start() > last:
+                break
+            yield match
+            position = start = match.end()
 
 
 def _database(hyperscan: ModuleType, expressions: list[tuple[bytes, int, int]]) -> object | None:
@@ -174,5 +303,52 @@ def _database(hyperscan: ModuleType, expressions: list[tuple[bytes, int, int]]) 
     return database
 
 
-def _collect(index: int, start: int, end: int, flags: int, found: set[int]) -> None:
+def _collect(index: int, start: int, end: int, flags: int, context: tuple[set[int], dict[int, list[int]]]) -> None:
+    found, ends = context
     found.add(index)
+    at = ends.get(index)
+    if at is not None:
+        at.append(end)
+
+
+class _StandIn(dict):
+    """str.translate's table for STAND_IN, filled in as characters are met."""
+
+    def __missing__(self, code: int) -> int:
+        char = chr(code)
+        if char.isspace():  # Python's \s
+            value = " "
+        elif char.isdecimal():  # Python's \d
+            value = "0"
+        elif char.isalnum():  # Python's \w: the ASCII letter it matches ignoring case (K for the Kelvin sign), or a
+            value = next((letter for letter in _LETTERS if _CASELESS[letter].fullmatch(char)), "a")
+        else:
+            value = "\x01"
+        if len(self) < _STAND_IN_REMEMBERED:  # a text of every code point must not grow it without end
+            self[code] = ord(value)
+        return ord(value)
+
+
+def stand_in(text: str) -> bytes | None:
+    """The ASCII stand-in of a text that is not plain ASCII (see Prefilter), or None for one that is.
+    About 20 microseconds for 4,000 characters with a few accented words; made again by each
+    check's prefilter rather than remembered, so no text outlives its screening in memory."""
+    if text.isascii() and not _ODD_SPACES.search(text):
+        return None
+    return text.encode("ascii", "sentinel-stand-in").translate(_ODD_SPACES_TO_SPACE)
+
+
+def _stand_in_error(error: UnicodeError) -> tuple[str, int]:
+    # The encoder runs in C over ASCII and calls this for each run of other characters.
+    assert isinstance(error, UnicodeEncodeError)
+    return error.object[error.start : error.end].translate(STAND_IN), error.end
+
+
+codecs.register_error("sentinel-stand-in", _stand_in_error)
+_ODD_SPACES = re.compile(r"[\x1c-\x1f]")  # in Python's \s, not in Hyperscan's
+_ODD_SPACES_TO_SPACE = bytes.maketrans(b"\x1c\x1d\x1e\x1f", b"    ")
+_STAND_IN_REMEMBERED = 20_000
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_CASELESS = {letter: re.compile(letter, re.IGNORECASE) for letter in _LETTERS}
+# A non-ASCII text's stand-in for Hyperscan, character for character (see Prefilter).
+STAND_IN = _StandIn()

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
-from gateway.screening import credentials, engine, injection, moderation, personal_data
+from gateway.screening import credentials, engine, injection, injection_model, moderation, personal_data
 from gateway.screening.engine import Screening, mask, screen_input
 from gateway.screening.personal_data import Span
 from gateway.screening.policy import Policy
@@ -382,7 +382,9 @@ def test_the_prefilter_never_rules_out_a_pattern_that_matches(module):
     for index, pattern in enumerate(prefilter.patterns):
         assert index in candidates or pattern.search(long) is None, pattern.pattern
     assert len(prefilter.candidates("Please summarise the meeting notes from Tuesday. " * 30)) < prefilter.count
-    assert prefilter.candidates("Grüße aus München. " * 50) == set(range(prefilter.count))  # not ASCII: all
+    german = "Grüße aus München. " * 60  # not ASCII: scanned as its ASCII stand-in
+    assert prefilter._beyond_ascii <= prefilter.candidates(german)  # a pattern with "é" in it always runs
+    assert len(prefilter.candidates(german)) < prefilter.count
 
 
 def test_a_text_met_before_the_prefilter_is_compiled_waits_for_nothing():
@@ -396,6 +398,17 @@ def test_a_text_met_before_the_prefilter_is_compiled_waits_for_nothing():
     assert prefilter.candidates(text) == {0}
     assert prefilter.candidates("no such words here at all. " * 50) == set()
     assert prefilter.candidates("short") == {0, 1}  # under MIN_CHARS: never prefiltered
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet=st.one_of(st.characters(), st.sampled_from(" abc\n.")), max_size=300))
+def test_folding_translates_only_where_it_changes_something(text):
+    """injection_model.fold translates only the 64-character pieces that are not ASCII: the same
+    text as translating the whole of it."""
+    lowered = text.lower()
+    if len(lowered) != len(text):
+        lowered = "".join(c.lower()[0] for c in text)
+    assert injection_model.fold(text) == lowered.translate(injection_model._FOLD)
 
 
 @pytest.mark.slow  # trains the classifier
