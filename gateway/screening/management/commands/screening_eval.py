@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from gateway.cache.engine import shared_embedder
 from gateway.screening.evaluation import CHECKS, by_kind, evaluate, load_for_command
 
 
@@ -21,6 +23,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, file: Path, region: str, show_errors: bool, **options):
         examples = load_for_command(file)
+        if settings.INJECTION_SECOND_LOOK:
+            # As a web process does at start: the injection check's second look needs the embedder.
+            shared_embedder()
         scores, outcomes = evaluate(examples, region=region)
         self.stdout.write(
             f"{'check':<14}{'labeled':>9}{'fired':>7}{'TP':>5}{'FP':>5}{'FN':>5}{'precision':>11}{'recall':>8}"
