@@ -15,7 +15,7 @@ from django.utils import timezone
 from sentinel.localstate import announce_change, blocked_key_marker, blocked_tenant_marker
 from sentinel.redis_clients import sync_redis
 from tenants.audit import audit_record, describe
-from tenants.models import AuditEntry, Budget, EndUserLimit, Membership, Tenant, VirtualKey
+from tenants.models import AuditEntry, Budget, EndUserLimit, Membership, Team, Tenant, VirtualKey
 from tenants.roles import ROLE_GROUPS, role_group_names
 
 KEY_PREFIX = "sk-sen-"
@@ -36,13 +36,18 @@ def key_create(
     created_by=None,
     expires_at: datetime | None = None,
     allowed_models: list[str] | None = None,
+    team: Team | None = None,
     **limits,
 ) -> tuple[VirtualKey, str]:
-    """Issue a key; the secret is returned here and nowhere else, ever. `limits` are VirtualKey's
-    limit fields (tier, requests_per_minute, tokens_per_minute, max_concurrent)."""
+    """Issue a key, in `team` if given (one of the tenant's); the secret is returned here and nowhere
+    else, ever. `limits` are VirtualKey's limit fields (tier, requests_per_minute, tokens_per_minute,
+    max_concurrent)."""
+    if team is not None and team.tenant_id != tenant.pk:
+        raise ValueError("A key's team must be one of its tenant's teams.")
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     key = VirtualKey.objects.create(
         tenant=tenant,
+        team=team,
         name=name,
         prefix=secret[:VISIBLE_CHARS],
         digest=key_digest(secret),
@@ -57,7 +62,12 @@ def key_create(
         target=describe(key),
         changes={
             name: [None, value]
-            for name, value in {"allowed_models": key.allowed_models, "expires_at": expires_at, **limits}.items()
+            for name, value in {
+                "team": team.name if team else None,
+                "allowed_models": key.allowed_models,
+                "expires_at": expires_at,
+                **limits,
+            }.items()
             if value not in (None, [])
         },
         actor=created_by,
@@ -87,6 +97,7 @@ def key_rotate(*, key: VirtualKey, created_by=None, grace_seconds: float | None 
         created_by=created_by,
         expires_at=key.expires_at,
         allowed_models=key.allowed_models,
+        team=key.team,
         tier=key.tier,
         requests_per_minute=key.requests_per_minute,
         tokens_per_minute=key.tokens_per_minute,
