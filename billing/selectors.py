@@ -158,12 +158,20 @@ def outside_days(days: list[date], start: datetime, end: datetime) -> Q | None:
     return query
 
 
-def spend_in_period(*, tenant_id: int, key_id: int | None = None, start: datetime, end: datetime) -> Decimal:
-    """Settled spend of a tenant (or one of its keys) in [start, end): rollups for the whole days
-    that are rolled up, ledger rows for the rest. Requests still queued for the ledger are not in
-    it; the live counters in Redis cover those."""
+def spend_in_period(
+    *, tenant_id: int, key_id: int | None = None, team_id: int | None = None, start: datetime, end: datetime
+) -> Decimal:
+    """Settled spend of a tenant (or one of its keys, or teams) in [start, end): rollups for the whole
+    days that are rolled up, ledger rows for the rest. Requests still queued for the ledger are not in
+    it; the live counters in Redis cover those. A team's is summed from the ledger alone (its partial
+    index): rollups have no team, and a key that changed teams keeps its earlier spend in the old one."""
     if end <= start:
         return ZERO
+    if team_id is not None and key_id is None:
+        rows = LedgerEntry.objects.filter(
+            tenant_id=tenant_id, team_id=team_id, created_at__gte=start, created_at__lt=end
+        )
+        return rows.aggregate(s=Sum("cost_usd"))["s"] or ZERO
     scope = {"tenant_id": tenant_id} if key_id is None else {"tenant_id": tenant_id, "key_id": key_id}
     days = whole_days(start, end)
     due = set(RollupDue.objects.filter(tenant_id=tenant_id, day__in=days).values_list("day", flat=True))
