@@ -35,7 +35,14 @@ from billing.selectors import DEFAULT_DIMENSIONS, DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
 from billing.statements import parse_month, statement, statement_csv, statement_pdf
 from sentinel.console.filters import ModelRequestedFilter, ProviderFilter
-from sentinel.console.scoping import OperatorOnlyAdmin, ReportAdmin, TenantFilter, TenantScopedAdmin, ViewOnly
+from sentinel.console.scoping import (
+    OperatorOnlyAdmin,
+    ReportAdmin,
+    TeamFilter,
+    TenantFilter,
+    TenantScopedAdmin,
+    ViewOnly,
+)
 from tenants.audit import audit_export
 from tenants.models import Tenant
 from tenants.selectors import EXPORT_SPEND, SEE_SPEND, tenants_for
@@ -171,10 +178,12 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
     download what the filters select (CSV streamed, XLSX written row by row); nobody edits them."""
 
     view_roles = SEE_SPEND
+    team_lookup = "team_id"  # a team's members read its requests, no other team's
     list_display = [
         "created_at",
         "request_id",
         "tenant",
+        "team",
         "model_requested",
         "end_user",
         "provider",
@@ -194,8 +203,9 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
         EndUserFilter,
         ProviderFilter,
         TenantFilter,
+        TeamFilter,
     ]
-    list_select_related = ["tenant"]
+    list_select_related = ["tenant", "team"]
     search_fields = ["request_id"]
     change_list_template = "admin/billing/ledgerentry/change_list.html"
 
@@ -226,6 +236,9 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
             scope = [chosen]
         else:
             scope = list(visible) if visible is not None else [None]
+        if visible is not None:  # a team member's export is logged to their teams' tenants too
+            teams = self.team_ids(request, self.team_view_roles)
+            scope += sorted(set(Tenant.objects.filter(teams__in=teams).values_list("pk", flat=True)) - set(scope))
         audit_export(
             tenant_ids=scope,
             what=f"request log ({kind}){' ?' + query.urlencode() if query else ''}",

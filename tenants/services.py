@@ -15,8 +15,8 @@ from django.utils import timezone
 from sentinel.localstate import announce_change, blocked_key_marker, blocked_tenant_marker
 from sentinel.redis_clients import sync_redis
 from tenants.audit import audit_record, describe
-from tenants.models import AuditEntry, Budget, EndUserLimit, Membership, Team, Tenant, VirtualKey
-from tenants.roles import ROLE_GROUPS, role_group_names
+from tenants.models import AuditEntry, Budget, EndUserLimit, Membership, Team, TeamMembership, Tenant, VirtualKey
+from tenants.roles import ROLE_GROUPS, TEAM_ROLE_GROUPS, role_group_names
 
 KEY_PREFIX = "sk-sen-"
 VISIBLE_CHARS = 12
@@ -240,11 +240,44 @@ def membership_delete(*, membership: Membership) -> None:
     )
 
 
+@transaction.atomic
+def team_membership_save(*, team: Team, user, role: str) -> TeamMembership:
+    """Make `user` a member of `team` with `role` (team admin or viewer), or change the role: staff,
+    with the team role's permission group; the rows they reach are their team's (console.scoping)."""
+    before = TeamMembership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+    membership, _ = TeamMembership.objects.update_or_create(team=team, user=user, defaults={"role": role})
+    user_access_sync(user=user)
+    if before != role:
+        audit_record(
+            action=AuditEntry.Action.MEMBER_ADDED if before is None else AuditEntry.Action.MEMBER_ROLE,
+            tenant=team.tenant_id,
+            target=f"member {user.get_username()} of team {team.name}",
+            changes={"team_role": [before, role]},
+        )
+    return membership
+
+
+@transaction.atomic
+def team_membership_delete(*, membership: TeamMembership) -> None:
+    user, team = membership.user, membership.team
+    membership.delete()
+    user_access_sync(user=user)
+    audit_record(
+        action=AuditEntry.Action.MEMBER_REMOVED,
+        tenant=team.tenant_id,
+        target=f"member {user.get_username()} of team {team.name}",
+        changes={"team_role": [membership.role, None]},
+    )
+
+
 def user_access_sync(*, user) -> None:
     """The user's role groups follow the roles they hold in any tenant. Staff status is given with a
     first membership and left alone afterwards: without groups it opens nothing."""
-    wanted = role_group_names(set(Membership.objects.filter(user=user).values_list("role", flat=True)))
-    groups = Group.objects.filter(name__in=ROLE_GROUPS.values())
+    wanted = role_group_names(
+        set(Membership.objects.filter(user=user).values_list("role", flat=True)),
+        set(TeamMembership.objects.filter(user=user).values_list("role", flat=True)),
+    )
+    groups = Group.objects.filter(name__in=[*ROLE_GROUPS.values(), *TEAM_ROLE_GROUPS.values()])
     user.groups.remove(*[group for group in groups if group.name not in wanted])
     user.groups.add(*[group for group in groups if group.name in wanted])
     if wanted and not user.is_staff:

@@ -79,6 +79,7 @@ def budget_check(budget_id: int) -> None:
     spent = spend_in_period(
         tenant_id=budget.tenant_id,
         key_id=budget.key_id,
+        team_id=budget.team_id,
         start=datetime.combine(start, datetime.min.time(), UTC),
         end=end,
     )
