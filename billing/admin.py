@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Q, QuerySet
 from django.http import FileResponse, Http404, HttpResponse, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -44,7 +45,7 @@ from sentinel.console.scoping import (
     ViewOnly,
 )
 from tenants.audit import audit_export
-from tenants.models import Tenant
+from tenants.models import Team, TeamMembership, Tenant
 from tenants.selectors import EXPORT_SPEND, SEE_SPEND, tenants_for
 
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
@@ -289,6 +290,9 @@ class SpendReportForm(forms.Form):
     start = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), help_text="First UTC day.")
     end = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), help_text="Last UTC day (included).")
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.none(), required=False, empty_label="All my tenants")
+    team = forms.ModelChoiceField(
+        queryset=Team.objects.none(), required=False, empty_label="Every team, and keys of none"
+    )
     group_by = forms.MultipleChoiceField(
         choices=[(name, name) for name in DIMENSIONS], widget=forms.CheckboxSelectMultiple, required=False
     )
@@ -297,6 +301,40 @@ class SpendReportForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["tenant"].queryset = tenants_for(user, SEE_SPEND)
         self.fields["tenant"].to_field_name = "slug"
+        self.fields["team"].queryset = teams_with_visible_spend(user).select_related("tenant")
+        self.fields["team"].label_from_instance = lambda team: f"{team.tenant.name} / {team.name}"
+
+
+def teams_with_visible_spend(user) -> QuerySet[Team]:
+    """The teams whose spend `user` sees: every team of a tenant whose spend they see, and their own
+    teams (a team's members see its spend, no other team's)."""
+    if user.is_superuser:
+        return Team.objects.all()
+    return Team.objects.filter(Q(tenant__in=tenants_for(user, SEE_SPEND)) | Q(memberships__user=user)).distinct()
+
+
+def report_scope(
+    user, tenant: Tenant | None, team: Team | None, roles: frozenset[str]
+) -> tuple[list[Tenant], list[int] | None]:
+    """The tenants (and teams: None for all of theirs) a report covers: one team, chosen among the
+    teams the user may see; else one tenant or every tenant where the user holds one of `roles`;
+    for a member of teams alone, their teams. Raises PermissionDenied for nothing at all."""
+    if team is not None:
+        if tenants_for(user, roles).filter(pk=team.tenant_id).exists() or team.memberships.filter(user=user).exists():
+            return [team.tenant], [team.pk]
+        raise PermissionDenied
+    allowed = tenants_for(user, roles)
+    if tenant is not None:
+        if not allowed.filter(pk=tenant.pk).exists():
+            raise PermissionDenied
+        return [tenant], None
+    tenants = list(allowed)
+    if tenants:
+        return tenants, None
+    own = list(Team.objects.filter(memberships__user=user).select_related("tenant"))
+    if not own:
+        raise PermissionDenied
+    return list({team.tenant_id: team.tenant for team in own}.values()), [team.pk for team in own]
 
     def clean(self):
         data = super().clean()
@@ -327,6 +365,10 @@ class SpendReportAdmin(ReportAdmin):
 
     report_roles = SEE_SPEND
 
+    def has_module_permission(self, request):
+        """Also a team's members: their team's spend."""
+        return super().has_module_permission(request) or TeamMembership.objects.filter(user=request.user).exists()
+
     def report(self, request):
         today = timezone.now().date()
         initial = {"start": today.replace(day=1), "end": today, "group_by": list(DEFAULT_DIMENSIONS)}
@@ -335,14 +377,18 @@ class SpendReportAdmin(ReportAdmin):
         if form.is_valid():
             data = form.cleaned_data
             export = request.GET.get("format")
-            if export in EXPORTS:
-                tenants = self._export_scope(request.user, data["tenant"])
-            else:
-                tenants = [data["tenant"]] if data["tenant"] else list(tenants_for(request.user, SEE_SPEND))
+            roles = EXPORT_SPEND if export in EXPORTS else SEE_SPEND
+            tenants, team_ids = report_scope(request.user, data["tenant"], data["team"], roles)
             if data["end"] - data["start"] > timedelta(days=366):
                 form.add_error("end", "A report covers at most 366 days.")
             else:
-                report = spend_report(tenants=tenants, start=data["start"], end=data["end"], group_by=data["group_by"])
+                report = spend_report(
+                    tenants=tenants,
+                    start=data["start"],
+                    end=data["end"],
+                    group_by=data["group_by"],
+                    team_ids=team_ids,
+                )
                 if export in EXPORTS:
                     build, content_type = EXPORTS[export]
                     audit_export(
@@ -365,7 +411,8 @@ class SpendReportAdmin(ReportAdmin):
             "rows": rows,
             "body": table_body(rows),
             "query": request.GET.urlencode(),
-            "may_export": tenants_for(request.user, EXPORT_SPEND).exists(),
+            "may_export": tenants_for(request.user, EXPORT_SPEND).exists()
+            or TeamMembership.objects.filter(user=request.user).exists(),
             "statement_tenants": tenants_for(request.user, EXPORT_SPEND).order_by("name"),
             "last_month": (today.replace(day=1) - timedelta(days=1)).strftime("%Y-%m"),
         }
@@ -394,15 +441,3 @@ class SpendReportAdmin(ReportAdmin):
             response = HttpResponse(statement_pdf(st), content_type="application/pdf")
         response["Content-Disposition"] = f'attachment; filename="{st.filename}.{kind}"'
         return response
-
-    @staticmethod
-    def _export_scope(user, tenant: Tenant | None) -> list[Tenant]:
-        allowed = tenants_for(user, EXPORT_SPEND)
-        if tenant is not None:
-            if not allowed.filter(pk=tenant.pk).exists():
-                raise PermissionDenied
-            return [tenant]
-        tenants = list(allowed)
-        if not tenants:
-            raise PermissionDenied
-        return tenants

@@ -15,6 +15,7 @@ from billing.selectors import METRICS, MONEY_METRICS, TOKEN_KINDS, SpendReport, 
 DIMENSION_COLUMNS = {
     "day": ["day"],
     "tenant": ["tenant", "tenant_name"],
+    "team": ["team_id", "team"],
     "key": ["key_id", "key_name", "key_prefix"],
     "end_user": ["end_user"],
     "model": ["model"],
@@ -31,6 +32,7 @@ DIMENSION_COLUMNS = {
 # The page's headings (exports keep the column names above, which scripts read).
 COLUMN_LABELS = {
     "tenant_name": "tenant name",
+    "team_id": "team id",
     "key_id": "key id",
     "key_name": "key",
     "key_prefix": "key prefix",
@@ -79,6 +81,8 @@ def _dimension_values(name: str, row: SpendRow) -> list:
         return [row.day]
     if name == "tenant":
         return [row.tenant.slug, row.tenant.name] if row.tenant else [None, None]
+    if name == "team":
+        return [row.team.pk, row.team.name] if row.team else [None, None]
     if name == "key":
         return [row.key.pk, row.key.name, row.key.prefix] if row.key else [None, None, None]
     if name == "model":

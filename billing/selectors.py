@@ -17,12 +17,12 @@ from django.db.models.functions import TruncDate
 
 from billing.models import DailyRollup, LedgerDeadLetter, LedgerEntry, Price, RollupDue
 from billing.money import ZERO
-from tenants.models import Tenant, VirtualKey
+from tenants.models import Team, Tenant, VirtualKey
 
 ONE_DAY = timedelta(days=1)
 # Report dimensions, in the order columns and sorting use them. A report by end user reads the
 # ledger itself (rollups do not keep end users), so it is not among the defaults.
-DIMENSIONS = ("day", "tenant", "key", "end_user", "model", "price")
+DIMENSIONS = ("day", "tenant", "team", "key", "end_user", "model", "price")
 DEFAULT_DIMENSIONS = ("day", "tenant", "key", "model", "price")
 # The kinds of token within the prompt and completion tokens, and what each kind cost within cost_usd
 # (issue #16: priced as the provider prices them): in reports, statements and the request log.
@@ -94,6 +94,7 @@ _ROLLUP_FIELDS = {"day": "day", "tenant": "tenant_id", "key": "key_id", "model":
 _LEDGER_FIELDS = {
     "day": "day",
     "tenant": "tenant_id",
+    "team": "team_id",
     "key": "key_id",
     "end_user": "end_user",
     "model": "model_requested",
@@ -216,6 +217,7 @@ class SpendRow:
 
     day: date | None = None
     tenant: Tenant | None = None
+    team: Team | None = None  # None where grouped by team too: keys of no team
     key: VirtualKey | None = None
     end_user: str | None = None  # "": requests that named none
     model: str | None = None
@@ -260,14 +262,17 @@ def spend_report(
     end: date,
     group_by: Sequence[str],
     key_ids: Sequence[int] | None = None,
+    team_ids: Sequence[int] | None = None,
 ) -> SpendReport:
-    """Spend of `tenants` (of those keys only, where `key_ids` are given) from `start` to `end` (whole
-    UTC days, both included), grouped by any of DIMENSIONS (none: totals only), with totals. The caller
-    decides which tenants the user may see."""
+    """Spend of `tenants` (of those keys only, where `key_ids` are given; of those teams' requests,
+    where `team_ids` are) from `start` to `end` (whole UTC days, both included), grouped by any of
+    DIMENSIONS (none: totals only), with totals. The caller decides which tenants (and teams) the
+    user may see."""
     group_by = [name for name in DIMENSIONS if name in group_by]
     tenant_ids = [tenant.pk for tenant in tenants]
-    if "end_user" in group_by:
-        # The rollups do not keep end users: the ledger serves the whole range.
+    if {"end_user", "team"} & set(group_by) or team_ids is not None:
+        # The rollups keep neither end users nor teams: the ledger serves the whole range (a request
+        # counts for the team its key was in when it was made).
         rollups = DailyRollup.objects.none()
         entries = LedgerEntry.objects.filter(
             tenant_id__in=tenant_ids, created_at__gte=day_bounds(start)[0], created_at__lt=day_bounds(end)[1]
@@ -289,6 +294,8 @@ def spend_report(
     if key_ids is not None:
         rollups = rollups.filter(key_id__in=key_ids)
         entries = entries.filter(key_id__in=key_ids)
+    if team_ids is not None:
+        entries = entries.filter(team_id__in=team_ids)
     if "day" in group_by:
         entries = entries.annotate(day=TruncDate("created_at", tzinfo=UTC))
     ledger = ledger_totals(entries, [_LEDGER_FIELDS[name] for name in group_by])
@@ -311,6 +318,7 @@ def _labelled(group_by: list[str], groups: dict[tuple, dict]) -> list[SpendRow]:
     ids = {name: {key[i] for key in groups if key[i] is not None} for i, name in enumerate(group_by)}
     objects = {
         "tenant": Tenant.objects.in_bulk(ids.get("tenant", ())),
+        "team": Team.objects.in_bulk(ids.get("team", ())),
         "key": VirtualKey.objects.in_bulk(ids.get("key", ())),
         "price": Price.objects.in_bulk(ids.get("price", ())),
     }
@@ -325,6 +333,7 @@ def _labelled(group_by: list[str], groups: dict[tuple, dict]) -> list[SpendRow]:
         return (
             row.day or date.min,
             row.tenant.slug if row.tenant else "",
+            row.team.name if row.team else "",
             row.key.pk if row.key else 0,
             row.end_user or "",
             row.model or "",
