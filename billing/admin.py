@@ -367,7 +367,10 @@ class SpendReportAdmin(ReportAdmin):
 
     def has_module_permission(self, request):
         """Also a team's members: their team's spend."""
-        return super().has_module_permission(request) or TeamMembership.objects.filter(user=request.user).exists()
+        user = request.user
+        if super().has_module_permission(request):
+            return True
+        return user.is_authenticated and user.is_active and TeamMembership.objects.filter(user=user).exists()
 
     def report(self, request):
         today = timezone.now().date()
