@@ -863,8 +863,8 @@ class AuditEntryAdmin(ViewOnly, TenantScopedAdmin):
 
 @admin.register(SingleSignOnRule)
 class SingleSignOnRuleAdmin(OperatorOnlyAdmin):
-    list_display = ["tenant", "role", "email_domain", "group"]
-    list_filter = ["role"]
-    list_select_related = ["tenant"]
+    list_display = ["tenant", "role", "team", "team_role", "email_domain", "group"]
+    list_filter = ["role", "team_role"]
+    list_select_related = ["tenant", "team"]
     search_fields = ["tenant__name", "email_domain", "group"]
     autocomplete_fields = ["tenant"]

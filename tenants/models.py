@@ -666,7 +666,22 @@ class SingleSignOnRule(models.Model):
     grants access."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sso_rules")
-    role = models.CharField(max_length=16, choices=Membership.Role.choices, default=Membership.Role.VIEWER)
+    role = models.CharField(
+        max_length=16,
+        choices=Membership.Role.choices,
+        default=Membership.Role.VIEWER,
+        blank=True,
+        help_text="The tenant role it gives. Empty for a rule naming a team: it gives the team role alone.",
+    )
+    team = models.ForeignKey(
+        Team,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="sso_rules",
+        help_text="A team of the tenant: the rule makes people members of that team (not of the whole tenant).",
+    )
+    team_role = models.CharField(max_length=16, choices=TeamMembership.Role.choices, blank=True)
     email_domain = models.CharField(
         max_length=200, blank=True, help_text="e.g. example.com: people whose verified email is at this domain."
     )
@@ -678,6 +693,8 @@ class SingleSignOnRule(models.Model):
 
     def __str__(self) -> str:
         who = f"@{self.email_domain}" if self.email_domain else f"group {self.group}"
+        if self.team_id is not None:
+            return f"{who} → {self.tenant} / team {self.team} ({self.team_role})"
         return f"{who} → {self.tenant} ({self.role})"
 
     def clean(self) -> None:
@@ -685,6 +702,17 @@ class SingleSignOnRule(models.Model):
 
         if bool(self.email_domain) == bool(self.group):
             raise ValidationError("Name either an email domain or a group, not both.")
+        if self.team_id is not None:
+            if self.tenant_id is not None and self.team.tenant_id != self.tenant_id:
+                raise ValidationError({"team": "A team of the rule's own tenant."})
+            if not self.team_role:
+                raise ValidationError({"team_role": "A rule naming a team gives a team role: choose one."})
+            if self.role:
+                raise ValidationError({"role": "A rule naming a team gives the team role alone: leave this empty."})
+        elif self.team_role:
+            raise ValidationError({"team": "A team role needs a team."})
+        elif not self.role:
+            raise ValidationError({"role": "Choose the tenant role the rule gives (or name a team)."})
         self.email_domain = self.email_domain.strip().lstrip("@").lower()
 
 
