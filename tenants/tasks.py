@@ -55,6 +55,7 @@ def budget_alert(budget_id: int, period_start: str, spent_usd: str) -> None:
         payload={
             "tenant": budget.tenant.slug,
             "key": budget.key.prefix if budget.key_id else None,
+            "team": budget.team.name if budget.team_id else None,
             "period": budget.period,
             "period_start": period_start,
             "limit_usd": str(budget.limit_usd),

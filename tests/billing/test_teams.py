@@ -120,3 +120,23 @@ def test_a_team_member_sees_only_their_teams_spend_on_the_report_page(spend):
         ("TOTAL", "", "", "1.0000000000"),
     ]
     assert AuditEntry.objects.filter(tenant=tenancy.tenant, actor=lead, action="export.downloaded").count() == 1
+
+
+def test_the_dashboard_shows_each_teams_spend_against_its_budgets(spend):
+    from tenants.models import Budget
+
+    tenancy, search, _ = spend
+    Budget.objects.create(tenant=tenancy.tenant, team=search, period="daily", limit_usd=Decimal("4"))
+    Budget.objects.create(tenant=tenancy.tenant, period="monthly", limit_usd=Decimal("100"))
+    page = as_user(tenancy.finance).get(reverse("admin:dashboard"))
+    assert page.status_code == 200
+    data = page.context["data"]
+    assert [(line.team.name, line.today, line.month, line.daily_budget) for line in data.team_spend] == [
+        ("support", Decimal("10"), Decimal("10"), None),
+        ("search", Decimal("1"), Decimal("1"), Decimal("4")),
+    ]
+    assert data.team_spend[1].today_used == 0.25
+    assert 'id="team-spend-table"' in page.content.decode()
+    # The tenant's own line counts its monthly budget, not the team's daily one as the tenant's.
+    (line,) = [line for line in data.spend if line.tenant == tenancy.tenant]
+    assert (line.daily_budget, line.monthly_budget) == (None, Decimal("100"))
