@@ -210,17 +210,21 @@ REQUEST_LOG_COLUMNS = [
     "images",
     "retrieval_tokens",
     "retrieval_cost_usd",
+    "team_id",
+    "team",
 ]
 
 
 def request_log_rows(entries) -> Iterator[list]:
     """The ledger rows of `entries` (a queryset), read in chunks: a year of requests never sits in memory."""
-    fields = [c for c in REQUEST_LOG_COLUMNS if c not in ("tenant", "key_id", "key_name")]
-    for entry in entries.select_related("tenant", "key").order_by("created_at", "id").iterator(chunk_size=2000):
+    fields = [c for c in REQUEST_LOG_COLUMNS if c not in ("tenant", "key_id", "key_name", "team")]
+    rows = entries.select_related("tenant", "key", "team").order_by("created_at", "id")
+    for entry in rows.iterator(chunk_size=2000):
         values = {name: getattr(entry, name) for name in fields}
         values["tenant"] = entry.tenant.slug
         values["key_id"] = entry.key_id
         values["key_name"] = entry.key.name if entry.key else None
+        values["team"] = entry.team.name if entry.team else None  # a deleted team's id stays, its name not
         yield [values[name] for name in REQUEST_LOG_COLUMNS]
 
 

@@ -200,3 +200,18 @@ def test_a_tenant_admin_makes_a_team_and_its_members_audited(teams):
     # Another tenant's admin reaches none of it; a team admin does not make teams.
     assert as_user(tenancy.outsider).get(reverse("admin:tenants_team_change", args=[team.pk])).status_code == 404
     assert as_user(teams.lead).get(url).status_code == 403
+
+
+def test_a_team_admins_request_log_export_holds_its_teams_requests_alone(teams):
+    import csv
+    import io
+
+    web = as_user(teams.lead)
+    exported = web.get(reverse("admin:billing_ledgerentry_export"), {"format": "csv"})
+    assert exported.status_code == 200
+    lines = list(csv.DictReader(io.StringIO(b"".join(exported.streaming_content).decode())))
+    assert [(line["request_id"], line["team_id"], line["team"]) for line in lines] == [
+        (teams.rows["search"].request_id, str(teams.search.pk), "search")
+    ]
+    entry = AuditEntry.objects.get(actor=teams.lead, action=AuditEntry.Action.EXPORT)
+    assert entry.tenant_id == teams.tenancy.tenant.pk
