@@ -93,6 +93,8 @@ class KeyInfo:
             data["team_allowed_models"] = tuple(data["team_allowed_models"])
         for name in ("key_limits", "tenant_limits", "team_limits", "budgets", "end_user_limits"):
             data[name] = tuple(tuple(item) for item in data.get(name, ()))
+        # A copy written before teams (a rolling deploy, the last-known copy) has no budget's team.
+        data["budgets"] = tuple(budget if len(budget) == 7 else (*budget, None) for budget in data["budgets"])
         if data.get("screening") is not None:
             data["screening"] = Policy.from_json(data["screening"])
         return cls(**data)

@@ -178,3 +178,27 @@ def test_a_rotated_key_stays_in_its_team(make_tenant, make_key, live_db):
     make_key(tenant, team=team)
     successor, _ = key_rotate(key=VirtualKey.objects.get(tenant=tenant))
     assert successor.team_id == team.pk
+
+
+def test_a_key_copy_from_before_teams_still_reads():
+    """A key's settings cached in Redis by a version without teams (a rolling deploy, or the last-known
+    copy served while Postgres is away) read as a key of no team."""
+    from gateway.auth import KeyInfo
+
+    old = {
+        "key_id": 1,
+        "digest": "d",
+        "key_name": "k",
+        "tenant_id": 2,
+        "tenant_slug": "t",
+        "key_active": True,
+        "tenant_active": True,
+        "expires_at": None,
+        "allowed_models": None,
+        "key_limits": [],
+        "tenant_limits": [["rpm", 5]],
+        "budgets": [[3, None, "daily", "1.00", 80, True]],
+        "end_user_limits": [],
+    }
+    info = KeyInfo.from_json(old)
+    assert (info.team_id, info.team_limits, info.budgets) == (None, (), ((3, None, "daily", "1.00", 80, True, None),))
