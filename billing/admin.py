@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Q, QuerySet
 from django.http import FileResponse, Http404, HttpResponse, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -35,9 +36,16 @@ from billing.selectors import DEFAULT_DIMENSIONS, DIMENSIONS, spend_report
 from billing.services import price_change, price_create, price_is_used, price_validate_effective_from
 from billing.statements import parse_month, statement, statement_csv, statement_pdf
 from sentinel.console.filters import ModelRequestedFilter, ProviderFilter
-from sentinel.console.scoping import OperatorOnlyAdmin, ReportAdmin, TenantFilter, TenantScopedAdmin, ViewOnly
+from sentinel.console.scoping import (
+    OperatorOnlyAdmin,
+    ReportAdmin,
+    TeamFilter,
+    TenantFilter,
+    TenantScopedAdmin,
+    ViewOnly,
+)
 from tenants.audit import audit_export
-from tenants.models import Tenant
+from tenants.models import Team, TeamMembership, Tenant
 from tenants.selectors import EXPORT_SPEND, SEE_SPEND, tenants_for
 
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
@@ -171,10 +179,12 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
     download what the filters select (CSV streamed, XLSX written row by row); nobody edits them."""
 
     view_roles = SEE_SPEND
+    team_lookup = "team_id"  # a team's members read its requests, no other team's
     list_display = [
         "created_at",
         "request_id",
         "tenant",
+        "team",
         "model_requested",
         "end_user",
         "provider",
@@ -194,8 +204,9 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
         EndUserFilter,
         ProviderFilter,
         TenantFilter,
+        TeamFilter,
     ]
-    list_select_related = ["tenant"]
+    list_select_related = ["tenant", "team"]
     search_fields = ["request_id"]
     change_list_template = "admin/billing/ledgerentry/change_list.html"
 
@@ -226,6 +237,9 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
             scope = [chosen]
         else:
             scope = list(visible) if visible is not None else [None]
+        if visible is not None:  # a team member's export is logged to their teams' tenants too
+            teams = self.team_ids(request, self.team_view_roles)
+            scope += sorted(set(Tenant.objects.filter(teams__in=teams).values_list("pk", flat=True)) - set(scope))
         audit_export(
             tenant_ids=scope,
             what=f"request log ({kind}){' ?' + query.urlencode() if query else ''}",
@@ -276,6 +290,9 @@ class SpendReportForm(forms.Form):
     start = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), help_text="First UTC day.")
     end = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), help_text="Last UTC day (included).")
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.none(), required=False, empty_label="All my tenants")
+    team = forms.ModelChoiceField(
+        queryset=Team.objects.none(), required=False, empty_label="Every team, and keys of none"
+    )
     group_by = forms.MultipleChoiceField(
         choices=[(name, name) for name in DIMENSIONS], widget=forms.CheckboxSelectMultiple, required=False
     )
@@ -284,6 +301,40 @@ class SpendReportForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["tenant"].queryset = tenants_for(user, SEE_SPEND)
         self.fields["tenant"].to_field_name = "slug"
+        self.fields["team"].queryset = teams_with_visible_spend(user).select_related("tenant")
+        self.fields["team"].label_from_instance = lambda team: f"{team.tenant.name} / {team.name}"
+
+
+def teams_with_visible_spend(user) -> QuerySet[Team]:
+    """The teams whose spend `user` sees: every team of a tenant whose spend they see, and their own
+    teams (a team's members see its spend, no other team's)."""
+    if user.is_superuser:
+        return Team.objects.all()
+    return Team.objects.filter(Q(tenant__in=tenants_for(user, SEE_SPEND)) | Q(memberships__user=user)).distinct()
+
+
+def report_scope(
+    user, tenant: Tenant | None, team: Team | None, roles: frozenset[str]
+) -> tuple[list[Tenant], list[int] | None]:
+    """The tenants (and teams: None for all of theirs) a report covers: one team, chosen among the
+    teams the user may see; else one tenant or every tenant where the user holds one of `roles`;
+    for a member of teams alone, their teams. Raises PermissionDenied for nothing at all."""
+    if team is not None:
+        if tenants_for(user, roles).filter(pk=team.tenant_id).exists() or team.memberships.filter(user=user).exists():
+            return [team.tenant], [team.pk]
+        raise PermissionDenied
+    allowed = tenants_for(user, roles)
+    if tenant is not None:
+        if not allowed.filter(pk=tenant.pk).exists():
+            raise PermissionDenied
+        return [tenant], None
+    tenants = list(allowed)
+    if tenants:
+        return tenants, None
+    own = list(Team.objects.filter(memberships__user=user).select_related("tenant"))
+    if not own:
+        raise PermissionDenied
+    return list({team.tenant_id: team.tenant for team in own}.values()), [team.pk for team in own]
 
     def clean(self):
         data = super().clean()
@@ -314,6 +365,13 @@ class SpendReportAdmin(ReportAdmin):
 
     report_roles = SEE_SPEND
 
+    def has_module_permission(self, request):
+        """Also a team's members: their team's spend."""
+        user = request.user
+        if super().has_module_permission(request):
+            return True
+        return user.is_authenticated and user.is_active and TeamMembership.objects.filter(user=user).exists()
+
     def report(self, request):
         today = timezone.now().date()
         initial = {"start": today.replace(day=1), "end": today, "group_by": list(DEFAULT_DIMENSIONS)}
@@ -322,14 +380,18 @@ class SpendReportAdmin(ReportAdmin):
         if form.is_valid():
             data = form.cleaned_data
             export = request.GET.get("format")
-            if export in EXPORTS:
-                tenants = self._export_scope(request.user, data["tenant"])
-            else:
-                tenants = [data["tenant"]] if data["tenant"] else list(tenants_for(request.user, SEE_SPEND))
+            roles = EXPORT_SPEND if export in EXPORTS else SEE_SPEND
+            tenants, team_ids = report_scope(request.user, data["tenant"], data["team"], roles)
             if data["end"] - data["start"] > timedelta(days=366):
                 form.add_error("end", "A report covers at most 366 days.")
             else:
-                report = spend_report(tenants=tenants, start=data["start"], end=data["end"], group_by=data["group_by"])
+                report = spend_report(
+                    tenants=tenants,
+                    start=data["start"],
+                    end=data["end"],
+                    group_by=data["group_by"],
+                    team_ids=team_ids,
+                )
                 if export in EXPORTS:
                     build, content_type = EXPORTS[export]
                     audit_export(
@@ -352,7 +414,8 @@ class SpendReportAdmin(ReportAdmin):
             "rows": rows,
             "body": table_body(rows),
             "query": request.GET.urlencode(),
-            "may_export": tenants_for(request.user, EXPORT_SPEND).exists(),
+            "may_export": tenants_for(request.user, EXPORT_SPEND).exists()
+            or TeamMembership.objects.filter(user=request.user).exists(),
             "statement_tenants": tenants_for(request.user, EXPORT_SPEND).order_by("name"),
             "last_month": (today.replace(day=1) - timedelta(days=1)).strftime("%Y-%m"),
         }
@@ -381,15 +444,3 @@ class SpendReportAdmin(ReportAdmin):
             response = HttpResponse(statement_pdf(st), content_type="application/pdf")
         response["Content-Disposition"] = f'attachment; filename="{st.filename}.{kind}"'
         return response
-
-    @staticmethod
-    def _export_scope(user, tenant: Tenant | None) -> list[Tenant]:
-        allowed = tenants_for(user, EXPORT_SPEND)
-        if tenant is not None:
-            if not allowed.filter(pk=tenant.pk).exists():
-                raise PermissionDenied
-            return [tenant]
-        tenants = list(allowed)
-        if not tenants:
-            raise PermissionDenied
-        return tenants

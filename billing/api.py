@@ -21,7 +21,7 @@ from billing.models import LedgerEntry
 from billing.selectors import DEFAULT_DIMENSIONS, DIMENSIONS, ledger_entries, spend_report
 from sentinel.text import no_control_characters
 from tenants.audit import audit_export
-from tenants.models import Tenant
+from tenants.models import Team, Tenant
 from tenants.selectors import ALL_ROLES, EXPORT_SPEND, MANAGE, SEE_SPEND, tenants_for
 
 MAX_REPORT_DAYS = 366
@@ -66,6 +66,11 @@ class XLSXRenderer(FileRenderer):
 
 class TenantRefSerializer(serializers.Serializer):
     slug = serializers.SlugField()
+    name = serializers.CharField()
+
+
+class TeamRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
     name = serializers.CharField()
 
 
@@ -125,6 +130,7 @@ class SpendTotalsSerializer(serializers.Serializer):
 class SpendRowSerializer(SpendTotalsSerializer):
     day = serializers.DateField(allow_null=True)
     tenant = TenantRefSerializer(allow_null=True)
+    team = TeamRefSerializer(allow_null=True, help_text="Grouped by team: null for keys of no team.")
     key = KeyRefSerializer(allow_null=True)
     end_user = serializers.CharField(
         allow_null=True, allow_blank=True, help_text="The end user (OpenAI's `user` field); empty: none named."
@@ -150,8 +156,9 @@ API_ERRORS = {
 
 
 class SpendReportApi(APIView):
-    """Spend for a date range, grouped by any of day, tenant, key, end user, model and price version, with
-    totals. `format=csv` or `format=xlsx` (or the matching Accept header) downloads it as a file."""
+    """Spend for a date range, grouped by any of day, tenant, team, key, end user, model and price version,
+    with totals; `team` narrows it to one team's requests. `format=csv` or `format=xlsx` (or the matching
+    Accept header) downloads it as a file."""
 
     renderer_classes = [JSONRenderer, BrowsableAPIRenderer, CSVRenderer, XLSXRenderer]
 
@@ -166,6 +173,9 @@ class SpendReportApi(APIView):
             validators=[no_control_characters],
         )
         tenant = serializers.SlugField(required=False, help_text="One tenant; default: every tenant you may see.")
+        team = serializers.IntegerField(
+            required=False, min_value=1, help_text="One team's requests (its id); default: every team's and none."
+        )
         format = serializers.ChoiceField(choices=["json", "csv", "xlsx"], required=False)
 
         def validate_group_by(self, value: str) -> list[str]:
@@ -221,7 +231,15 @@ class SpendReportApi(APIView):
         renderer = request.accepted_renderer
         roles = EXPORT_SPEND if isinstance(renderer, FileRenderer) else SEE_SPEND
         tenants = tenants_in_scope(request.user, roles, data.get("tenant"))
-        report = spend_report(tenants=tenants, start=data["start"], end=data["end"], group_by=data["group_by"])
+        team_ids = None
+        if "team" in data:
+            team = Team.objects.filter(pk=data["team"], tenant__in=tenants).first()
+            if team is None:
+                raise NotFound("No such team in your tenants.")
+            tenants, team_ids = [team.tenant], [team.pk]
+        report = spend_report(
+            tenants=tenants, start=data["start"], end=data["end"], group_by=data["group_by"], team_ids=team_ids
+        )
         if isinstance(renderer, FileRenderer):
             content = report_csv(report) if renderer.format == "csv" else report_xlsx(report)
             audit_export(

@@ -15,6 +15,7 @@ from billing.selectors import METRICS, MONEY_METRICS, TOKEN_KINDS, SpendReport, 
 DIMENSION_COLUMNS = {
     "day": ["day"],
     "tenant": ["tenant", "tenant_name"],
+    "team": ["team_id", "team"],
     "key": ["key_id", "key_name", "key_prefix"],
     "end_user": ["end_user"],
     "model": ["model"],
@@ -31,6 +32,7 @@ DIMENSION_COLUMNS = {
 # The page's headings (exports keep the column names above, which scripts read).
 COLUMN_LABELS = {
     "tenant_name": "tenant name",
+    "team_id": "team id",
     "key_id": "key id",
     "key_name": "key",
     "key_prefix": "key prefix",
@@ -79,6 +81,8 @@ def _dimension_values(name: str, row: SpendRow) -> list:
         return [row.day]
     if name == "tenant":
         return [row.tenant.slug, row.tenant.name] if row.tenant else [None, None]
+    if name == "team":
+        return [row.team.pk, row.team.name] if row.team else [None, None]
     if name == "key":
         return [row.key.pk, row.key.name, row.key.prefix] if row.key else [None, None, None]
     if name == "model":
@@ -206,17 +210,21 @@ REQUEST_LOG_COLUMNS = [
     "images",
     "retrieval_tokens",
     "retrieval_cost_usd",
+    "team_id",
+    "team",
 ]
 
 
 def request_log_rows(entries) -> Iterator[list]:
     """The ledger rows of `entries` (a queryset), read in chunks: a year of requests never sits in memory."""
-    fields = [c for c in REQUEST_LOG_COLUMNS if c not in ("tenant", "key_id", "key_name")]
-    for entry in entries.select_related("tenant", "key").order_by("created_at", "id").iterator(chunk_size=2000):
+    fields = [c for c in REQUEST_LOG_COLUMNS if c not in ("tenant", "key_id", "key_name", "team")]
+    rows = entries.select_related("tenant", "key", "team").order_by("created_at", "id")
+    for entry in rows.iterator(chunk_size=2000):
         values = {name: getattr(entry, name) for name in fields}
         values["tenant"] = entry.tenant.slug
         values["key_id"] = entry.key_id
         values["key_name"] = entry.key.name if entry.key else None
+        values["team"] = entry.team.name if entry.team else None  # a deleted team's id stays, its name not
         yield [values[name] for name in REQUEST_LOG_COLUMNS]
 
 

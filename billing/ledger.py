@@ -94,6 +94,7 @@ class LedgerRecord:
     images: int = 0  # images generated (gateway.images), billed per image in cost_usd
     retrieval_tokens: int = 0  # of the queries embedded to search vector stores (gateway.knowledge)
     retrieval_cost_usd: str = "0"  # what the searches cost: part of cost_usd
+    team_id: int | None = None  # the key's team (tenants.Team), None for a key of no team
 
     def encode(self) -> bytes:
         # orjson serializes dataclasses itself, much faster than through asdict(): this is on the request path.

@@ -65,6 +65,16 @@ class LedgerEntry(models.Model):
     created_at = models.DateTimeField(db_index=True)
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="+")
     key = models.ForeignKey("tenants.VirtualKey", null=True, on_delete=models.PROTECT, related_name="+")
+    # A plain id (no constraint), as the audit log's tenant: a team deleted later keeps its history.
+    team = models.ForeignKey(
+        "tenants.Team",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+        help_text="The key's team when the request was made; empty: a key of no team.",
+    )
     model_requested = models.CharField(max_length=200)
     model_served = models.CharField(max_length=200, blank=True)
     deployment = models.CharField(max_length=120, blank=True)
@@ -159,6 +169,9 @@ class LedgerEntry(models.Model):
             # The request log filtered by status, and its capped count: a rare status (2% of a tenant's
             # rows) is otherwise found by reading the tenant's rows newest first until a page is full.
             models.Index(fields=["tenant", "status_code", "created_at"], name="ledger_tenant_status"),
+            # A team's spend in a period (admission starts its budgets' counters from it) and its
+            # request log; partial, so rows of keys without a team cost nothing.
+            models.Index(fields=["team", "created_at"], name="ledger_team", condition=Q(team__isnull=False)),
         ]
 
     def __str__(self) -> str:

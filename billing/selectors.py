@@ -17,12 +17,12 @@ from django.db.models.functions import TruncDate
 
 from billing.models import DailyRollup, LedgerDeadLetter, LedgerEntry, Price, RollupDue
 from billing.money import ZERO
-from tenants.models import Tenant, VirtualKey
+from tenants.models import Team, Tenant, VirtualKey
 
 ONE_DAY = timedelta(days=1)
 # Report dimensions, in the order columns and sorting use them. A report by end user reads the
 # ledger itself (rollups do not keep end users), so it is not among the defaults.
-DIMENSIONS = ("day", "tenant", "key", "end_user", "model", "price")
+DIMENSIONS = ("day", "tenant", "team", "key", "end_user", "model", "price")
 DEFAULT_DIMENSIONS = ("day", "tenant", "key", "model", "price")
 # The kinds of token within the prompt and completion tokens, and what each kind cost within cost_usd
 # (issue #16: priced as the provider prices them): in reports, statements and the request log.
@@ -94,6 +94,7 @@ _ROLLUP_FIELDS = {"day": "day", "tenant": "tenant_id", "key": "key_id", "model":
 _LEDGER_FIELDS = {
     "day": "day",
     "tenant": "tenant_id",
+    "team": "team_id",
     "key": "key_id",
     "end_user": "end_user",
     "model": "model_requested",
@@ -158,12 +159,20 @@ def outside_days(days: list[date], start: datetime, end: datetime) -> Q | None:
     return query
 
 
-def spend_in_period(*, tenant_id: int, key_id: int | None = None, start: datetime, end: datetime) -> Decimal:
-    """Settled spend of a tenant (or one of its keys) in [start, end): rollups for the whole days
-    that are rolled up, ledger rows for the rest. Requests still queued for the ledger are not in
-    it; the live counters in Redis cover those."""
+def spend_in_period(
+    *, tenant_id: int, key_id: int | None = None, team_id: int | None = None, start: datetime, end: datetime
+) -> Decimal:
+    """Settled spend of a tenant (or one of its keys, or teams) in [start, end): rollups for the whole
+    days that are rolled up, ledger rows for the rest. Requests still queued for the ledger are not in
+    it; the live counters in Redis cover those. A team's is summed from the ledger alone (its partial
+    index): rollups have no team, and a key that changed teams keeps its earlier spend in the old one."""
     if end <= start:
         return ZERO
+    if team_id is not None and key_id is None:
+        rows = LedgerEntry.objects.filter(
+            tenant_id=tenant_id, team_id=team_id, created_at__gte=start, created_at__lt=end
+        )
+        return rows.aggregate(s=Sum("cost_usd"))["s"] or ZERO
     scope = {"tenant_id": tenant_id} if key_id is None else {"tenant_id": tenant_id, "key_id": key_id}
     days = whole_days(start, end)
     due = set(RollupDue.objects.filter(tenant_id=tenant_id, day__in=days).values_list("day", flat=True))
@@ -208,6 +217,7 @@ class SpendRow:
 
     day: date | None = None
     tenant: Tenant | None = None
+    team: Team | None = None  # None where grouped by team too: keys of no team
     key: VirtualKey | None = None
     end_user: str | None = None  # "": requests that named none
     model: str | None = None
@@ -252,14 +262,17 @@ def spend_report(
     end: date,
     group_by: Sequence[str],
     key_ids: Sequence[int] | None = None,
+    team_ids: Sequence[int] | None = None,
 ) -> SpendReport:
-    """Spend of `tenants` (of those keys only, where `key_ids` are given) from `start` to `end` (whole
-    UTC days, both included), grouped by any of DIMENSIONS (none: totals only), with totals. The caller
-    decides which tenants the user may see."""
+    """Spend of `tenants` (of those keys only, where `key_ids` are given; of those teams' requests,
+    where `team_ids` are) from `start` to `end` (whole UTC days, both included), grouped by any of
+    DIMENSIONS (none: totals only), with totals. The caller decides which tenants (and teams) the
+    user may see."""
     group_by = [name for name in DIMENSIONS if name in group_by]
     tenant_ids = [tenant.pk for tenant in tenants]
-    if "end_user" in group_by:
-        # The rollups do not keep end users: the ledger serves the whole range.
+    if {"end_user", "team"} & set(group_by) or team_ids is not None:
+        # The rollups keep neither end users nor teams: the ledger serves the whole range (a request
+        # counts for the team its key was in when it was made).
         rollups = DailyRollup.objects.none()
         entries = LedgerEntry.objects.filter(
             tenant_id__in=tenant_ids, created_at__gte=day_bounds(start)[0], created_at__lt=day_bounds(end)[1]
@@ -281,6 +294,8 @@ def spend_report(
     if key_ids is not None:
         rollups = rollups.filter(key_id__in=key_ids)
         entries = entries.filter(key_id__in=key_ids)
+    if team_ids is not None:
+        entries = entries.filter(team_id__in=team_ids)
     if "day" in group_by:
         entries = entries.annotate(day=TruncDate("created_at", tzinfo=UTC))
     ledger = ledger_totals(entries, [_LEDGER_FIELDS[name] for name in group_by])
@@ -303,6 +318,7 @@ def _labelled(group_by: list[str], groups: dict[tuple, dict]) -> list[SpendRow]:
     ids = {name: {key[i] for key in groups if key[i] is not None} for i, name in enumerate(group_by)}
     objects = {
         "tenant": Tenant.objects.in_bulk(ids.get("tenant", ())),
+        "team": Team.objects.in_bulk(ids.get("team", ())),
         "key": VirtualKey.objects.in_bulk(ids.get("key", ())),
         "price": Price.objects.in_bulk(ids.get("price", ())),
     }
@@ -317,6 +333,7 @@ def _labelled(group_by: list[str], groups: dict[tuple, dict]) -> list[SpendRow]:
         return (
             row.day or date.min,
             row.tenant.slug if row.tenant else "",
+            row.team.name if row.team else "",
             row.key.pk if row.key else 0,
             row.end_user or "",
             row.model or "",

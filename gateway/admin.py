@@ -352,7 +352,7 @@ class BatchAdmin(ViewOnly, TenantScopedAdmin):  # a batch is its tenant's record
         self.message_user(request, f"Cancelling {len(running)} batch(es).", messages.SUCCESS)
 
     def has_cancel_permission(self, request):
-        return self.has_view_permission(request) and self._allowed(request, None, self.manage_roles)
+        return self.has_view_permission(request) and self._allowed(request, None, self.manage_roles, frozenset())
 
 
 admin.site.register(VectorStore, VectorStoreAdmin)

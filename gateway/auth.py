@@ -53,8 +53,13 @@ class KeyInfo:
     allowed_models: tuple[str, ...] | None  # None: every model
     key_limits: tuple[tuple[str, int], ...] = ()  # (rpm|tpm|concurrency, limit)
     tenant_limits: tuple[tuple[str, int], ...] = ()
-    # (budget id, key id or None for the tenant's, period, limit in USD, alert percent, hard)
-    budgets: tuple[tuple[int, int | None, str, str, int | None, bool], ...] = ()
+    # (budget id, key id or None for the tenant's or team's, period, limit in USD, alert percent, hard,
+    # team id or None for the key's or tenant's)
+    budgets: tuple[tuple[int, int | None, str, str, int | None, bool, int | None], ...] = ()
+    team_id: int | None = None  # the key's team (tenants.Team); None: a key of no team
+    team_name: str = ""
+    team_limits: tuple[tuple[str, int], ...] = ()
+    team_allowed_models: tuple[str, ...] | None = None  # the team's own list (None: no list): for errors
     # What each end user or session of the key may use (tenants.EndUserLimit): (limit id, the key it is
     # set on, end_user | session, period, limit in USD or None, token cap or None)
     end_user_limits: tuple[tuple[int, int, str, str, str | None, int | None], ...] = ()
@@ -84,8 +89,12 @@ class KeyInfo:
         """Rebuild from the Redis copy (JSON turned the tuples into lists)."""
         if data["allowed_models"] is not None:
             data["allowed_models"] = tuple(data["allowed_models"])
-        for name in ("key_limits", "tenant_limits", "budgets", "end_user_limits"):
-            data[name] = tuple(tuple(item) for item in data[name])
+        if data.get("team_allowed_models") is not None:
+            data["team_allowed_models"] = tuple(data["team_allowed_models"])
+        for name in ("key_limits", "tenant_limits", "team_limits", "budgets", "end_user_limits"):
+            data[name] = tuple(tuple(item) for item in data.get(name, ()))
+        # A copy written before teams (a rolling deploy, the last-known copy) has no budget's team.
+        data["budgets"] = tuple(budget if len(budget) == 7 else (*budget, None) for budget in data["budgets"])
         if data.get("screening") is not None:
             data["screening"] = Policy.from_json(data["screening"])
         return cls(**data)
@@ -97,19 +106,22 @@ def _redis_cache_key(digest: str) -> str:
     return redis_keys.key_info(current_generation().decode(), digest)
 
 
-def effective_allowlist(tenant_models: list[str], key_models: list[str]) -> tuple[str, ...] | None:
-    """A key can narrow its tenant's list, never widen it. Empty lists mean no restriction."""
-    if tenant_models and key_models:
-        return tuple(m for m in key_models if m in tenant_models)
-    if tenant_models or key_models:
-        return tuple(tenant_models or key_models)
-    return None
+def effective_allowlist(
+    tenant_models: list[str], key_models: list[str], *, team_models: list[str] = ()
+) -> tuple[str, ...] | None:
+    """A team can narrow its tenant's list, and a key its team's (or tenant's), never widen it.
+    Empty lists mean no restriction."""
+    allowed: tuple[str, ...] | None = None
+    for models in (tenant_models, team_models, key_models):
+        if models:
+            allowed = tuple(models) if allowed is None else tuple(m for m in models if m in allowed)
+    return allowed
 
 
 def _load_from_db(digest: str) -> KeyInfo | None:
     from gateway.screening.models import ScreeningPolicy
 
-    key = VirtualKey.objects.select_related("tenant__tier", "tier").filter(digest=digest).first()
+    key = VirtualKey.objects.select_related("tenant__tier", "tier", "team__tier").filter(digest=digest).first()
     if key is None:
         return None
     # A rotated key is bound by its budgets, which moved to its successor(s), until it expires.
@@ -118,7 +130,11 @@ def _load_from_db(digest: str) -> KeyInfo | None:
     while successor is not None and successor not in key_ids:
         key_ids.append(successor)
         successor = VirtualKey.objects.filter(pk=successor).values_list("successor_id", flat=True).first()
-    budgets = Budget.objects.filter(tenant_id=key.tenant_id).filter(Q(key__isnull=True) | Q(key_id__in=key_ids))
+    team = key.team
+    # The tenant's budgets, the key's team's (none of another team's), and the key's own.
+    budgets = Budget.objects.filter(tenant_id=key.tenant_id).filter(
+        Q(key__isnull=True, team__isnull=True) | Q(key__isnull=True, team_id=key.team_id) | Q(key_id__in=key_ids)
+    )
     return KeyInfo(
         key_id=key.pk,
         digest=digest,
@@ -128,11 +144,18 @@ def _load_from_db(digest: str) -> KeyInfo | None:
         key_active=key.status == VirtualKey.Status.ACTIVE,
         tenant_active=key.tenant.status == Tenant.Status.ACTIVE,
         expires_at=key.expires_at.timestamp() if key.expires_at else None,
-        allowed_models=effective_allowlist(key.tenant.allowed_models, key.allowed_models),
+        allowed_models=effective_allowlist(
+            key.tenant.allowed_models, key.allowed_models, team_models=team.allowed_models if team else []
+        ),
         key_limits=tuple(sorted(key.effective_limits().items())),
         tenant_limits=tuple(sorted(key.tenant.effective_limits().items())),
+        team_id=key.team_id,
+        team_name=team.name if team else "",
+        team_limits=tuple(sorted(team.effective_limits().items())) if team else (),
+        team_allowed_models=tuple(team.allowed_models) if team and team.allowed_models else None,
         budgets=tuple(
-            (b.pk, b.key_id, b.period, str(b.limit_usd), b.alert_at_percent, b.hard) for b in budgets.order_by("pk")
+            (b.pk, b.key_id, b.period, str(b.limit_usd), b.alert_at_percent, b.hard, b.team_id)
+            for b in budgets.order_by("pk")
         ),
         end_user_limits=tuple(
             (

@@ -370,10 +370,19 @@ async def verify_in_shadow(served: Call, hit: cache.Hit, route: ModelRoute) -> N
 
 def shadow_key(key: KeyInfo) -> KeyInfo:
     """The key as a shadow call uses it: one call (a refusal is not escalated), every budget hard."""
-    return replace(key, escalate_refusals=False, budgets=tuple((*budget[:5], True) for budget in key.budgets))
+    return replace(
+        key, escalate_refusals=False, budgets=tuple((*budget[:5], True, *budget[6:]) for budget in key.budgets)
+    )
 
 
 def authorize_model(key: KeyInfo, model: str) -> None:
+    if key.team_allowed_models is not None and model not in key.team_allowed_models:
+        raise GatewayError(
+            403,
+            "model_not_allowed",
+            f"This key's team '{key.team_name}' is not allowed to use the model '{model}'.",
+            param="model",
+        )
     if not key.may_use(model):
         raise GatewayError(
             403,

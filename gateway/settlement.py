@@ -96,6 +96,7 @@ def ledger_record(
         request_id=call.request_id,
         tenant_id=call.key.tenant_id,
         key_id=call.key.key_id,
+        team_id=call.key.team_id,
         model_requested=call.request.model if call.request else "",
         status_code=status,
         model_served=target.litellm_model if target and status == 200 else "",

@@ -28,9 +28,11 @@ from billing.money import ZERO
 from billing.selectors import key_usage
 from sentinel.console.fields import ModelNamesAdmin
 from sentinel.console.scoping import (
+    TEAM_MANAGE,
     AnnouncesChanges,
     CappedCountPaginator,
     OperatorOnlyAdmin,
+    TeamFilter,
     TenantFilter,
     TenantScopedAdmin,
     TenantScopedInline,
@@ -38,6 +40,7 @@ from sentinel.console.scoping import (
     ViewOnly,
     audit_inline_rows,
     may,
+    team_ids_with,
     tenant_ids_with,
 )
 from sentinel.console.templatetags.console import usd
@@ -51,6 +54,8 @@ from tenants.models import (
     Membership,
     RateLimitTier,
     SingleSignOnRule,
+    Team,
+    TeamMembership,
     Tenant,
     VirtualKey,
     WebhookDelivery,
@@ -64,6 +69,8 @@ from tenants.services import (
     key_rotate,
     membership_delete,
     membership_save,
+    team_membership_delete,
+    team_membership_save,
     tenant_set_status,
 )
 
@@ -248,13 +255,116 @@ class MembershipAdmin(TenantScopedAdmin):
             membership_delete(membership=membership)
 
 
+# --- teams ---------------------------------------------------------------------------------------
+
+
+class TeamMembershipForm(forms.ModelForm):
+    """A team's members are named by exact username, as a tenant's are (MembershipForm): a tenant
+    admin may add accounts of their own tenants (members, or members of their teams) only."""
+
+    username = forms.CharField(max_length=150, help_text="The exact username of someone in one of your tenants.")
+    addable_from: set[int] | None = set()
+
+    class Meta:
+        model = TeamMembership
+        fields = ["role"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["username"].initial = self.instance.user.get_username()
+            self.fields["username"].disabled = True
+
+    def clean_username(self):
+        if self.instance.pk:
+            return self.instance.user
+        accounts = get_user_model().objects.filter(username=self.cleaned_data["username"], is_active=True)
+        if self.addable_from is not None:
+            from django.db.models import Q
+
+            accounts = accounts.filter(
+                Q(memberships__tenant_id__in=self.addable_from)
+                | Q(team_memberships__team__tenant_id__in=self.addable_from)
+            ).distinct()
+        user = accounts.first()
+        if user is None:
+            raise ValidationError(NOT_ADDABLE)
+        self.instance.user = user
+        return user
+
+
+class TeamMembershipInline(TenantScopedInline, TabularInline):
+    model = TeamMembership
+    form = TeamMembershipForm
+    formset = MembershipFormSet
+    fields = ["username", "role"]
+    extra = 0
+    verbose_name_plural = "members (team admins manage the team's keys; team viewers see them)"
+
+    def get_formset(self, request, obj=None, **kwargs):
+        formset = super().get_formset(request, obj, **kwargs)
+        formset.form.addable_from = addable_from(request)
+        return formset
+
+
+@admin.register(Team)
+class TeamAdmin(AnnouncesChanges, ModelNamesAdmin, TenantScopedAdmin):
+    """Teams (projects) inside a tenant: its admins create them and set their allowlists, limits and
+    members; a team's own members see it (team admins manage its keys, on the key pages)."""
+
+    team_lookup = "pk"
+    team_manage_roles = frozenset()
+    list_display = ["name", "tenant", "requests_per_minute", "tokens_per_minute", "max_concurrent", "created_at"]
+    list_filter = [TenantFilter]
+    list_select_related = ["tenant"]
+    search_fields = ["name", "tenant__name"]
+    fields = [
+        "tenant",
+        "name",
+        "allowed_models",
+        "tier",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "max_concurrent",
+    ]
+    inlines = [TeamMembershipInline]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant"] if obj else []
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not TeamMembership:
+            return super().save_formset(request, form, formset, change)
+        memberships = formset.save(commit=False)
+        for membership in formset.deleted_objects:
+            team_membership_delete(membership=membership)
+        for membership in memberships:
+            team_membership_save(team=form.instance, user=membership.user, role=membership.role)
+        return None
+
+
 # --- keys ----------------------------------------------------------------------------------------
 
 
 class VirtualKeyForm(forms.ModelForm):
+    # The tenants whose keys this editor manages whatever their team (None: operators, every tenant);
+    # in any other tenant, a key must be in one of `admin_teams` (set per request by the admin).
+    managed_tenants: set[int] | None = None
+    admin_teams: set[int] = set()
+
     def clean(self):
         data = super().clean()
         tenant = data.get("tenant") or (self.instance.tenant if self.instance.pk else None)
+        team = data.get("team")
+        if tenant is not None and team is not None and team.tenant_id != tenant.pk:
+            self.add_error("team", f"Team {team.name} belongs to another tenant: choose one of {tenant.name}'s.")
+        elif (
+            tenant is not None
+            and self.managed_tenants is not None
+            and tenant.pk not in self.managed_tenants
+            and (team is None or team.pk not in self.admin_teams)
+        ):
+            self.add_error("team", "Choose one of the teams you administer: a team admin manages its keys only.")
         chosen = data.get("allowed_models") or []
         if tenant is not None and tenant.allowed_models:
             outside = [name for name in chosen if name not in tenant.allowed_models]
@@ -277,8 +387,9 @@ class EndUserLimitInline(TenantScopedInline, TabularInline):
 class VirtualKeyAdmin(AnnouncesChanges, ModelNamesAdmin, TenantScopedAdmin):
     audit_additions = False  # key_create records the issue
     form = VirtualKeyForm
-    list_filter = ["status", TenantFilter]
-    list_select_related = ["tenant"]
+    team_lookup = "team_id"  # team admins manage their team's keys, team viewers see them
+    list_filter = ["status", TenantFilter, TeamFilter]
+    list_select_related = ["tenant", "team"]
     search_fields = ["name", "prefix"]
     autocomplete_fields = ["tenant"]
     actions = ["revoke"]
@@ -286,6 +397,7 @@ class VirtualKeyAdmin(AnnouncesChanges, ModelNamesAdmin, TenantScopedAdmin):
     paginator = CappedCountPaginator
     add_fields = [
         "tenant",
+        "team",
         "name",
         "expires_at",
         "allowed_models",
@@ -299,12 +411,31 @@ class VirtualKeyAdmin(AnnouncesChanges, ModelNamesAdmin, TenantScopedAdmin):
     def get_inlines(self, request, obj):
         return [EndUserLimitInline] if obj is not None else []
 
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        # A class made for this request: what this editor may put a key in.
+        if request.user.is_superuser:
+            form.managed_tenants = None
+        else:
+            form.managed_tenants = tenant_ids_with(request, self.manage_roles)
+            form.admin_teams = team_ids_with(request, TEAM_MANAGE)
+        return form
+
+    def get_changeform_initial_data(self, request):
+        """A team admin of one team gets its tenant and team filled in."""
+        initial = super().get_changeform_initial_data(request)
+        if not request.user.is_superuser and "tenant" not in initial:
+            teams = list(Team.objects.filter(pk__in=team_ids_with(request, TEAM_MANAGE)))
+            if len(teams) == 1:
+                initial.update(tenant=teams[0].tenant_id, team=teams[0].pk)
+        return initial
+
     def save_formset(self, request, form, formset, change):
         super().save_formset(request, form, formset, change)
         audit_inline_rows(request, formset, tenant_id=form.instance.tenant_id)
 
     def get_list_display(self, request):
-        columns = ["name", "prefix", "tenant", "state", "expires_at", "last_used_at", "requests_this_month"]
+        columns = ["name", "prefix", "tenant", "team", "state", "expires_at", "last_used_at", "requests_this_month"]
         if request.user.is_superuser or tenant_ids_with(request, SEE_SPEND):
             columns += ["cost_this_month", "budget_left"]
         return [*columns, "created_at"]
@@ -333,7 +464,7 @@ class VirtualKeyAdmin(AnnouncesChanges, ModelNamesAdmin, TenantScopedAdmin):
         daily = key_usage(keys=[k for k in keys if k.pk in budgets], start=today, end=today) if budgets else {}
         for key in keys:
             key.month_usage = usage.get(key.pk)
-            key.spend_visible = may(request, key.tenant_id, SEE_SPEND)
+            key.spend_visible = self.spend_visible(request, key)
             key.budget_left = self._budget_left(budgets.get(key.pk, []), daily.get(key.pk), key.month_usage)
         return changelist
 
@@ -390,7 +521,14 @@ class VirtualKeyAdmin(AnnouncesChanges, ModelNamesAdmin, TenantScopedAdmin):
                     "cost_usd": metrics["cost_usd"] if metrics else ZERO,
                 }
             )
-        return {"rows": rows, "show_cost": may(request, key.tenant_id, SEE_SPEND)}
+        return {"rows": rows, "show_cost": self.spend_visible(request, key)}
+
+    @staticmethod
+    def spend_visible(request, key: VirtualKey) -> bool:
+        """A key's spend: its tenant's admins and finance, and its team's members."""
+        return may(request, key.tenant_id, SEE_SPEND) or (
+            key.team_id is not None and key.team_id in team_ids_with(request, frozenset(TeamMembership.Role.values))
+        )
 
     def save_model(self, request, obj, form, change):
         if change:
@@ -400,6 +538,7 @@ class VirtualKeyAdmin(AnnouncesChanges, ModelNamesAdmin, TenantScopedAdmin):
         data = form.cleaned_data
         key, secret = key_create(
             tenant=data["tenant"],
+            team=data.get("team"),
             name=data["name"],
             created_by=request.user,
             expires_at=data.get("expires_at"),
@@ -560,7 +699,7 @@ class RateLimitTierAdmin(AnnouncesChanges, OperatorOnlyAdmin):
 class BudgetForm(forms.ModelForm):
     class Meta:
         model = Budget
-        fields = ["tenant", "key", "period", "limit_usd", "alert_at_percent", "hard"]
+        fields = ["tenant", "team", "key", "period", "limit_usd", "alert_at_percent", "hard"]
 
     def clean(self):
         data = super().clean()
@@ -573,15 +712,17 @@ class BudgetForm(forms.ModelForm):
 @admin.register(Budget)
 class BudgetAdmin(AnnouncesChanges, TenantScopedAdmin):
     form = BudgetForm
-    list_display = ["tenant", "key", "period", "limit_usd", "alert_at_percent", "hard"]
-    list_filter = ["period", "hard", TenantFilter]
-    list_select_related = ["tenant", "key"]
+    team_lookup = "team_id"  # a team's members see its budgets; its tenant's admins set them
+    team_manage_roles = frozenset()
+    list_display = ["tenant", "team", "key", "period", "limit_usd", "alert_at_percent", "hard"]
+    list_filter = ["period", "hard", TenantFilter, TeamFilter]
+    list_select_related = ["tenant", "team", "key"]
     search_fields = ["tenant__name", "key__name", "key__prefix"]
     autocomplete_fields = ["tenant", "key"]
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        if not change or {"limit_usd", "alert_at_percent", "period", "key"} & set(form.changed_data):
+        if not change or {"limit_usd", "alert_at_percent", "period", "key", "team"} & set(form.changed_data):
             from tenants.tasks import budget_check
 
             transaction.on_commit(lambda: budget_check.delay(obj.pk))
@@ -722,8 +863,8 @@ class AuditEntryAdmin(ViewOnly, TenantScopedAdmin):
 
 @admin.register(SingleSignOnRule)
 class SingleSignOnRuleAdmin(OperatorOnlyAdmin):
-    list_display = ["tenant", "role", "email_domain", "group"]
-    list_filter = ["role"]
-    list_select_related = ["tenant"]
+    list_display = ["tenant", "role", "team", "team_role", "email_domain", "group"]
+    list_filter = ["role", "team_role"]
+    list_select_related = ["tenant", "team"]
     search_fields = ["tenant__name", "email_domain", "group"]
     autocomplete_fields = ["tenant"]

@@ -28,6 +28,10 @@ class RateLimitTier(models.Model):
         return self.name
 
 
+LIMIT_FIELDS = {"rpm": "requests_per_minute", "tpm": "tokens_per_minute", "concurrency": "max_concurrent"}
+LIMIT_NAMES = {"rpm": "requests per minute", "tpm": "tokens per minute", "concurrency": "concurrent requests"}
+
+
 class Limits(models.Model):
     """Limits set on the object itself win over its tier's; empty means the tier's (or none)."""
 
@@ -44,11 +48,7 @@ class Limits(models.Model):
     def effective_limits(self) -> dict[str, int]:
         """{"rpm"|"tpm"|"concurrency": limit} for every limit that applies."""
         limits = {}
-        for kind, field in (
-            ("rpm", "requests_per_minute"),
-            ("tpm", "tokens_per_minute"),
-            ("concurrency", "max_concurrent"),
-        ):
+        for kind, field in LIMIT_FIELDS.items():
             value = getattr(self, field)
             if value is None and self.tier is not None:
                 value = getattr(self.tier, field)
@@ -238,6 +238,77 @@ class Membership(models.Model):
         return f"{self.user} in {self.tenant} ({self.role})"
 
 
+class Team(Limits):
+    """A team (project) inside a tenant: its keys, its allowlist, limits and budgets (each within the
+    tenant's), and its members, who reach only its keys, spend and logs (docs/governance.md). A key
+    without a team is bound by the tenant's settings alone, as before teams existed."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="teams")
+    name = models.CharField(max_length=200)
+    allowed_models = ArrayField(
+        models.CharField(max_length=200),
+        default=list,
+        blank=True,
+        help_text="Model names this team's keys may call, within the tenant's list. Empty: the tenant's list.",
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["tenant__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="one_team_name_per_tenant")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        """A team narrows its tenant, never widens it: its allowlist within the tenant's, each of its
+        limits at most the tenant's."""
+        from django.core.exceptions import ValidationError
+
+        if self.tenant_id is None:
+            return
+        errors: dict[str, str] = {}
+        tenant = self.tenant
+        outside = [
+            model for model in self.allowed_models if tenant.allowed_models and model not in tenant.allowed_models
+        ]
+        if outside:
+            errors["allowed_models"] = (
+                f"Not on the tenant's allowlist: {', '.join(outside)}. "
+                f"The tenant allows {', '.join(tenant.allowed_models)}."
+            )
+        ceiling = tenant.effective_limits()
+        for kind, value in self.effective_limits().items():
+            if kind in ceiling and value > ceiling[kind]:
+                field = LIMIT_FIELDS[kind]
+                errors[field if getattr(self, field) is not None else "tier"] = (
+                    f"At most the tenant's {LIMIT_NAMES[kind]} ({ceiling[kind]})."
+                )
+        if errors:
+            raise ValidationError(errors)
+
+
+class TeamMembership(models.Model):
+    """A person's role in one team: its admins manage the team's keys and see its spend and logs; its
+    viewers only see them. Neither reaches another team's keys, spend or logs."""
+
+    class Role(models.TextChoices):
+        ADMIN = "admin", "Team admin"
+        VIEWER = "viewer", "Team viewer"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_memberships")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = "team membership"
+        constraints = [models.UniqueConstraint(fields=["user", "team"], name="one_membership_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in team {self.team} ({self.role})"
+
+
 class VirtualKey(Limits):
     """A key an app calls the gateway with. Only a digest of the secret is stored."""
 
@@ -246,6 +317,14 @@ class VirtualKey(Limits):
         REVOKED = "revoked", "Revoked"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="keys")
+    team = models.ForeignKey(
+        Team,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="keys",
+        help_text="Its team's allowlist, limits and budgets bind it too. Empty: the tenant's alone.",
+    )
     name = models.CharField(max_length=200)
     prefix = models.CharField(
         max_length=32, editable=False, help_text="The first characters of the secret, to tell keys apart."
@@ -293,6 +372,12 @@ class VirtualKey(Limits):
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
 
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        if self.team_id is not None and self.tenant_id is not None and self.team.tenant_id != self.tenant_id:
+            raise ValidationError({"team": "A team of the key's own tenant."})
+
     @property
     def state(self) -> str:
         """What the gateway does with the key now: active, rotated (working until its grace ends),
@@ -320,7 +405,15 @@ class Budget(models.Model):
         blank=True,
         on_delete=models.CASCADE,
         related_name="budgets",
-        help_text="Empty: the budget covers the whole tenant.",
+        help_text="Empty: the budget covers the whole tenant (or the team).",
+    )
+    team = models.ForeignKey(
+        Team,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="budgets",
+        help_text="A team's budget covers every key of the team. Empty: the tenant's (or the key's).",
     )
     period = models.CharField(max_length=8, choices=Period.choices, default=Period.MONTHLY)
     limit_usd = models.DecimalField(max_digits=14, decimal_places=4)
@@ -330,11 +423,42 @@ class Budget(models.Model):
     hard = models.BooleanField(default=True, help_text="Reject requests (402) that could exceed the limit.")
 
     class Meta:
-        ordering = ["tenant", "key", "period"]
+        ordering = ["tenant", "team", "key", "period"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(key__isnull=True) | models.Q(team__isnull=True),
+                name="budget_of_a_key_or_a_team",
+                violation_error_message="A budget is a key's or a team's, not both.",
+            )
+        ]
 
     def __str__(self) -> str:
-        scope = f"key {self.key}" if self.key_id else f"tenant {self.tenant}"
+        if self.key_id:
+            scope = f"key {self.key}"
+        elif self.team_id:
+            scope = f"team {self.team}"
+        else:
+            scope = f"tenant {self.tenant}"
         return f"{self.get_period_display()} ${self.limit_usd} for {scope}"
+
+    def clean(self) -> None:
+        """A team's budget is its own tenant's team, and at most the tenant's budget of its period."""
+        from django.core.exceptions import ValidationError
+
+        if self.team_id is None or self.tenant_id is None:
+            return
+        if self.key_id is not None:
+            raise ValidationError({"team": "A budget is a key's or a team's, not both."})
+        if self.team.tenant_id != self.tenant_id:
+            raise ValidationError({"team": "A team of the budget's own tenant."})
+        ceiling = (
+            Budget.objects.filter(tenant_id=self.tenant_id, key__isnull=True, team__isnull=True, period=self.period)
+            .order_by("limit_usd")
+            .values_list("limit_usd", flat=True)
+            .first()
+        )
+        if ceiling is not None and self.limit_usd is not None and self.limit_usd > ceiling:
+            raise ValidationError({"limit_usd": f"At most the tenant's {self.period} budget (${ceiling})."})
 
 
 class EndUserLimit(models.Model):
@@ -542,7 +666,22 @@ class SingleSignOnRule(models.Model):
     grants access."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sso_rules")
-    role = models.CharField(max_length=16, choices=Membership.Role.choices, default=Membership.Role.VIEWER)
+    role = models.CharField(
+        max_length=16,
+        choices=Membership.Role.choices,
+        default=Membership.Role.VIEWER,
+        blank=True,
+        help_text="The tenant role it gives. Empty for a rule naming a team: it gives the team role alone.",
+    )
+    team = models.ForeignKey(
+        Team,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="sso_rules",
+        help_text="A team of the tenant: the rule makes people members of that team (not of the whole tenant).",
+    )
+    team_role = models.CharField(max_length=16, choices=TeamMembership.Role.choices, blank=True)
     email_domain = models.CharField(
         max_length=200, blank=True, help_text="e.g. example.com: people whose verified email is at this domain."
     )
@@ -554,6 +693,8 @@ class SingleSignOnRule(models.Model):
 
     def __str__(self) -> str:
         who = f"@{self.email_domain}" if self.email_domain else f"group {self.group}"
+        if self.team_id is not None:
+            return f"{who} → {self.tenant} / team {self.team} ({self.team_role})"
         return f"{who} → {self.tenant} ({self.role})"
 
     def clean(self) -> None:
@@ -561,6 +702,17 @@ class SingleSignOnRule(models.Model):
 
         if bool(self.email_domain) == bool(self.group):
             raise ValidationError("Name either an email domain or a group, not both.")
+        if self.team_id is not None:
+            if self.tenant_id is not None and self.team.tenant_id != self.tenant_id:
+                raise ValidationError({"team": "A team of the rule's own tenant."})
+            if not self.team_role:
+                raise ValidationError({"team_role": "A rule naming a team gives a team role: choose one."})
+            if self.role:
+                raise ValidationError({"role": "A rule naming a team gives the team role alone: leave this empty."})
+        elif self.team_role:
+            raise ValidationError({"team": "A team role needs a team."})
+        elif not self.role:
+            raise ValidationError({"role": "Choose the tenant role the rule gives (or name a team)."})
         self.email_domain = self.email_domain.strip().lstrip("@").lower()
 
 

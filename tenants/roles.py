@@ -6,12 +6,17 @@ from __future__ import annotations
 
 from django.apps import apps as django_apps
 
-from tenants.models import Membership
+from tenants.models import Membership, TeamMembership
 
 ROLE_GROUPS = {
     Membership.Role.ADMIN: "Tenant admins",
     Membership.Role.FINANCE: "Tenant finance",
     Membership.Role.VIEWER: "Tenant viewers",
+}
+# A team's members reach only their team's rows (console.scoping's team_lookup).
+TEAM_ROLE_GROUPS = {
+    TeamMembership.Role.ADMIN: "Team admins",
+    TeamMembership.Role.VIEWER: "Team viewers",
 }
 
 # Every member sees the tenant's configuration; finance adds spend; admins manage everything in it.
@@ -21,6 +26,8 @@ _CONFIGURATION = [
     "tenants.view_virtualkey",
     "tenants.view_budget",
     "tenants.view_enduserlimit",
+    "tenants.view_team",
+    "tenants.view_teammembership",
 ]
 ROLE_PERMISSIONS: dict[str, list[str]] = {
     Membership.Role.VIEWER: _CONFIGURATION,
@@ -46,6 +53,12 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "tenants.change_enduserlimit",
         "tenants.delete_enduserlimit",
         "tenants.view_budgetalert",
+        "tenants.add_team",
+        "tenants.change_team",
+        "tenants.delete_team",
+        "tenants.add_teammembership",
+        "tenants.change_teammembership",
+        "tenants.delete_teammembership",
         "tenants.view_webhookendpoint",
         "tenants.add_webhookendpoint",
         "tenants.change_webhookendpoint",
@@ -72,6 +85,28 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     ],
 }
 
+# Team viewers see their team, its keys, budgets and request log; team admins also issue, change,
+# rotate and revoke its keys and set their end-user limits.
+_TEAM = [
+    "tenants.view_team",
+    "tenants.view_teammembership",
+    "tenants.view_virtualkey",
+    "tenants.view_budget",
+    "tenants.view_enduserlimit",
+    "billing.view_ledgerentry",
+]
+TEAM_ROLE_PERMISSIONS: dict[str, list[str]] = {
+    TeamMembership.Role.VIEWER: _TEAM,
+    TeamMembership.Role.ADMIN: [
+        *_TEAM,
+        "tenants.add_virtualkey",
+        "tenants.change_virtualkey",
+        "tenants.add_enduserlimit",
+        "tenants.change_enduserlimit",
+        "tenants.delete_enduserlimit",
+    ],
+}
+
 
 # Apps migrated after the role groups were created, whose own migration calls role_groups_sync again.
 _SYNCED_BY_OWN_MIGRATION = frozenset({"screening"})
@@ -82,10 +117,12 @@ def role_groups_sync(*, apps=django_apps) -> None:
     historical registry when a data migration calls this."""
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")
-    for role, name in ROLE_GROUPS.items():
+    named = [(name, ROLE_PERMISSIONS[role]) for role, name in ROLE_GROUPS.items()]
+    named += [(name, TEAM_ROLE_PERMISSIONS[role]) for role, name in TEAM_ROLE_GROUPS.items()]
+    for name, permissions in named:
         group, _ = Group.objects.get_or_create(name=name)
         wanted = []
-        for dotted in ROLE_PERMISSIONS[role]:
+        for dotted in permissions:
             app_label, codename = dotted.split(".")
             permission = Permission.objects.filter(content_type__app_label=app_label, codename=codename).first()
             if permission is None:
@@ -100,8 +137,8 @@ def role_groups_sync(*, apps=django_apps) -> None:
         group.permissions.set(wanted)
 
 
-def role_group_names(roles: set[str]) -> set[str]:
-    return {ROLE_GROUPS[role] for role in roles}
+def role_group_names(roles: set[str], team_roles: set[str] = frozenset()) -> set[str]:
+    return {ROLE_GROUPS[role] for role in roles} | {TEAM_ROLE_GROUPS[role] for role in team_roles}
 
 
 def role_groups_sync_in_migration(apps, schema_editor) -> None:

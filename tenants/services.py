@@ -15,8 +15,8 @@ from django.utils import timezone
 from sentinel.localstate import announce_change, blocked_key_marker, blocked_tenant_marker
 from sentinel.redis_clients import sync_redis
 from tenants.audit import audit_record, describe
-from tenants.models import AuditEntry, Budget, EndUserLimit, Membership, Tenant, VirtualKey
-from tenants.roles import ROLE_GROUPS, role_group_names
+from tenants.models import AuditEntry, Budget, EndUserLimit, Membership, Team, TeamMembership, Tenant, VirtualKey
+from tenants.roles import ROLE_GROUPS, TEAM_ROLE_GROUPS, role_group_names
 
 KEY_PREFIX = "sk-sen-"
 VISIBLE_CHARS = 12
@@ -36,13 +36,18 @@ def key_create(
     created_by=None,
     expires_at: datetime | None = None,
     allowed_models: list[str] | None = None,
+    team: Team | None = None,
     **limits,
 ) -> tuple[VirtualKey, str]:
-    """Issue a key; the secret is returned here and nowhere else, ever. `limits` are VirtualKey's
-    limit fields (tier, requests_per_minute, tokens_per_minute, max_concurrent)."""
+    """Issue a key, in `team` if given (one of the tenant's); the secret is returned here and nowhere
+    else, ever. `limits` are VirtualKey's limit fields (tier, requests_per_minute, tokens_per_minute,
+    max_concurrent)."""
+    if team is not None and team.tenant_id != tenant.pk:
+        raise ValueError("A key's team must be one of its tenant's teams.")
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     key = VirtualKey.objects.create(
         tenant=tenant,
+        team=team,
         name=name,
         prefix=secret[:VISIBLE_CHARS],
         digest=key_digest(secret),
@@ -57,7 +62,12 @@ def key_create(
         target=describe(key),
         changes={
             name: [None, value]
-            for name, value in {"allowed_models": key.allowed_models, "expires_at": expires_at, **limits}.items()
+            for name, value in {
+                "team": team.name if team else None,
+                "allowed_models": key.allowed_models,
+                "expires_at": expires_at,
+                **limits,
+            }.items()
             if value not in (None, [])
         },
         actor=created_by,
@@ -87,6 +97,7 @@ def key_rotate(*, key: VirtualKey, created_by=None, grace_seconds: float | None 
         created_by=created_by,
         expires_at=key.expires_at,
         allowed_models=key.allowed_models,
+        team=key.team,
         tier=key.tier,
         requests_per_minute=key.requests_per_minute,
         tokens_per_minute=key.tokens_per_minute,
@@ -229,11 +240,44 @@ def membership_delete(*, membership: Membership) -> None:
     )
 
 
+@transaction.atomic
+def team_membership_save(*, team: Team, user, role: str) -> TeamMembership:
+    """Make `user` a member of `team` with `role` (team admin or viewer), or change the role: staff,
+    with the team role's permission group; the rows they reach are their team's (console.scoping)."""
+    before = TeamMembership.objects.filter(team=team, user=user).values_list("role", flat=True).first()
+    membership, _ = TeamMembership.objects.update_or_create(team=team, user=user, defaults={"role": role})
+    user_access_sync(user=user)
+    if before != role:
+        audit_record(
+            action=AuditEntry.Action.MEMBER_ADDED if before is None else AuditEntry.Action.MEMBER_ROLE,
+            tenant=team.tenant_id,
+            target=f"member {user.get_username()} of team {team.name}",
+            changes={"team_role": [before, role]},
+        )
+    return membership
+
+
+@transaction.atomic
+def team_membership_delete(*, membership: TeamMembership) -> None:
+    user, team = membership.user, membership.team
+    membership.delete()
+    user_access_sync(user=user)
+    audit_record(
+        action=AuditEntry.Action.MEMBER_REMOVED,
+        tenant=team.tenant_id,
+        target=f"member {user.get_username()} of team {team.name}",
+        changes={"team_role": [membership.role, None]},
+    )
+
+
 def user_access_sync(*, user) -> None:
     """The user's role groups follow the roles they hold in any tenant. Staff status is given with a
     first membership and left alone afterwards: without groups it opens nothing."""
-    wanted = role_group_names(set(Membership.objects.filter(user=user).values_list("role", flat=True)))
-    groups = Group.objects.filter(name__in=ROLE_GROUPS.values())
+    wanted = role_group_names(
+        set(Membership.objects.filter(user=user).values_list("role", flat=True)),
+        set(TeamMembership.objects.filter(user=user).values_list("role", flat=True)),
+    )
+    groups = Group.objects.filter(name__in=[*ROLE_GROUPS.values(), *TEAM_ROLE_GROUPS.values()])
     user.groups.remove(*[group for group in groups if group.name not in wanted])
     user.groups.add(*[group for group in groups if group.name in wanted])
     if wanted and not user.is_staff:

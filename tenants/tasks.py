@@ -55,6 +55,7 @@ def budget_alert(budget_id: int, period_start: str, spent_usd: str) -> None:
         payload={
             "tenant": budget.tenant.slug,
             "key": budget.key.prefix if budget.key_id else None,
+            "team": budget.team.name if budget.team_id else None,
             "period": budget.period,
             "period_start": period_start,
             "limit_usd": str(budget.limit_usd),
@@ -79,6 +80,7 @@ def budget_check(budget_id: int) -> None:
     spent = spend_in_period(
         tenant_id=budget.tenant_id,
         key_id=budget.key_id,
+        team_id=budget.team_id,
         start=datetime.combine(start, datetime.min.time(), UTC),
         end=end,
     )

@@ -258,6 +258,7 @@ async def _record_search(request: HttpRequest, key: KeyInfo, query: str, started
             request_id=request_id_from(request.headers.get("x-request-id")),
             tenant_id=key.tenant_id,
             key_id=key.key_id,
+            team_id=key.team_id,
             model_requested=SEARCH_MODEL,
             status_code=200,
             provider="sentinel",

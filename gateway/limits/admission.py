@@ -90,6 +90,7 @@ class BudgetHold:
     budget_id: int | None  # None: an end user's or session's limit (tenants.EndUserLimit)
     tenant_id: int
     key_id: int | None
+    team_id: int | None
     limit_units: int  # cost units, or tokens for a token cap
     alert_units: int | None
     hard: bool
@@ -112,8 +113,11 @@ class BudgetHold:
 
 def limits_for(key: KeyInfo, model: str, model_limits: dict[str, int]) -> list[Limit]:
     tenant = redis_keys.tenant_tag(key.tenant_id)
-    scopes = (  # the tenant's first, the model's last (a cluster's admission relies on the order)
+    # The tenant's (its keys', teams' and own) first, the model's last (a cluster's admission relies on
+    # the order): a team's logs carry the tenant's tag, so they are taken in the tenant's step.
+    scopes = (
         ("key", f"key:{key.key_id}", dict(key.key_limits), tenant),
+        ("team", f"team:{key.team_id}", dict(key.team_limits), tenant),
         ("tenant", f"tenant:{key.tenant_id}", dict(key.tenant_limits), tenant),
         ("model", f"model:{model}", model_limits, redis_keys.model_tag(model)),
     )
@@ -130,14 +134,14 @@ def limits_for(key: KeyInfo, model: str, model_limits: dict[str, int]) -> list[L
 def counts_tokens(key: KeyInfo, model_limits: dict[str, int]) -> bool:
     """Whether a request's exact token count can change what admission decides: a hard budget
     (through its cost) or a tokens-per-minute limit applies. Otherwise a cheap bound serves."""
-    limits = (dict(key.key_limits), dict(key.tenant_limits), model_limits)
+    limits = (dict(key.key_limits), dict(key.team_limits), dict(key.tenant_limits), model_limits)
     hard_budget = bool(key.end_user_limits) or any(budget[5] for budget in key.budgets)
     return hard_budget or any("tpm" in scope for scope in limits)
 
 
 def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:
     holds = []
-    for budget_id, key_id, period, limit_usd, alert_percent, hard in key.budgets:
+    for budget_id, key_id, period, limit_usd, alert_percent, hard, team_id in key.budgets:
         start, end = period_bounds(period, now)
         limit = to_units(Decimal(limit_usd))
         base = redis_keys.budget_period(budget_id, start, tenant_id=key.tenant_id)
@@ -146,12 +150,14 @@ def budgets_for(key: KeyInfo, now: datetime) -> list[BudgetHold]:
                 budget_id=budget_id,
                 tenant_id=key.tenant_id,
                 key_id=key_id,
+                team_id=team_id,
                 limit_units=limit,
                 alert_units=limit * alert_percent // 100 if alert_percent else None,
                 hard=hard,
                 period_start=start,
                 period_end=end,
                 keys=(base + ":spent", base + ":res", base + ":res:sum"),
+                period=period,
             )
         )
     return holds
@@ -178,6 +184,7 @@ def audience_holds(key: KeyInfo, now: datetime, *, end_user: str, session: str) 
                     budget_id=None,
                     tenant_id=key.tenant_id,
                     key_id=key_id,
+                    team_id=None,
                     limit_units=int(limit) if tokens else to_units(Decimal(limit)),
                     alert_units=None,
                     hard=True,
@@ -388,17 +395,7 @@ async def admit(
         hold = ticket.budgets[int(result[1]) - 1]
         if hold.scope:
             raise audience_refusal(hold, ticket, int(result[2]), now, refused_headers)
-        scope = "key" if hold.key_id else "tenant"
-        metrics.admission_rejected(f"{scope}-budget")
-        raise GatewayError(
-            402,
-            "budget_exceeded",
-            f"This request could exceed the {scope}'s budget of ${from_units(hold.limit_units)} for the period "
-            f"starting {hold.period_start.isoformat()}: until it is answered it holds up to "
-            f"${from_units(ticket.cost_units)}, its prompt and the most output it may produce. Without "
-            "max_tokens that is the model's largest output: set max_tokens to hold less, or raise the budget.",
-            headers=refused_headers,
-        )
+        raise budget_refusal(hold, key, ticket, refused_headers)
     if outcome == "ok":
         ticket.breaker_states = {
             t.deployment_id: state.decode() for t, state in zip(deployments, result[6], strict=True)
@@ -731,7 +728,9 @@ def _settled_sync(holds: list[BudgetHold]) -> list[int]:
             )
             spent.append(used.tokens if hold.tokens else to_units(used.cost_usd))
         else:
-            amount = spend_in_period(tenant_id=hold.tenant_id, key_id=hold.key_id, start=start, end=hold.period_end)
+            amount = spend_in_period(
+                tenant_id=hold.tenant_id, key_id=hold.key_id, team_id=hold.team_id, start=start, end=hold.period_end
+            )
             spent.append(to_units(amount))
     return spent
 
@@ -742,6 +741,23 @@ async def settled_spend(holds: list[BudgetHold]) -> list[int]:
     a clear 503."""
     with database_required():
         return await from_database(_settled_sync, holds)
+
+
+def budget_refusal(hold: BudgetHold, key: KeyInfo, ticket: Ticket, headers: dict[str, str]) -> GatewayError:
+    """402 for a key's, team's or tenant's budget, naming it and when its period resets."""
+    scope = "key" if hold.key_id else "team" if hold.team_id else "tenant"
+    owner = {"key": "this key", "team": f"team '{key.team_name}'", "tenant": "the tenant"}[scope]
+    resets = hold.period_end.strftime("%Y-%m-%dT%H:%M:%SZ")
+    metrics.admission_rejected(f"{scope}-budget")
+    return GatewayError(
+        402,
+        "budget_exceeded",
+        f"This request could exceed the {hold.period} budget of ${from_units(hold.limit_units)} set on {owner} "
+        f"for the period starting {hold.period_start.isoformat()}; it resets at {resets}. Until it is answered it "
+        f"holds up to ${from_units(ticket.cost_units)}, its prompt and the most output it may produce. Without "
+        "max_tokens that is the model's largest output: set max_tokens to hold less, or raise the budget.",
+        headers={**headers, "x-sentinel-limit": f"{scope}-{hold.period}-budget", "x-sentinel-limit-reset": resets},
+    )
 
 
 def audience_refusal(

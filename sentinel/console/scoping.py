@@ -13,7 +13,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Value
+from django.db.models import Q, Value
 from django.http import Http404, HttpResponse
 from django.urls import reverse
 from django.utils.functional import cached_property
@@ -22,7 +22,7 @@ from unfold.admin import ModelAdmin
 from sentinel.localstate import announce_change
 from sentinel.text import PlainTextAdmin, PlainTextInline
 from tenants.audit import SECRET_FIELDS, audit_record, describe, plain, snapshot
-from tenants.models import AuditEntry, Membership, Tenant, VirtualKey
+from tenants.models import AuditEntry, Membership, Team, TeamMembership, Tenant, VirtualKey
 from tenants.selectors import ALL_ROLES, MANAGE, tenants_for
 
 
@@ -36,6 +36,26 @@ def roles_of(request) -> dict[int, str]:
             roles = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
         request._sentinel_roles = roles
     return roles
+
+
+def team_roles_of(request) -> dict[int, str]:
+    """{team id: team role} of the signed-in user, read once per request."""
+    roles = getattr(request, "_sentinel_team_roles", None)
+    if roles is None:
+        user = request.user
+        roles = {}
+        if user.is_authenticated and user.is_active:
+            roles = dict(TeamMembership.objects.filter(user=user).values_list("team_id", "role"))
+        request._sentinel_team_roles = roles
+    return roles
+
+
+def team_ids_with(request, roles: frozenset[str]) -> set[int]:
+    return {team_id for team_id, role in team_roles_of(request).items() if role in roles}
+
+
+TEAM_ROLES = frozenset(TeamMembership.Role.values)
+TEAM_MANAGE = frozenset({TeamMembership.Role.ADMIN})
 
 
 def tenant_ids_with(request, roles: frozenset[str]) -> set[int]:
@@ -66,6 +86,33 @@ class TenantFilter(admin.SimpleListFilter):
         if self.visible is not None:
             tenants = tenants.filter(pk__in=self.visible)
         return [(str(tenant.pk), tenant.name) for tenant in tenants]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if not value.isdigit():
+            return queryset.none()
+        return queryset.filter(**{self.lookup: int(value)})
+
+
+class TeamFilter(admin.SimpleListFilter):
+    """Filter by team, offering only the teams the user may see here."""
+
+    title = "team"
+    parameter_name = "team"
+
+    def __init__(self, request, params, model, model_admin):
+        self.lookup = model_admin.team_lookup or "team_id"
+        self.visible = model_admin.visible_tenant_ids(request)
+        self.teams = model_admin.team_ids(request, model_admin.team_view_roles | model_admin.team_manage_roles)
+        super().__init__(request, params, model, model_admin)
+
+    def lookups(self, request, model_admin):
+        teams = Team.objects.select_related("tenant").order_by("tenant__name", "name")
+        if self.visible is not None:
+            teams = teams.filter(Q(tenant_id__in=self.visible) | Q(pk__in=self.teams))
+        return [(str(team.pk), f"{team.tenant.name} / {team.name}") for team in teams]
 
     def queryset(self, request, queryset):
         value = self.value()
@@ -162,9 +209,14 @@ def audit_inline_rows(request, formset, *, tenant_id: int | None) -> None:
 
 class TenantScopedAdmin(AuditsChanges, PlainTextAdmin, ModelAdmin):
     """A ModelAdmin whose rows each belong to one tenant, reached from the model by `tenant_lookup`.
-    Members holding one of `view_roles` see a tenant's rows; `manage_roles` add, change and delete."""
+    Members holding one of `view_roles` see a tenant's rows; `manage_roles` add, change and delete.
+    Where rows also belong to a team (`team_lookup`), that team's members reach them too: its
+    `team_view_roles` see them, its `team_manage_roles` add, change and delete them; no other team's."""
 
     tenant_lookup = "tenant_id"
+    team_lookup: str | None = None
+    team_view_roles: frozenset[str] = TEAM_ROLES
+    team_manage_roles: frozenset[str] = TEAM_MANAGE
     # Unfold: lists take the whole width beside the sidebar (a wider one scrolls inside its card, never the
     # page), and filters apply together with one submit (one query on a big list, not one per click).
     list_fullwidth = True
@@ -181,12 +233,21 @@ class TenantScopedAdmin(AuditsChanges, PlainTextAdmin, ModelAdmin):
         return self.tenant_id_of(obj)
 
     def tenant_id_of(self, obj) -> int | None:
-        value = obj
-        for part in self.tenant_lookup.split("__"):
-            if value is None:
-                return None
-            value = getattr(value, part)
-        return value
+        return _follow(obj, self.tenant_lookup)
+
+    def team_id_of(self, obj) -> int | None:
+        return _follow(obj, self.team_lookup) if self.team_lookup else None
+
+    def team_ids(self, request, roles: frozenset[str]) -> set[int]:
+        """The teams whose rows the user reaches here with one of `roles` (none without team_lookup)."""
+        return team_ids_with(request, roles) if self.team_lookup else set()
+
+    def _scope(self, request, roles: frozenset[str], team_roles: frozenset[str]) -> Q:
+        scope = Q(**{f"{self.tenant_lookup}__in": tenant_ids_with(request, roles)})
+        teams = self.team_ids(request, team_roles)
+        if teams:
+            scope |= Q(**{f"{self.team_lookup}__in": teams})
+        return scope
 
     def visible_tenant_ids(self, request) -> set[int] | None:
         """None: every tenant (superusers)."""
@@ -197,35 +258,45 @@ class TenantScopedAdmin(AuditsChanges, PlainTextAdmin, ModelAdmin):
     def managed(self, request, queryset):
         if request.user.is_superuser:
             return queryset
-        return queryset.filter(**{f"{self.tenant_lookup}__in": tenant_ids_with(request, self.manage_roles)})
+        return queryset.filter(self._scope(request, self.manage_roles, self.team_manage_roles))
 
     def get_queryset(self, request):
         queryset = super().get_queryset(request)
-        visible = self.visible_tenant_ids(request)
-        if visible is None:
+        if request.user.is_superuser:
             return queryset
-        return queryset.filter(**{f"{self.tenant_lookup}__in": visible})
+        return queryset.filter(
+            self._scope(request, self.view_roles | self.manage_roles, self.team_view_roles | self.team_manage_roles)
+        )
 
-    def _allowed(self, request, obj, roles: frozenset[str]) -> bool:
+    def _allowed(self, request, obj, roles: frozenset[str], team_roles: frozenset[str]) -> bool:
         if request.user.is_superuser:
             return True
         if obj is None:
-            return bool(tenant_ids_with(request, roles))
-        return may(request, self.tenant_id_of(obj), roles)
+            return bool(tenant_ids_with(request, roles)) or bool(self.team_ids(request, team_roles))
+        if may(request, self.tenant_id_of(obj), roles):
+            return True
+        team = self.team_id_of(obj)
+        return team is not None and team in self.team_ids(request, team_roles)
 
     def has_view_permission(self, request, obj=None):
         return super().has_view_permission(request, obj) and self._allowed(
-            request, obj, self.view_roles | self.manage_roles
+            request, obj, self.view_roles | self.manage_roles, self.team_view_roles | self.team_manage_roles
         )
 
     def has_add_permission(self, request):
-        return super().has_add_permission(request) and self._allowed(request, None, self.manage_roles)
+        return super().has_add_permission(request) and self._allowed(
+            request, None, self.manage_roles, self.team_manage_roles
+        )
 
     def has_change_permission(self, request, obj=None):
-        return super().has_change_permission(request, obj) and self._allowed(request, obj, self.manage_roles)
+        return super().has_change_permission(request, obj) and self._allowed(
+            request, obj, self.manage_roles, self.team_manage_roles
+        )
 
     def has_delete_permission(self, request, obj=None):
-        return super().has_delete_permission(request, obj) and self._allowed(request, obj, self.manage_roles)
+        return super().has_delete_permission(request, obj) and self._allowed(
+            request, obj, self.manage_roles, self.team_manage_roles
+        )
 
     def get_changeform_initial_data(self, request):
         """An add form's tenant is filled in for someone who manages exactly one."""
@@ -245,13 +316,17 @@ class TenantScopedAdmin(AuditsChanges, PlainTextAdmin, ModelAdmin):
         return queryset, may_have_duplicates
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        """A form may point only at the user's own tenants and keys (the field refuses any other id)."""
+        """A form may point only at the user's own tenants, teams and keys (the field refuses any
+        other id); a team admin's, at their teams (and those teams' tenants and keys)."""
         if not request.user.is_superuser:
             managed = tenant_ids_with(request, self.manage_roles)
+            teams = self.team_ids(request, self.team_manage_roles)
             if db_field.related_model is Tenant:
-                kwargs["queryset"] = Tenant.objects.filter(pk__in=managed)
+                kwargs["queryset"] = Tenant.objects.filter(Q(pk__in=managed) | Q(teams__in=teams)).distinct()
+            elif db_field.related_model is Team:
+                kwargs["queryset"] = Team.objects.filter(Q(tenant_id__in=managed) | Q(pk__in=teams))
             elif db_field.related_model is VirtualKey:
-                kwargs["queryset"] = VirtualKey.objects.filter(tenant_id__in=managed)
+                kwargs["queryset"] = VirtualKey.objects.filter(Q(tenant_id__in=managed) | Q(team_id__in=teams))
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def response_action(self, request, queryset):
@@ -264,13 +339,24 @@ class TenantScopedAdmin(AuditsChanges, PlainTextAdmin, ModelAdmin):
         raise Http404(f"No {opts.verbose_name} with this id among yours.")
 
 
+def _follow(obj, lookup: str) -> int | None:
+    value = obj
+    for part in lookup.split("__"):
+        if value is None:
+            return None
+        value = getattr(value, part)
+    return value
+
+
 class TenantScopedInline(PlainTextInline):
-    """An inline on a tenant-scoped admin: editable where the user manages the parent's tenant."""
+    """An inline on a tenant-scoped admin: editable where the user manages the parent's tenant (or,
+    on an admin with team_lookup, the parent's team)."""
 
     def _parent_allows(self, request, obj) -> bool:
         if obj is None:
             return request.user.is_superuser
-        return may(request, self.parent_admin.tenant_id_of(obj), self.parent_admin.manage_roles)
+        parent = self.parent_admin
+        return parent._allowed(request, obj, parent.manage_roles, parent.team_manage_roles)
 
     def has_add_permission(self, request, obj):
         return super().has_add_permission(request, obj) and self._parent_allows(request, obj)

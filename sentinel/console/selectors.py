@@ -34,7 +34,7 @@ from billing.selectors import (
 from gateway.models import BreakerTransition, ChainEntry, Deployment, breaker_state_label
 from gateway.upstream.breakers import breaker_snapshot
 from gateway.upstream.load import describe_load
-from tenants.models import Budget, Tenant, VirtualKey
+from tenants.models import Budget, Team, Tenant, VirtualKey
 
 # Window name → (length, chart bucket).
 WINDOWS = {
@@ -101,6 +101,23 @@ class ProviderLine:
 
 
 @dataclass
+class TeamSpend:
+    team: Team
+    today: Decimal
+    month: Decimal
+    daily_budget: Decimal | None
+    monthly_budget: Decimal | None
+
+    @property
+    def today_used(self) -> float | None:
+        return TenantSpend.used(self.today, self.daily_budget)
+
+    @property
+    def month_used(self) -> float | None:
+        return TenantSpend.used(self.month, self.monthly_budget)
+
+
+@dataclass
 class TenantSpend:
     tenant: Tenant
     today: Decimal
@@ -158,6 +175,7 @@ class Dashboard:
     # The keys' own budgets, most used first (KEY_BUDGETS of them); None: spend is not shown
     key_budgets: list[KeyBudget] | None = None
     key_budget_count: int = 0
+    team_spend: list[TeamSpend] = field(default_factory=list)  # the spend tenants' teams, most spent first
 
     @property
     def hit_ratio(self) -> float | None:
@@ -448,7 +466,7 @@ def tenant_spend(*, tenants: Sequence[Tenant], now: datetime) -> list[TenantSpen
         report = spend_report(tenants=tenants, start=start, end=today, group_by=["tenant"])
         spent[label] = {row.tenant.pk: row.metrics["cost_usd"] for row in report.rows}
     budgets: dict[tuple[int, str], Decimal] = {}
-    for budget in Budget.objects.filter(tenant__in=tenants, key__isnull=True):
+    for budget in Budget.objects.filter(tenant__in=tenants, key__isnull=True, team__isnull=True):
         slot = (budget.tenant_id, budget.period)
         budgets[slot] = min(budget.limit_usd, budgets.get(slot, budget.limit_usd))
     return [
@@ -461,6 +479,36 @@ def tenant_spend(*, tenants: Sequence[Tenant], now: datetime) -> list[TenantSpen
         )
         for tenant in tenants
     ]
+
+
+def team_spend(*, tenants: Sequence[Tenant], now: datetime) -> list[TeamSpend]:
+    """Spend today and this month (UTC) of each team of `tenants`, against its daily and monthly
+    budgets (the smallest of each). From the ledger's team index (rollups keep no team): tenants
+    without teams cost no query of it."""
+    teams = list(Team.objects.filter(tenant__in=tenants).select_related("tenant"))
+    if not teams:
+        return []
+    today = now.astimezone(UTC).date()
+    ids = [team.pk for team in teams]
+    spent = {}
+    for label, start in (("today", today), ("month", today.replace(day=1))):
+        report = spend_report(tenants=tenants, start=start, end=today, group_by=["team"], team_ids=ids)
+        spent[label] = {row.team.pk: row.metrics["cost_usd"] for row in report.rows if row.team}
+    budgets: dict[tuple[int, str], Decimal] = {}
+    for budget in Budget.objects.filter(team__in=teams):
+        slot = (budget.team_id, budget.period)
+        budgets[slot] = min(budget.limit_usd, budgets.get(slot, budget.limit_usd))
+    lines = [
+        TeamSpend(
+            team=team,
+            today=spent["today"].get(team.pk, ZERO),
+            month=spent["month"].get(team.pk, ZERO),
+            daily_budget=budgets.get((team.pk, Budget.Period.DAILY)),
+            monthly_budget=budgets.get((team.pk, Budget.Period.MONTHLY)),
+        )
+        for team in teams
+    ]
+    return sorted(lines, key=lambda line: (-line.month, line.team.tenant.name, line.team.name))
 
 
 KEY_BUDGETS = 20  # key budgets listed on the dashboard: the most used
@@ -513,7 +561,9 @@ def dashboard(
     spend = None
     spend_totals = {}
     budgets, budget_count = None, 0
+    teams: list[TeamSpend] = []
     if spend_tenants is not None:
+        teams = team_spend(tenants=spend_tenants, now=until)
         spend = sorted(tenant_spend(tenants=spend_tenants, now=until), key=lambda s: (-s.month, s.tenant.name))
         spend_totals = {
             "today": sum((s.today for s in spend), ZERO),
@@ -554,6 +604,7 @@ def dashboard(
         spend_totals=spend_totals,
         key_budgets=budgets,
         key_budget_count=budget_count,
+        team_spend=teams,
     )
 
 

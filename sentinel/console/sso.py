@@ -22,8 +22,8 @@ from django.db import transaction
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
-from tenants.models import Membership, SingleSignOnIdentity, SingleSignOnRule, Tenant
-from tenants.services import membership_save
+from tenants.models import Membership, SingleSignOnIdentity, SingleSignOnRule, Team, TeamMembership, Tenant
+from tenants.services import membership_save, team_membership_save
 
 logger = logging.getLogger(__name__)
 
@@ -61,18 +61,45 @@ def oidc_setting(attr: str, *default):
     return getattr(settings, attr, *default)
 
 
-def roles_from_claims(claims: dict) -> dict[Tenant, str]:
-    """{tenant: role} the operators' rules grant an account with these claims."""
+def _claimed(claims: dict) -> tuple[str, set[str]]:
+    """The verified email's domain ("" without one) and the groups the claims name."""
     email = claims.get("email") or ""
     domain = email.rpartition("@")[2].lower() if claims.get("email_verified") is True and "@" in email else ""
     groups = claims.get("groups") or []
-    groups = {groups} if isinstance(groups, str) else {str(group) for group in groups}
+    return domain, {groups} if isinstance(groups, str) else {str(group) for group in groups}
+
+
+def roles_from_claims(claims: dict) -> dict[Tenant, str]:
+    """{tenant: role} the operators' rules grant an account with these claims (a team rule's are its
+    team's: team_roles_from_claims)."""
+    domain, groups = _claimed(claims)
     granted: dict[Tenant, str] = {}
-    for rule in SingleSignOnRule.objects.select_related("tenant").filter(tenant__status=Tenant.Status.ACTIVE):
+    rules = SingleSignOnRule.objects.select_related("tenant").filter(
+        team__isnull=True, tenant__status=Tenant.Status.ACTIVE
+    )
+    for rule in rules:
         if (rule.email_domain and rule.email_domain == domain) or (rule.group and rule.group in groups):
             held = granted.get(rule.tenant)
             if held is None or ROLE_STRENGTH[rule.role] > ROLE_STRENGTH[held]:
                 granted[rule.tenant] = rule.role
+    return granted
+
+
+TEAM_ROLE_STRENGTH = {TeamMembership.Role.VIEWER: 0, TeamMembership.Role.ADMIN: 1}
+
+
+def team_roles_from_claims(claims: dict) -> dict[Team, str]:
+    """{team: team role} the operators' team rules grant an account with these claims."""
+    domain, groups = _claimed(claims)
+    granted: dict[Team, str] = {}
+    rules = SingleSignOnRule.objects.select_related("team").filter(
+        team__isnull=False, tenant__status=Tenant.Status.ACTIVE
+    )
+    for rule in rules:
+        if (rule.email_domain and rule.email_domain == domain) or (rule.group and rule.group in groups):
+            held = granted.get(rule.team)
+            if held is None or TEAM_ROLE_STRENGTH[rule.team_role] > TEAM_ROLE_STRENGTH[held]:
+                granted[rule.team] = rule.team_role
     return granted
 
 
@@ -97,8 +124,8 @@ class SignOnBackend(OIDCAuthenticationBackend):
 
     @transaction.atomic
     def create_user(self, claims):
-        granted = roles_from_claims(claims)
-        if not granted:
+        granted, teams = roles_from_claims(claims), team_roles_from_claims(claims)
+        if not granted and not teams:
             return None  # no rule admits this account: nothing is created
         User = get_user_model()
         email = (claims.get("email") or "")[:150]
@@ -107,24 +134,29 @@ class SignOnBackend(OIDCAuthenticationBackend):
             username = "sso-" + hashlib.sha256(f"{settings.OIDC_ISSUER} {claims['sub']}".encode()).hexdigest()[:16]
         user = User.objects.create_user(username, email=email, is_staff=True)  # no usable password
         SingleSignOnIdentity.objects.create(user=user, issuer=settings.OIDC_ISSUER, subject=claims["sub"])
-        self._grant(user, granted)
+        self._grant(user, granted, teams)
         return user
 
     def update_user(self, user, claims):
-        granted = roles_from_claims(claims)
-        if not granted and not Membership.objects.filter(user=user).exists() and not user.is_superuser:
+        granted, teams = roles_from_claims(claims), team_roles_from_claims(claims)
+        held = Membership.objects.filter(user=user).exists() or TeamMembership.objects.filter(user=user).exists()
+        if not granted and not teams and not held and not user.is_superuser:
             return None
-        self._grant(user, granted)
+        self._grant(user, granted, teams)
         return user
 
     @staticmethod
-    def _grant(user, granted: dict[Tenant, str]) -> None:
-        """Memberships the rules grant, raised where a rule grants more; never lowered (an admin may
-        have given more by hand)."""
+    def _grant(user, granted: dict[Tenant, str], teams: dict[Team, str]) -> None:
+        """Memberships (of tenants and of teams) the rules grant, raised where a rule grants more;
+        never lowered (an admin may have given more by hand)."""
         held = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
         for tenant, role in granted.items():
             if tenant.pk not in held or ROLE_STRENGTH[role] > ROLE_STRENGTH[held[tenant.pk]]:
                 membership_save(tenant=tenant, user=user, role=role)
+        in_teams = dict(TeamMembership.objects.filter(user=user).values_list("team_id", "role"))
+        for team, role in teams.items():
+            if team.pk not in in_teams or TEAM_ROLE_STRENGTH[role] > TEAM_ROLE_STRENGTH[in_teams[team.pk]]:
+                team_membership_save(team=team, user=user, role=role)
 
 
 class SignOnRequestView(OIDCAuthenticationRequestView):

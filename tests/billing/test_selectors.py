@@ -68,6 +68,7 @@ def test_spend_in_period_reads_rollups_for_rolled_up_days(spend_data):
 LEDGER_FILTER = {
     "day": lambda v: {"created_at__gte": at(v), "created_at__lt": at(v) + timedelta(days=1)},
     "tenant": lambda v: {"tenant": v},
+    "team": lambda v: {"team": v},
     "key": lambda v: {"key": v},
     "end_user": lambda v: {"end_user": v},
     "model": lambda v: {"model_requested": v},

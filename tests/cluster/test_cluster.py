@@ -49,6 +49,7 @@ def test_tenants_keys_share_their_tenants_slot_and_tenants_spread_over_every_pri
     tag = redis_keys.tenant_tag(7)
     own = [
         redis_keys.rate_log("key:70", "rpm", tag=tag),
+        redis_keys.rate_log("team:71", "concurrency", tag=tag),
         redis_keys.rate_log("tenant:7", "tpm", tag=tag) + ":sum",
         redis_keys.budget_period(3, date(2026, 12, 1), tenant_id=7) + ":res",
         redis_keys.audience_period(4, "someone", "daily", date(2026, 12, 5), "usd", tenant_id=7) + ":spent",
@@ -403,7 +404,7 @@ def test_budgets_start_from_the_ledger_and_model_slots_are_freed_across_slots(on
     from gateway.limits import admission
 
     # Worst case $0.001 a request, a hard budget of $0.0025: two fit, a third does not.
-    key = key_info(tenant.pk, budgets=((9601, None, "daily", "0.0025", None, True),))
+    key = key_info(tenant.pk, budgets=((9601, None, "daily", "0.0025", None, True, None),))
     deployment = target(9602)
 
     async def scenario() -> list:
@@ -432,6 +433,53 @@ def test_budgets_start_from_the_ledger_and_model_slots_are_freed_across_slots(on
     assert client.zrange(base + ":res", 0, -1) == [b"bud-4|" + str(admission.to_units(Decimal("0.001"))).encode()]
     model_slots = redis_keys.rate_log("model:mc", "concurrency", tag=redis_keys.model_tag("mc"))
     assert client.zrange(model_slots, 0, -1) == [b"bud-4"]
+
+
+def test_a_teams_limits_and_budgets_are_taken_in_its_tenants_step(on_cluster, tenant):
+    """A team's rate log and budget carry the tenant's tag, so the tenant's one step checks and takes
+    them with the tenant's own: a team limit of 2 requests admits two, a team budget refuses the
+    request that could pass it, and a refusal takes nothing."""
+    from gateway.errors import GatewayError
+
+    limited = key_info(tenant.pk, team_id=9711, team_name="search", team_limits=(("rpm", 2),))
+    budgeted = key_info(
+        tenant.pk,
+        team_id=9712,
+        team_name="support",
+        budgets=((9713, None, "daily", "0.0015", None, True, 9712),),  # worst case $0.001: one fits
+    )
+    deployment = target(9714)
+
+    async def scenario() -> list:
+        seen: list = []
+        for key, rid in ((limited, "a-1"), (limited, "a-2"), (limited, "a-3"), (budgeted, "b-1"), (budgeted, "b-2")):
+            try:
+                seen.append((await admit(key, [deployment], rid)).request_id)
+            except GatewayError as error:
+                seen.append((error.status, error.headers.get("x-sentinel-limit") or error.message[:32]))
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        "a-1",
+        "a-2",
+        (429, "Rate limit reached: team-rpm all"),
+        "b-1",
+        (402, "team-daily-budget"),
+    ]
+    client = cluster_client(on_cluster)
+    tag = redis_keys.tenant_tag(tenant.pk)
+    team_log = redis_keys.rate_log("team:9711", "rpm", tag=tag)
+    assert client.zrange(team_log, 0, -1) == [b"a-1", b"a-2"]  # the refused one took no place in it
+    start, _ = period_bounds("daily", datetime.now(UTC))
+    base = redis_keys.budget_period(9713, start, tenant_id=tenant.pk)
+    assert client.zrange(base + ":res", 0, -1) == [b"b-1|" + str(admission_units("0.001")).encode()]
+    assert client.keyslot(team_log) == client.keyslot(base + ":res") == client.keyslot(tag)
+
+
+def admission_units(amount: str) -> int:
+    from gateway.limits.admission import to_units
+
+    return to_units(Decimal(amount))
 
 
 # --- a primary dies ----------------------------------------------------------------------------

@@ -15,7 +15,16 @@ from billing.models import LedgerDeadLetter, LedgerEntry
 from gateway.models import Batch, BatchFile, CacheEntry, VectorStore
 from gateway.screening.models import ScreeningPolicy
 from tenants.audit import audit_record
-from tenants.models import AuditEntry, Budget, BudgetAlert, Membership, VirtualKey, WebhookDelivery, WebhookEndpoint
+from tenants.models import (
+    AuditEntry,
+    Budget,
+    BudgetAlert,
+    Membership,
+    Team,
+    VirtualKey,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from tenants.services import key_create
 from tests.conftest import unique
 
@@ -59,6 +68,7 @@ def _objects(tenancy, tenant, member, marker: str, side: str) -> dict:
         "tenant": tenant,
         "membership": Membership.objects.get(tenant=tenant, user=member),
         "virtualkey": key,
+        "team": Team.objects.create(tenant=tenant, name=f"{marker}-{side}"),
         "budget": budget,
         "budgetalert": BudgetAlert.objects.create(budget=budget, period_start=date(2026, 12, 1), spent_usd=8),
         "webhookendpoint": endpoint,

@@ -19,6 +19,7 @@ SCOPED = {
     "tenant": ("tenants", {"admin", "finance", "viewer"}, True, "Tenant "),
     "membership": ("tenants", {"admin", "finance", "viewer"}, True, "admin-"),
     "virtualkey": ("tenants", {"admin", "finance", "viewer"}, True, None),
+    "team": ("tenants", {"admin", "finance", "viewer"}, True, None),
     "budget": ("tenants", {"admin", "finance", "viewer"}, True, None),
     "budgetalert": ("tenants", {"admin", "finance"}, False, None),
     "webhookendpoint": ("tenants", {"admin"}, True, None),

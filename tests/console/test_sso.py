@@ -146,3 +146,59 @@ def test_passwords_sign_everyone_in_by_default(tenancy, settings):
     assert int(member.session["_auth_user_id"]) == tenancy.owner.pk
     basic = "Basic " + base64.b64encode(f"{tenancy.finance.username}:{tenancy.password}".encode()).decode()
     assert Client().get(REPORT, HTTP_AUTHORIZATION=basic).status_code == 200
+
+
+def test_a_group_claim_makes_someone_a_member_of_a_team_alone(sso, tenancy):
+    """A rule naming a team (#21 point 3): the group's people become that team's admins, not members
+    of the whole tenant, and see the team's keys only; a stronger team rule raises the role."""
+    from tenants.models import Team, TeamMembership
+    from tenants.services import key_create
+
+    tenant = tenancy.tenant
+    search, support = Team.objects.create(tenant=tenant, name="search"), Team.objects.create(tenant=tenant, name="x")
+    mine, _ = key_create(tenant=tenant, name="search-app", team=search)
+    key_create(tenant=tenant, name="support-app", team=support)
+    key_create(tenant=tenant, name="no-team-app")
+    group = unique("search-leads")
+    SingleSignOnRule.objects.create(tenant=tenant, group=group, role="", team=search, team_role="viewer")
+    SingleSignOnRule.objects.create(tenant=tenant, group=group, role="", team=search, team_role="admin")
+
+    sub = unique("sub")
+    web, landed = sign_on(sso, sub, {"email": f"{sub}@example.org", "email_verified": False, "groups": [group]})
+    assert landed["Location"] == "/admin/"
+    user = SingleSignOnIdentity.objects.get(subject=sub).user
+    assert list(TeamMembership.objects.filter(user=user).values_list("team_id", "role")) == [(search.pk, "admin")]
+    assert not Membership.objects.filter(user=user).exists()
+    keys = web.get("/admin/tenants/virtualkey/")
+    assert [key.pk for key in keys.context["cl"].result_list] == [mine.pk]
+    added = AuditEntry.objects.get(action="member.added", target=f"member {user.username} of team search")
+    assert (added.tenant_id, added.changes) == (tenant.pk, {"team_role": [None, "admin"]})
+
+
+def test_a_team_rule_is_refused_unless_it_names_a_team_of_its_tenant_and_a_team_role(tenancy):
+    from django.core.exceptions import ValidationError
+
+    from tenants.models import Team
+
+    mine, theirs = (
+        Team.objects.create(tenant=tenancy.tenant, name="a"),
+        Team.objects.create(tenant=tenancy.other, name="b"),
+    )
+    cases = [
+        ({"team": theirs, "team_role": "admin", "role": ""}, {"team": ["A team of the rule's own tenant."]}),
+        (
+            {"team": mine, "team_role": "", "role": ""},
+            {"team_role": ["A rule naming a team gives a team role: choose one."]},
+        ),
+        (
+            {"team": mine, "team_role": "admin", "role": "viewer"},
+            {"role": ["A rule naming a team gives the team role alone: leave this empty."]},
+        ),
+        ({"team_role": "admin", "role": "viewer"}, {"team": ["A team role needs a team."]}),
+        ({"role": ""}, {"role": ["Choose the tenant role the rule gives (or name a team)."]}),
+    ]
+    for fields, errors in cases:
+        with pytest.raises(ValidationError) as refused:
+            SingleSignOnRule(tenant=tenancy.tenant, group="g", **fields).full_clean()
+        assert refused.value.message_dict == errors
+    assert not SingleSignOnRule.objects.filter(tenant=tenancy.tenant).exists()
