@@ -17,6 +17,7 @@ from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.http import Http404, HttpResponseRedirect, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -107,11 +108,15 @@ class MembershipForm(forms.ModelForm):
             return self.instance.user
         accounts = get_user_model().objects.filter(username=self.cleaned_data["username"], is_active=True)
         if self.addable_from is not None:
-            accounts = accounts.filter(memberships__tenant_id__in=self.addable_from)
+            accounts = self.addable(accounts)
         user = accounts.first()
         if user is None:
             raise ValidationError(NOT_ADDABLE)
         return user
+
+    def addable(self, accounts):
+        """The accounts this editor may add, of `accounts` (members of the editor's tenants)."""
+        return accounts.filter(memberships__tenant_id__in=self.addable_from)
 
     def clean(self):
         data = super().clean()
@@ -258,38 +263,22 @@ class MembershipAdmin(TenantScopedAdmin):
 # --- teams ---------------------------------------------------------------------------------------
 
 
-class TeamMembershipForm(forms.ModelForm):
+class TeamMembershipForm(MembershipForm):
     """A team's members are named by exact username, as a tenant's are (MembershipForm): a tenant
     admin may add accounts of their own tenants (members, or members of their teams) only."""
-
-    username = forms.CharField(max_length=150, help_text="The exact username of someone in one of your tenants.")
-    addable_from: set[int] | None = set()
 
     class Meta:
         model = TeamMembership
         fields = ["role"]
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.instance.pk:
-            self.fields["username"].initial = self.instance.user.get_username()
-            self.fields["username"].disabled = True
+    def addable(self, accounts):
+        return accounts.filter(
+            Q(memberships__tenant_id__in=self.addable_from) | Q(team_memberships__team__tenant_id__in=self.addable_from)
+        ).distinct()
 
     def clean_username(self):
-        if self.instance.pk:
-            return self.instance.user
-        accounts = get_user_model().objects.filter(username=self.cleaned_data["username"], is_active=True)
-        if self.addable_from is not None:
-            from django.db.models import Q
-
-            accounts = accounts.filter(
-                Q(memberships__tenant_id__in=self.addable_from)
-                | Q(team_memberships__team__tenant_id__in=self.addable_from)
-            ).distinct()
-        user = accounts.first()
-        if user is None:
-            raise ValidationError(NOT_ADDABLE)
-        self.instance.user = user
+        user = super().clean_username()
+        self.instance.user = user  # a team's member: no tenant to check membership of first
         return user
 
 

@@ -181,7 +181,7 @@ def test_a_tenant_admin_makes_a_team_and_its_members_audited(teams):
     assert refused.context["adminform"].form.errors["requests_per_minute"] == [
         "At most the tenant's requests per minute (40)."
     ]
-    assert not Team.objects.filter(name="billing").exists()
+    assert not Team.objects.filter(tenant=tenancy.tenant, name="billing").exists()
     assert web.post(url, {**data, "requests_per_minute": "40"}).status_code == 302
     team = Team.objects.get(tenant=tenancy.tenant, name="billing")
     # Its members are named on its page once it exists.
