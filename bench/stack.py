@@ -69,6 +69,24 @@ def wait_ready(url: str, children: list[Child], timeout: float) -> None:
     wait_until_ready(url, timeout=timeout, stopped=stopped)
 
 
+def wait_embedder(url: str, workers: int, timeout: float = 180.0) -> None:
+    """Until every web worker has loaded the cache's embedding model (until then a worker skips the
+    semantic tier, and a run on a slow or busy host would measure no semantic hit). Each GET opens a
+    new connection, which SO_REUSEPORT hands to any worker: 8 "ready" answers in a row per worker."""
+    deadline = time.monotonic() + timeout
+    in_a_row = 0
+    while in_a_row < 8 * workers:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the web workers' embedding model not loaded after {timeout:.0f}s")
+        try:
+            loaded = httpx.get(url, timeout=5.0).json().get("semantic_cache") == "ready"
+        except (httpx.HTTPError, ValueError):
+            loaded = False
+        in_a_row = in_a_row + 1 if loaded else 0
+        if not loaded:
+            time.sleep(0.1)
+
+
 def wait_quiet(processes: list[psutil.Process], timeout: float = 60.0) -> None:
     """Wait until freshly started processes stop working on their own (each web worker loads the
     cache's embedding model in the background at start), so that work is not measured."""
@@ -367,6 +385,7 @@ def running_stack(
         wait_ready(f"{stack.mock_url}/health", stack.children, 30)
         stack.mock_profile(mock_profile)
         wait_ready(f"{stack.gateway_url}/health/ready", stack.children, 120)
+        wait_embedder(f"{stack.gateway_url}/health/ready", workers)
         wait_quiet(stack.web_workers())
         if stack.peer_url:
             try:
