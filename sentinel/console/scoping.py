@@ -26,28 +26,26 @@ from tenants.models import AuditEntry, Membership, Team, TeamMembership, Tenant,
 from tenants.selectors import ALL_ROLES, MANAGE, tenants_for
 
 
-def roles_of(request) -> dict[int, str]:
-    """{tenant id: role} of the signed-in user, read once per request."""
-    roles = getattr(request, "_sentinel_roles", None)
+def _held(request, cache: str, memberships, owner: str) -> dict[int, str]:
+    """{owner id: role} of the signed-in user's `memberships`, read once per request (kept on it as `cache`)."""
+    roles = getattr(request, cache, None)
     if roles is None:
         user = request.user
         roles = {}
         if user.is_authenticated and user.is_active:
-            roles = dict(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
-        request._sentinel_roles = roles
+            roles = dict(memberships.filter(user=user).values_list(owner, "role"))
+        setattr(request, cache, roles)
     return roles
+
+
+def roles_of(request) -> dict[int, str]:
+    """{tenant id: role} of the signed-in user, read once per request."""
+    return _held(request, "_sentinel_roles", Membership.objects, "tenant_id")
 
 
 def team_roles_of(request) -> dict[int, str]:
     """{team id: team role} of the signed-in user, read once per request."""
-    roles = getattr(request, "_sentinel_team_roles", None)
-    if roles is None:
-        user = request.user
-        roles = {}
-        if user.is_authenticated and user.is_active:
-            roles = dict(TeamMembership.objects.filter(user=user).values_list("team_id", "role"))
-        request._sentinel_team_roles = roles
-    return roles
+    return _held(request, "_sentinel_team_roles", TeamMembership.objects, "team_id")
 
 
 def team_ids_with(request, roles: frozenset[str]) -> set[int]:

@@ -69,20 +69,27 @@ def _claimed(claims: dict) -> tuple[str, set[str]]:
     return domain, {groups} if isinstance(groups, str) else {str(group) for group in groups}
 
 
-def roles_from_claims(claims: dict) -> dict[Tenant, str]:
-    """{tenant: role} the operators' rules grant an account with these claims (a team rule's are its
-    team's: team_roles_from_claims)."""
+def _granted(claims: dict, *, team: bool) -> dict:
+    """{tenant or team: role} the operators' rules of that kind grant an account with these claims,
+    the strongest where several match."""
     domain, groups = _claimed(claims)
-    granted: dict[Tenant, str] = {}
-    rules = SingleSignOnRule.objects.select_related("tenant").filter(
-        team__isnull=True, tenant__status=Tenant.Status.ACTIVE
+    owner, role, strength = ("team", "team_role", TEAM_ROLE_STRENGTH) if team else ("tenant", "role", ROLE_STRENGTH)
+    granted: dict = {}
+    rules = SingleSignOnRule.objects.select_related(owner).filter(
+        team__isnull=not team, tenant__status=Tenant.Status.ACTIVE
     )
     for rule in rules:
         if (rule.email_domain and rule.email_domain == domain) or (rule.group and rule.group in groups):
-            held = granted.get(rule.tenant)
-            if held is None or ROLE_STRENGTH[rule.role] > ROLE_STRENGTH[held]:
-                granted[rule.tenant] = rule.role
+            held = granted.get(getattr(rule, owner))
+            if held is None or strength[getattr(rule, role)] > strength[held]:
+                granted[getattr(rule, owner)] = getattr(rule, role)
     return granted
+
+
+def roles_from_claims(claims: dict) -> dict[Tenant, str]:
+    """{tenant: role} the operators' rules grant an account with these claims (a team rule's are its
+    team's: team_roles_from_claims)."""
+    return _granted(claims, team=False)
 
 
 TEAM_ROLE_STRENGTH = {TeamMembership.Role.VIEWER: 0, TeamMembership.Role.ADMIN: 1}
@@ -90,17 +97,7 @@ TEAM_ROLE_STRENGTH = {TeamMembership.Role.VIEWER: 0, TeamMembership.Role.ADMIN: 
 
 def team_roles_from_claims(claims: dict) -> dict[Team, str]:
     """{team: team role} the operators' team rules grant an account with these claims."""
-    domain, groups = _claimed(claims)
-    granted: dict[Team, str] = {}
-    rules = SingleSignOnRule.objects.select_related("team").filter(
-        team__isnull=False, tenant__status=Tenant.Status.ACTIVE
-    )
-    for rule in rules:
-        if (rule.email_domain and rule.email_domain == domain) or (rule.group and rule.group in groups):
-            held = granted.get(rule.team)
-            if held is None or TEAM_ROLE_STRENGTH[rule.team_role] > TEAM_ROLE_STRENGTH[held]:
-                granted[rule.team] = rule.team_role
-    return granted
+    return _granted(claims, team=True)
 
 
 class SignOnBackend(OIDCAuthenticationBackend):
