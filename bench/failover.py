@@ -140,17 +140,20 @@ def run_faults(stack, model: str, rate: float, phase: float) -> dict:
         async with httpx.AsyncClient() as mock:
             timeline.mark("healthy")
             await asyncio.sleep(phase)
-            timeline.mark("error")
+            # A phase starts once the mock has answered the control call that sets its fault: a
+            # request sent while that call is on its way counts in the phase before (it may still
+            # reach the mock before the change).
             await mock.post(control, json={"error_rate": 1.0, "error_status": 503})
+            timeline.mark("error")
             await asyncio.sleep(phase)
-            timeline.mark("error_cleared")
             await mock.post(control, json={"error_rate": 0.0})
+            timeline.mark("error_cleared")
             await asyncio.sleep(phase)
-            timeline.mark("stall")
             await mock.post(control, json={"stall_ms": 10_000})
+            timeline.mark("stall")
             await asyncio.sleep(phase)
-            timeline.mark("stall_cleared")
             await mock.post(control, json={"stall_ms": 0})
+            timeline.mark("stall_cleared")
             await asyncio.sleep(phase)
             timeline.mark("end")
         stop.set()
