@@ -73,7 +73,10 @@ _PATTERNS: tuple[tuple[tuple[str, ...], re.Pattern, re.Pattern], ...] = tuple(
         # Reveal the system prompt.
         (
             ("prompt", "instruction", "system message"),
-            r"\b(?:reveal|print|show|display|repeat|output|leak|dump|recite|echo|spell\s+out|tell\s+me|give\s+me|"
+            # Not after a negation: "the bot must never reveal its system prompt" states a rule, it orders
+            # nothing (a question about testing one's own chatbot).
+            r"(?<!never\s)(?<!not\s)(?<!n't\s)(?<!refuse\sto\s)(?<!refuses\sto\s)(?<!declines\sto\s)"
+            r"(?<!unable\sto\s)\b(?:reveal|print|show|display|repeat|output|leak|dump|recite|echo|spell\s+out|tell\s+me|give\s+me|"
             r"write\s+out|share|paste)" + _W + r"?(?:(?:your|the)\s+)?(?:full\s+|entire\s+|exact\s+|original\s+|"
             r"hidden\s+|secret\s+|initial\s+)*(?:system\s+(?:prompt|message|instructions)|(?:initial|hidden|"
             r"secret|original|developer)\s+(?:prompt|instructions))",

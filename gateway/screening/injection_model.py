@@ -1,7 +1,8 @@
 """Prompt injection, learned: a logistic regression over the words of a text, its word stems and
 word pairs, after undoing the usual disguises (l33t digits, s p a c e d letters, split w-o-r-d-s,
-full-width forms, accents, invisible characters, Cyrillic and Greek letters passing for Latin ones),
-with Chinese, Japanese, Korean and Thai read as character pairs; and a second look through the
+full-width, circled and mathematical letters, accents, invisible characters, Unicode tag characters,
+Cyrillic and Greek letters passing for Latin ones), with Chinese, Japanese, Korean and Thai read as
+character pairs and the vowel signs of Indic scripts kept in their words; and a second look through the
 text's embedding for what the words leave just under the threshold.
 
 The weights are a small JSON file shipped beside this module (injection_model.json), trained
@@ -54,7 +55,22 @@ _LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t
 _DISGUISED = re.compile(r"[^\W\d_][0-9@$]|[0-9@$][^\W\d_]")
 # A word, possibly disguised: letters and digits (and @ or $ standing for a or s), possibly split by
 # single separators ("ign-ore", "i.g.n.o.r.e", an invisible character, which is folded to "_").
-_TOKEN = re.compile(r"[\w@$]+(?:[.\-*][\w@$]+)*")
+# Combining marks are part of the word they sit on: Devanagari, Bengali, Tamil, Thai, ... write
+# their vowels as marks, which \w does not match ("निर्देश" would be read as four letters).
+
+
+def _mark_ranges() -> str:
+    marks = [code for code in range(0x300, 0x20000) if unicodedata.category(chr(code)) in ("Mn", "Mc", "Me")]
+    ranges, start = [], marks[0]
+    for previous, code in zip(marks, [*marks[1:], None], strict=True):
+        if code != previous + 1 if code is not None else True:
+            ranges.append(f"{re.escape(chr(start))}-{re.escape(chr(previous))}")
+            start = code
+    return "".join(ranges)
+
+
+_MARKS = _mark_ranges()
+_TOKEN = re.compile(rf"[\w{_MARKS}@$]+(?:[.\-*][\w{_MARKS}@$]+)*")
 _SEPARATORS = re.compile(r"[._\-*]")
 _AT_OR_DOLLAR = re.compile(r"[@$]+")
 # "I G N O R E", "f o r g e t   y o u r": letters kept apart by separators, four or more.
@@ -82,10 +98,20 @@ _STEM_OF = operator.itemgetter(slice(None, STEM))
 
 
 def _fold_table() -> dict[int, str]:
-    """One character for one: accented letters to their base letter, full-width and mathematical
-    letters to ASCII, invisible characters to "_" (so a word they split is joined like "ign_ore")."""
-    table = {}
-    ranges = ((0x80, 0x250), (0x370, 0x530), (0x1E00, 0x2000), (0xFF01, 0xFF5F), (0x1D400, 0x1D800))
+    """One character for one: accented letters to their base letter, full-width, circled, squared and
+    mathematical letters to ASCII, Unicode tag characters (invisible stand-ins for ASCII, U+E0020 to
+    U+E007E) to the ASCII they stand for, invisible characters to "_" (so a word they split is joined
+    like "ign_ore")."""
+    table = {code: chr(code - 0xE0000).lower() for code in range(0xE0020, 0xE007F)}
+    ranges = (
+        (0x80, 0x250),
+        (0x370, 0x530),
+        (0x1E00, 0x2000),
+        (0x2460, 0x2500),
+        (0xFF01, 0xFF5F),
+        (0x1D400, 0x1D800),
+        (0x1F130, 0x1F18A),
+    )
     for low, high in ranges:
         for code in range(low, high):
             folded = "".join(c for c in unicodedata.normalize("NFKD", chr(code)) if not unicodedata.combining(c))
@@ -221,11 +247,51 @@ _CONCEPTS = {
     "now": "teraz artik bundan sekarang mulai відтепер الآن अब c:지금 c:이제 c:부터 now henceforth onwar forwa ab "
     "jetzt ahora maint ora agora nu теперь c:现在 c:从现 c:今後 c:これ",
 }
-_CONCEPT_OF = {
-    stem if stem.startswith("c:") else stem[:STEM]: concept
-    for concept, stems in _CONCEPTS.items()
-    for stem in stems.split()
+# The same groups in more languages (Czech, Slovak, Slovenian, Croatian, Serbian, Romanian, Hungarian,
+# the Baltic languages, Albanian, Icelandic, Welsh, Basque, Catalan, Dutch, Italian, Swahili, Zulu,
+# Yoruba, Persian, Urdu, Bengali, Marathi, Tamil, Telugu, Gujarati, Punjabi, Georgian, Armenian,
+# Japanese, traditional Chinese): a language no training text uses still has its words grouped, and
+# the groups' weights, learned from the others, apply. A stem already in a group keeps its group.
+_MORE_CONCEPTS = {
+    "discard": "discard disobey circumvent neglect forsake zapomente nevsimej zabudni pozabi zaboravi zanemari "
+    "заборави uita uitati uitat felejtsd hagyd "
+    "pamirsk aizmirsti unusta harro injoro shperfill gleymdu hunsaðu anghofia anwybydda ahaztu baztertu oblida "
+    "sahau khohlwa gbagbe فراموش بھول উপেক্ষা ভুলে दुर्लक्ष विसरा புறக்கணி மறந்து విస్మరించు మర్చిపో અવગણો "
+    "ભૂલી ਅਣਡਿੱਠਾ ਭੁੱਲ დაივიწყე უგულებელყავი մոռացիր անտեսիր c:忘記 c:忽視 c:破棄",
+    "rules": "pokyny pravidla upute uputstva navodila smjernice упутства regulile reguli szabaly taisykles "
+    "noteikumi noradijumi juhised reeglid udhezimet rregullat leidbeiningar reglur cyfarwyddiadau rheolau "
+    "argibideak maelekezo sheria imiyalelo قوانین ہدایات নির্দেশ নিয়ম सूचना வழிமுறைகள் அறிவுறுத்தல் விதிகள் "
+    "సూచనలు నియమాలు સૂચનાઓ નિયમો ინსტრუქციები წესები հրահանգները կանոնները c:規則 c:命令 c:指針",
+    "reveal": "scrivi scrivimi escribe escreve écris schreib schrijf dimmi dammi vertel nenne ukaz vypis prozrad "
+    "prezrad ispisi otkrij razkrij arata dezvaluie afiseaza mutasd naita trego shfaq syndu dangos erakutsi "
+    "onyesha andika niambie نشان بنویس دکھاؤ দেখাও दाखवा காட்டு காண்பி చూపించు "
+    "બતાવો მაჩვენე ցույց c:見せ c:出力 c:開示 c:顯示 c:輸出 c:告訴",
+    "hidden": "tajne ascunse rejtett titkos fshehta mfumo مخفی پنهان سیستمی خفیہ سسٹم গোপন সিস্টেম सिस्टम "
+    "लपलेल மறைக்கப்பட்ட దాచిన છુપાયેલ ფარული სისტემ թաքնված համակարգ c:隠さ c:内部 c:隱藏 c:系統",
+    "free": "omezeni cenzury cenzura fara nelkul korlatozas kufizime bila vikwazo بدون محدودیت بغیر پابندی "
+    "ছাড়া c:無制 c:検閲 c:沒有 c:審查",
+    "persona": "predstirej prefa fingi alsof jifanye igiza وانمود c:ふり c:演じ c:なり",
+    "authority": "beheerder ontwikkelaar sviluppatore vyvojar dezvoltator fejleszto msanidi مدیر c:開発",
+    "now": "nyni acum mostantol sasa kuanzia vanaf c:今か",
+    "obey": "poslouchej asculta fuata اطاعت",
+    "void": "neplatne anulat batal ongeldig",
+    "you": "tvoje tvuj wako jij",
+    # Words of defence: a text about preventing or detecting an attack names the attack's words
+    # ("make sure the bot never reveals its system prompt"); its own group lets the model learn that.
+    "defend": "prevent protect defend defense defence detect mitigate harden avoid safeguard sanitize "
+    "verhindern schützen absichern prevenir proteger protéger empêcher impedire evitare voorkomen "
+    "zapobiec ochrona korumak mencegah melindungi защитить предотвратить حماية منع c:防止 c:防御 c:防範 "
+    "c:検出 c:対策 c:보호 c:방지",
 }
+
+
+def _concept_stem(stem: str) -> str:
+    # Written as the language writes it; looked up as a word is read (folded, its first STEM letters).
+    return stem if stem.startswith("c:") else fold(stem)[:STEM]
+
+
+_CONCEPT_OF = {_concept_stem(stem): concept for concept, stems in _MORE_CONCEPTS.items() for stem in stems.split()}
+_CONCEPT_OF.update({_concept_stem(stem): concept for concept, stems in _CONCEPTS.items() for stem in stems.split()})
 
 
 def _concepts(found: list[str]) -> list[str]:
