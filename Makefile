@@ -49,9 +49,11 @@ $(VENV)/.test: requirements-test.txt requirements-bench.txt requirements.txt | $
 run: $(VENV)/.runtime
 	$(PY) -m sentinel.run
 
-## The whole test suite against real embedded servers.
+## The whole test suite against real embedded servers, on two pytest-xdist workers (each with its
+## own embedded servers, tests/settings.py): TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.test
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 ## The tests that need no server (no Postgres, Valkey or subprocess), in about a minute: the URLs
 ## point nowhere, so nothing embedded starts (docs/contributing.md).

@@ -16,8 +16,12 @@ import pytest
 from tests.bench.conftest import processes_with_redis
 from tests.servers import BASE_DIR, database_url_for
 
+# Each scenario starts a whole stack and loads it: minutes beside the other test worker on a busy
+# 2-core host (the admission scenario took 175 s there), so the limits are wide.
+pytestmark = pytest.mark.timeout(600)
 
-def run_quick(scenario: str, tmp_path, database: str, redis_url: str, timeout: int = 240) -> dict:
+
+def run_quick(scenario: str, tmp_path, database: str, redis_url: str, timeout: int = 480) -> dict:
     from django.conf import settings
 
     out = tmp_path / "results"

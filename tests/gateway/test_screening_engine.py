@@ -418,6 +418,9 @@ def test_folding_translates_only_where_it_changes_something(text):
 
 
 @pytest.mark.slow  # trains the classifier
+# Minutes of CPU (it embeds every training text for the second look): 300 s ran out beside the
+# other worker on a busy 2-core host.
+@pytest.mark.timeout(900)
 def test_the_injection_model_is_trained_from_a_labeled_set(tmp_path):
     out = tmp_path / "model.json"
     call_command("injection_train", str(DATA / "injection_train.jsonl"), "--out", str(out), stdout=StringIO())

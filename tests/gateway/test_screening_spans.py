@@ -51,6 +51,7 @@ def every_character() -> str:
 
 
 @pytest.mark.slow  # a pass over every character for each character class: about a minute
+@pytest.mark.timeout(900)  # 210 s beside the other worker on a busy 2-core host
 def test_the_stand_in_keeps_every_match_of_every_character_class(every_character):
     """Hyperscan scans a non-ASCII text as its stand-in: wherever a character class of a prefiltered
     pattern matches a character (every character beyond ASCII is tried, and the four that Python
