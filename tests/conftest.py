@@ -100,6 +100,25 @@ def flush_embedded_test_redis() -> None:
         sync_redis().flushdb()
 
 
+def relax_embedded_test_durability() -> None:
+    """The test session's own embedded servers write without fsync: their data is thrown away, and
+    what the tests kill is processes, whose writes the kernel keeps, never the machine. With fsync,
+    two test workers' PostgreSQL and Valkey shared a busy disk, and Valkey's "AOF fsync is taking
+    too long" held a write's reply past the 2 s socket timeout (a ledger drain failed on it). The
+    product's embedded default keeps `appendfsync everysec` and PostgreSQL's fsync."""
+    import psycopg
+    from django.conf import settings
+
+    from sentinel.redis_clients import sync_redis
+
+    if embedded_test_valkey():
+        sync_redis().config_set("appendfsync", "no")
+    if f"host={settings.DATA_DIR / 'pg'}" in settings.DATABASE_URL:
+        with psycopg.connect(settings.DATABASE_URL, autocommit=True) as conn:
+            conn.execute("alter system set fsync = off")
+            conn.execute("select pg_reload_conf()")
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_test_environment, django_db_blocker, django_db_keepdb, django_db_createdb):
     """Always set up the default test database. pytest-django only does so for tests that use its
@@ -107,6 +126,7 @@ def django_db_setup(django_test_environment, django_db_blocker, django_db_keepdb
     from django.test.utils import setup_databases, teardown_databases
 
     keepdb = django_db_keepdb and not django_db_createdb
+    relax_embedded_test_durability()
     if not keepdb:
         flush_embedded_test_redis()
     with django_db_blocker.unblock():
