@@ -110,7 +110,7 @@ def _start_valkey(valkey_dir: Path) -> str:
     # it. It is stopped last, when this process exits.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        with _environment(GLIBC_TUNABLES=tunables):
+        with environment(GLIBC_TUNABLES=tunables):
             server.start()  # its process inherits this environment
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -126,7 +126,7 @@ def _start_valkey(valkey_dir: Path) -> str:
 
 
 @contextmanager
-def _environment(**values: str):
+def environment(**values: str):
     """Set environment variables for the children started inside, then put the old values back.
     (unittest.mock.patch.dict would do it by clearing and refilling the whole environment, which
     other threads of this process could see half done.)"""

@@ -3,7 +3,8 @@
 
 import os
 import sys
-from contextlib import contextmanager
+
+from sentinel.embedded import environment
 
 
 def xdist_controller() -> bool:
@@ -20,20 +21,6 @@ def xdist_controller() -> bool:
         if arg.startswith("-n") and arg[2:].isdigit():
             return arg[2:] != "0"
     return False
-
-
-@contextmanager
-def environment(**values: str):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 # Each pytest-xdist worker (gw0, gw1, ...) gets its own embedded servers and data folder, so a
