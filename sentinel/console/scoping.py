@@ -67,7 +67,22 @@ def may(request, tenant_id: int | None, roles: frozenset[str]) -> bool:
     return tenant_id is not None and roles_of(request).get(tenant_id) in roles
 
 
-class TenantFilter(admin.SimpleListFilter):
+class _IdFilter(admin.SimpleListFilter):
+    """A list filter by the id of a related object, read from `self.lookup`; a value that is not an
+    id selects nothing."""
+
+    lookup: str
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if not value.isdigit():
+            return queryset.none()
+        return queryset.filter(**{self.lookup: int(value)})
+
+
+class TenantFilter(_IdFilter):
     """Filter by tenant, offering only the tenants the user may see here (Django's related-field
     filter would list every tenant)."""
 
@@ -85,16 +100,8 @@ class TenantFilter(admin.SimpleListFilter):
             tenants = tenants.filter(pk__in=self.visible)
         return [(str(tenant.pk), tenant.name) for tenant in tenants]
 
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value is None:
-            return queryset
-        if not value.isdigit():
-            return queryset.none()
-        return queryset.filter(**{self.lookup: int(value)})
 
-
-class TeamFilter(admin.SimpleListFilter):
+class TeamFilter(_IdFilter):
     """Filter by team, offering only the teams the user may see here."""
 
     title = "team"
@@ -111,14 +118,6 @@ class TeamFilter(admin.SimpleListFilter):
         if self.visible is not None:
             teams = teams.filter(Q(tenant_id__in=self.visible) | Q(pk__in=self.teams))
         return [(str(team.pk), f"{team.tenant.name} / {team.name}") for team in teams]
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        if value is None:
-            return queryset
-        if not value.isdigit():
-            return queryset.none()
-        return queryset.filter(**{self.lookup: int(value)})
 
 
 class AuditsChanges:

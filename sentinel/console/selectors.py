@@ -465,10 +465,9 @@ def tenant_spend(*, tenants: Sequence[Tenant], now: datetime) -> list[TenantSpen
     for label, start in (("today", today), ("month", today.replace(day=1))):
         report = spend_report(tenants=tenants, start=start, end=today, group_by=["tenant"])
         spent[label] = {row.tenant.pk: row.metrics["cost_usd"] for row in report.rows}
-    budgets: dict[tuple[int, str], Decimal] = {}
-    for budget in Budget.objects.filter(tenant__in=tenants, key__isnull=True, team__isnull=True):
-        slot = (budget.tenant_id, budget.period)
-        budgets[slot] = min(budget.limit_usd, budgets.get(slot, budget.limit_usd))
+    budgets = _smallest_budgets(
+        Budget.objects.filter(tenant__in=tenants, key__isnull=True, team__isnull=True), owner="tenant_id"
+    )
     return [
         TenantSpend(
             tenant=tenant,
@@ -479,6 +478,15 @@ def tenant_spend(*, tenants: Sequence[Tenant], now: datetime) -> list[TenantSpen
         )
         for tenant in tenants
     ]
+
+
+def _smallest_budgets(budgets, *, owner: str) -> dict[tuple[int, str], Decimal]:
+    """The smallest limit of each (owner, period) among `budgets` (a tenant or team may have several)."""
+    smallest: dict[tuple[int, str], Decimal] = {}
+    for budget in budgets:
+        slot = (getattr(budget, owner), budget.period)
+        smallest[slot] = min(budget.limit_usd, smallest.get(slot, budget.limit_usd))
+    return smallest
 
 
 def team_spend(*, tenants: Sequence[Tenant], now: datetime) -> list[TeamSpend]:
@@ -494,10 +502,7 @@ def team_spend(*, tenants: Sequence[Tenant], now: datetime) -> list[TeamSpend]:
     for label, start in (("today", today), ("month", today.replace(day=1))):
         report = spend_report(tenants=tenants, start=start, end=today, group_by=["team"], team_ids=ids)
         spent[label] = {row.team.pk: row.metrics["cost_usd"] for row in report.rows if row.team}
-    budgets: dict[tuple[int, str], Decimal] = {}
-    for budget in Budget.objects.filter(team__in=teams):
-        slot = (budget.team_id, budget.period)
-        budgets[slot] = min(budget.limit_usd, budgets.get(slot, budget.limit_usd))
+    budgets = _smallest_budgets(Budget.objects.filter(team__in=teams), owner="team_id")
     lines = [
         TeamSpend(
             team=team,
