@@ -53,7 +53,7 @@ run: $(VENV)/.runtime
 ## own embedded servers, tests/settings.py): TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 test: $(VENV)/.test
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=30
 
 ## The tests that need no server (no Postgres, Valkey or subprocess), in about a minute: the URLs
 ## point nowhere, so nothing embedded starts (docs/contributing.md).
