@@ -44,6 +44,7 @@ from sentinel.console.scoping import (
     TenantScopedAdmin,
     ViewOnly,
 )
+from sentinel.text import row_id
 from tenants.audit import audit_export
 from tenants.models import Team, TeamMembership, Tenant
 from tenants.selectors import EXPORT_SPEND, SEE_SPEND, tenants_for
@@ -154,8 +155,8 @@ class StatusFilter(admin.SimpleListFilter):
         return [(str(code), label) for code, label in self.STATUSES.items()]
 
     def queryset(self, request, queryset):
-        value = self.value() or ""
-        return queryset.filter(status_code=int(value)) if value.isdigit() else queryset
+        code = row_id(self.value())
+        return queryset if code is None else queryset.filter(status_code=code)
 
 
 class UtcDaysFilter(RangeDateFilter):
@@ -232,7 +233,7 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
         request.GET = query  # the changelist reads its filters from here
         entries = self.get_changelist_instance(request).get_queryset(request)
         visible = self.visible_tenant_ids(request)  # None: an operator's, every tenant
-        chosen = int(request.GET["tenant"]) if request.GET.get("tenant", "").isdigit() else None
+        chosen = row_id(request.GET.get("tenant"))
         if chosen is not None and (visible is None or chosen in visible):
             scope = [chosen]
         else:

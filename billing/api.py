@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 from billing.exports import report_csv, report_filename, report_xlsx
 from billing.models import LedgerEntry
 from billing.selectors import DEFAULT_DIMENSIONS, DIMENSIONS, ledger_entries, spend_report
-from sentinel.text import no_control_characters
+from sentinel.text import BIGINT_MAX, no_control_characters
 from tenants.audit import audit_export
 from tenants.models import Team, Tenant
 from tenants.selectors import ALL_ROLES, EXPORT_SPEND, MANAGE, SEE_SPEND, tenants_for
@@ -40,6 +40,19 @@ def tenants_in_scope(user, roles: frozenset[str], slug: str | None = None) -> li
     if not tenants:
         raise PermissionDenied("Your roles do not allow this in any tenant.")
     return tenants
+
+
+class RowIdField(serializers.IntegerField):
+    """A row's id in a query string: ASCII digits, 1 to PostgreSQL's bigint (DRF's IntegerField also
+    reads other scripts' digits and padding, and numbers past what the column holds)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(min_value=1, max_value=BIGINT_MAX, **kwargs)
+
+    def to_internal_value(self, data):
+        if isinstance(data, str) and not (data.isascii() and data.isdigit()):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 class FileRenderer(BaseRenderer):
@@ -173,9 +186,7 @@ class SpendReportApi(APIView):
             validators=[no_control_characters],
         )
         tenant = serializers.SlugField(required=False, help_text="One tenant; default: every tenant you may see.")
-        team = serializers.IntegerField(
-            required=False, min_value=1, help_text="One team's requests (its id); default: every team's and none."
-        )
+        team = RowIdField(required=False, help_text="One team's requests (its id); default: every team's and none.")
         format = serializers.ChoiceField(choices=["json", "csv", "xlsx"], required=False)
 
         def validate_group_by(self, value: str) -> list[str]:
@@ -275,7 +286,7 @@ class RequestLogApi(APIView):
         )
         provider = serializers.CharField(required=False, max_length=80, validators=[no_control_characters])
         cache = serializers.ChoiceField(choices=LedgerEntry.CacheTier.values, required=False)
-        key = serializers.IntegerField(required=False, min_value=1, help_text="A virtual key's id.")
+        key = RowIdField(required=False, help_text="A virtual key's id.")
         limit = serializers.IntegerField(required=False, min_value=1, max_value=500, help_text="Page size (50).")
         cursor = serializers.CharField(
             required=False, help_text="Opaque; from a page's next or previous link.", validators=[no_control_characters]

@@ -27,6 +27,20 @@ from django.utils.deconstruct import deconstructible
 # (tests/gateway/test_bodies.py measures it).
 MAX_JSON_DEPTH = 64
 
+# Row ids are PostgreSQL bigints. An id read from a query string is ASCII digits up to this: Python's
+# isdigit() also takes other scripts' digits and superscripts (int() reads the former, fails on the
+# latter), int() refuses over 4,300 digits, and PostgreSQL refuses a number past bigint.
+BIGINT_MAX = 2**63 - 1
+
+
+def row_id(value: str | None) -> int | None:
+    """`value` as a row id (1 to BIGINT_MAX, ASCII digits alone), else None."""
+    if not value or len(value) > 19 or not (value.isascii() and value.isdigit()):
+        return None
+    number = int(value)
+    return number if 1 <= number <= BIGINT_MAX else None
+
+
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 CONTROL_BUT_LINE_BREAKS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # tab, LF and CR allowed
 

@@ -20,7 +20,7 @@ from django.utils.functional import cached_property
 from unfold.admin import ModelAdmin
 
 from sentinel.localstate import announce_change
-from sentinel.text import PlainTextAdmin, PlainTextInline
+from sentinel.text import PlainTextAdmin, PlainTextInline, row_id
 from tenants.audit import SECRET_FIELDS, audit_record, describe, plain, snapshot
 from tenants.models import AuditEntry, Membership, Team, TeamMembership, Tenant, VirtualKey
 from tenants.selectors import ALL_ROLES, MANAGE, tenants_for
@@ -77,9 +77,8 @@ class _IdFilter(admin.SimpleListFilter):
         value = self.value()
         if value is None:
             return queryset
-        if not value.isdigit():
-            return queryset.none()
-        return queryset.filter(**{self.lookup: int(value)})
+        chosen = row_id(value)
+        return queryset.none() if chosen is None else queryset.filter(**{self.lookup: chosen})
 
 
 class TenantFilter(_IdFilter):

@@ -140,3 +140,39 @@ def test_the_dashboard_shows_each_teams_spend_against_its_budgets(spend):
     # The tenant's own line counts its monthly budget, not the team's daily one as the tenant's.
     (line,) = [line for line in data.spend if line.tenant == tenancy.tenant]
     assert (line.daily_budget, line.monthly_budget) == (None, Decimal("100"))
+
+
+HOSTILE_TEAMS = ["0", "-1", "1.5", "x", "9" * 30, "1\x00", "1\r\n2", "\u0661", " 1", "1" * 5000]
+
+
+@pytest.mark.parametrize("value", HOSTILE_TEAMS)
+def test_a_hostile_team_parameter_is_a_400_on_the_api_and_selects_nothing_in_the_console(spend, value):
+    """Zero, negatives, decimals, words, numbers past bigint, NUL and line breaks, other digits (an
+    Arabic-Indic one), padding, 5,000 digits: the API answers 400 naming `team`; the console's list
+    filters by team select no row, the request log's status filter ignores it, and the report page's
+    form names the field. Never a 500, and nothing is exported or audited."""
+    tenancy = spend[0]
+    finance, owner = as_user(tenancy.finance), as_user(tenancy.owner)
+    audited = AuditEntry.objects.count()
+    refused = api(finance, team=value)
+    assert refused.status_code == 400, value
+    assert list(refused.json()) == ["team"]
+    log = owner.get(f"/api/v1/tenants/{tenancy.tenant.slug}/requests", {"key": value})
+    assert (log.status_code, list(log.json())) == (400, ["key"]), value
+    for page in ("admin:tenants_virtualkey_changelist", "admin:billing_ledgerentry_changelist"):
+        listed = owner.get(reverse(page), {"team": value})
+        assert listed.status_code == 200, (page, value)
+        assert listed.context["cl"].result_count == 0, (page, value)
+    # The request log's status filter ignores what is not a number; its tenant filter selects nothing.
+    everything = owner.get(reverse("admin:billing_ledgerentry_changelist")).context["cl"].result_count
+    for param, count in (("status_code__exact", everything), ("tenant", 0)):
+        listed = owner.get(reverse("admin:billing_ledgerentry_changelist"), {param: value})
+        assert (listed.status_code, listed.context["cl"].result_count) == (200, count), (param, value)
+    report = finance.get(
+        reverse("admin:billing_spendreport_changelist"),
+        {"start": TODAY, "end": TODAY, "group_by": "team", "team": value, "format": "csv"},
+    )
+    assert report.status_code == 200
+    assert report["Content-Type"].startswith("text/html")  # the page with its form error, no download
+    assert report.context["report"] is None and "team" in report.context["form"].errors
+    assert AuditEntry.objects.count() == audited
