@@ -12,6 +12,7 @@ import time
 import httpx
 import orjson
 import psutil
+import pytest
 
 from tests.servers import BASE_DIR, database_url_for, free_port, start_gateway
 
@@ -175,3 +176,21 @@ def test_a_worker_that_cannot_start_says_why_and_the_process_gives_up(test_datab
     assert "exited (status 1); starting another" in done.stderr
     assert "exited (status 0)" not in done.stderr
     assert "web workers keep dying" in done.stderr
+
+
+@pytest.mark.parametrize("length", [b"9" * 20, b"9" * 5000, b"\xb2", b"-1", b"1 2", b"0x10"])
+def test_a_content_length_past_any_number_or_not_a_number_is_a_400(gateway, length):
+    """The parser (llhttp) refuses a length past 64 bits, a non-digit (a Latin-1 superscript two, which
+    Python's isdigit() takes and int() refuses), a sign or a second number before the gateway reads a
+    byte: a 400 in OpenAI's error shape, and the server goes on."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n{}")
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0] == b"HTTP/1.1 400 Bad Request", length
+    assert orjson.loads(body)["error"]["code"] == "invalid_http_request"
+    assert httpx.get(f"{gateway.url}/health/live", timeout=5).status_code == 200
+    assert gateway.process.poll() is None
