@@ -10,17 +10,23 @@ from sentinel.embedded import environment
 def xdist_controller() -> bool:
     """True in the process that hands tests to pytest-xdist's workers (`pytest -n 2`): it runs no
     test, so it starts no server, and leaves its environment as it found it for the workers."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Not pytest at all: a Celery worker or gateway a test started reads these settings too, and its
+    # own `-n name@host` is no worker count (a serial run's workers got the controller's dummy URLs).
+    if os.environ.get("PYTEST_XDIST_WORKER") or "pytest" not in sys.modules:
         return False
     args = sys.argv[1:]
     for i, arg in enumerate(args):
         if arg in ("-n", "--numprocesses"):
-            return i + 1 < len(args) and args[i + 1] != "0"
+            return i + 1 < len(args) and _workers(args[i + 1])
         if arg.startswith("--numprocesses="):
-            return arg.partition("=")[2] != "0"
+            return _workers(arg.partition("=")[2])
         if arg.startswith("-n") and arg[2:].isdigit():
-            return arg[2:] != "0"
+            return _workers(arg[2:])
     return False
+
+
+def _workers(count: str) -> bool:
+    return count in ("auto", "logical") or (count.isdigit() and count != "0")
 
 
 # Each pytest-xdist worker (gw0, gw1, ...) gets its own embedded servers and data folder, so a

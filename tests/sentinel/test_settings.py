@@ -109,3 +109,25 @@ def test_security_keys_are_bound_to_the_installations_host_never_a_request():
         assert (
             error == f"ValueError: SENTINEL_WEBAUTHN_ORIGIN must be scheme://host[:port] with a host name, not {bad!r}"
         )
+
+
+@pytest.mark.parametrize(
+    ("argv", "controller"),
+    [
+        (["pytest", "-n", "2", "--dist", "worksteal"], True),
+        (["pytest", "-n2"], True),
+        (["pytest", "--numprocesses=auto"], True),
+        (["pytest", "-n", "0"], False),
+        (["pytest", "-q"], False),
+        # a Celery worker a test starts reads the test settings too: its -n names the worker
+        (["sentinel.celery_cli", "-A", "sentinel", "worker", "-n", "quiet-4242@%h"], False),
+    ],
+)
+def test_only_pytest_xdists_controller_skips_the_servers(monkeypatch, argv, controller):
+    from tests.settings import xdist_controller
+
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setattr(sys, "argv", argv)
+    assert xdist_controller() is controller
+    monkeypatch.delitem(sys.modules, "pytest")  # a process that is not pytest, whatever its arguments
+    assert xdist_controller() is False
