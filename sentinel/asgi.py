@@ -11,6 +11,7 @@ Django's full stack.
 import gc
 import os
 import threading
+from urllib.parse import unquote
 
 from sentinel.embedded import ensure_environment
 
@@ -37,6 +38,7 @@ from gateway.errors import GatewayError  # noqa: E402
 from gateway.limits import tokens  # noqa: E402
 from sentinel import logs  # noqa: E402
 from sentinel.routing import websocket_urlpatterns  # noqa: E402
+from sentinel.text import control_character  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/health/")
 REQUEST_ID_HEADER = b"x-sentinel-request-id"
@@ -54,6 +56,11 @@ class APIHandler(ASGIHandler):
         self._middleware_chain = convert_exception_to_response(self._get_response_async)
 
     async def handle(self, scope, receive, send) -> None:
+        found = _control_in_target(scope)
+        if found is not None:
+            message = f"Control characters are not allowed in the URL ({found} found)."
+            await _send_error(send, GatewayError(400, "invalid_url", message))
+            return
         limit = settings.MAX_BODY_BYTES
         if scope["path"] == "/v1/files":  # batch input files: their own limit, plus the multipart framing
             limit = settings.BATCH_MAX_FILE_BYTES + MULTIPART_ALLOWANCE
@@ -79,6 +86,15 @@ class APIHandler(ASGIHandler):
             await _send_too_large(send, limit)
 
 
+def _control_in_target(scope) -> str | None:
+    """A control character in the URL's path or decoded query string: no id, name or parameter of the
+    API holds one, and NUL in an id reached PostgreSQL (GET /v1/responses/a%00b was a 500)."""
+    found = control_character(scope["path"])
+    if found is None and scope.get("query_string"):
+        found = control_character(unquote(scope["query_string"].decode("latin-1"), errors="replace"))
+    return found
+
+
 async def _send_too_large(send, limit: int) -> None:
     error = GatewayError(
         413,
@@ -86,6 +102,10 @@ async def _send_too_large(send, limit: int) -> None:
         f"Request body is larger than {limit} bytes.",
         kind="invalid_request_error",
     )
+    await _send_error(send, error)
+
+
+async def _send_error(send, error: GatewayError) -> None:
     await send(
         {
             "type": "http.response.start",

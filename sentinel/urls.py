@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.http import HttpResponse, JsonResponse
 from django.urls import include, path, re_path
+from django.views import defaults
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
@@ -10,6 +11,21 @@ from gateway import views as gateway_views
 def api_not_found(request, path: str = "") -> JsonResponse:
     """The management API answers in JSON, unknown URLs included."""
     return JsonResponse({"detail": f"Unknown API URL: {request.method} {request.path}."}, status=404)
+
+
+def server_error(request) -> HttpResponse:
+    """An unexpected error (logged with its traceback by Django): the API answers in its own shape,
+    OpenAI's on /v1 and /health, the management API's on /api; the console with Django's page."""
+    from gateway.pipeline import INTERNAL_ERROR
+
+    if request.path.startswith(("/v1/", "/health/")):
+        return JsonResponse(INTERNAL_ERROR.payload(), status=500)
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Server error; it has been logged."}, status=500)
+    return defaults.server_error(request)
+
+
+handler500 = server_error
 
 
 # A shield in the console's blue: browsers ask for /favicon.ico on every page (a 404 each time).

@@ -17,6 +17,7 @@ from gateway.batches import selectors, services
 from gateway.batches.models import Batch, BatchFile
 from gateway.batches.schemas import parse_batch_create
 from gateway.errors import GatewayError, invalid_request
+from sentinel.text import row_id
 
 FINISHED = (Batch.Status.COMPLETED, Batch.Status.FAILED, Batch.Status.EXPIRED)
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
@@ -58,9 +59,10 @@ def page_size(request: HttpRequest, default: int, most: int) -> int:
     raw = request.GET.get("limit")
     if raw is None:
         return default
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:
+    size = row_id(raw)  # ASCII digits, at most 19 of them (int() refuses over 4,300: a 500)
+    if size is None or size > most:
         raise invalid_request(f"limit must be an integer from 1 to {most}.", param="limit", code="invalid_value")
-    return int(raw)
+    return size
 
 
 def list_response(objects: list[dict], has_more: bool) -> HttpResponse:
