@@ -1,0 +1,71 @@
+"""Every list in the console takes its filters, search, ordering and page from the query string, which
+anyone who can open the page controls. Each filter parameter of every list, and the shared ones, with
+hostile values: never a server error (Django's test client raises the view's exception, so a 500 fails
+here with its traceback), and what is not a valid value narrows to nothing or is ignored."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib import admin
+from django.contrib.admin.views.main import ORDER_VAR, PAGE_VAR, SEARCH_VAR
+from django.test import RequestFactory
+from django.urls import reverse
+
+from tests.console.conftest import as_user
+
+OUR_APPS = {"tenants", "gateway", "billing"}
+HOSTILE = [
+    "9" * 5000,  # int() refuses over 4,300 digits
+    "9" * 20,  # past bigint
+    "-1",
+    "\u0661",  # an Arabic-Indic one: isdigit() and int() take it
+    "\u00b2",  # a superscript two: isdigit() takes it, int() refuses it
+    "1\x00",
+    "a\r\nb",
+    "%",
+    "2026-13-45",
+    "x" * 20_000,
+]
+
+
+def _lists(request):
+    for model, model_admin in admin.site._registry.items():
+        if model._meta.app_label in OUR_APPS and model_admin.has_view_permission(request):
+            name = f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist"
+            yield model, model_admin, reverse(name)
+
+
+def _parameters(model_admin, request) -> set[str]:
+    """Every query parameter the list's filters read, from Django's own filter objects."""
+    changelist = model_admin.get_changelist_instance(request)
+    names = {name for spec in changelist.filter_specs for name in spec.expected_parameters()}
+    return names | {SEARCH_VAR, ORDER_VAR, PAGE_VAR}
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=lambda value: repr(value[:12]))
+def test_no_list_filter_search_order_or_page_value_is_a_server_error(tenancy, value):
+    root = as_user(tenancy.superuser)
+    request = RequestFactory().get("/admin/")
+    request.user = tenancy.superuser
+    checked = 0
+    for model, model_admin, url in _lists(request):
+        request = RequestFactory().get(url)
+        request.user = tenancy.superuser
+        for name in sorted(_parameters(model_admin, request)):
+            response = root.get(url, {name: value})
+            # 200, or Django's redirect to the list with ?e=1 for lookups it cannot apply; NUL, which
+            # nothing takes and PostgreSQL cannot compare, is a 400 before the view
+            expected = {400} if "\x00" in value else {200, 302}
+            assert response.status_code in expected, (model.__name__, name, response.status_code)
+            checked += 1
+    assert checked >= 60
+
+
+def test_nul_in_a_query_string_name_or_value_is_a_400_before_the_view(tenancy):
+    root = as_user(tenancy.superuser)
+    for query in ({"q": "a\x00"}, {"role__exact\x00": "admin"}, {"q": ["ok", "\x00"]}):
+        refused = root.get(reverse("admin:tenants_membership_changelist"), query)
+        assert (refused.status_code, refused.content) == (400, b"NUL (U+0000) is not allowed in a query string."), query
+    assert root.get(reverse("admin:tenants_membership_changelist"), {"q": "a"}).status_code == 200
+    api = root.get("/api/v1/reports/spend", {"start": "2026-01-01", "end": "2026-01-01", "tenant": "a\x00"})
+    assert (api.status_code, api.json()) == (400, {"tenant": ["NUL (U+0000) is not allowed in a query string."]})
