@@ -15,6 +15,8 @@ from billing.ledger import drain
 from billing.models import LedgerEntry
 from gateway.mock_provider import REFUSAL_TEXT, answer_text
 from gateway.models import CacheEntry
+from sentinel import redis_keys
+from sentinel.redis_clients import sync_redis
 from tests.servers import scrape_metrics, start_gateway, wait_semantic_ready
 
 PARAPHRASES = [
@@ -30,8 +32,12 @@ def served(gateway, tenant, make_key, make_model):
 
 
 def wait_stored(tenant, count: int, timeout: float = 10.0) -> None:
+    """Until the tenant's `count`th answer is stored: its row in PostgreSQL, then its exact key in Redis
+    (a store inserts the row first and sets the key after it, in a pipeline that also counts the
+    tenant's entries; a repeat asked between the two is a miss)."""
     deadline = time.monotonic() + timeout
-    while CacheEntry.objects.filter(tenant=tenant).count() < count:
+    counter = redis_keys.cache_tenant_count(tenant.pk)
+    while CacheEntry.objects.filter(tenant=tenant).count() < count or int(sync_redis().get(counter) or 0) < count:
         if time.monotonic() > deadline:
             raise AssertionError(f"expected {count} cache entries")
         time.sleep(0.05)
