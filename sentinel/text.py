@@ -15,6 +15,8 @@ covers the rest, so this is written here.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from django.utils.deconstruct import deconstructible
 # structured outputs allow), each level an array of objects, sits 34 deep in a request body
 # (tests/gateway/test_bodies.py measures it).
 MAX_JSON_DEPTH = 64
+MAX_JSON_INT_DIGITS = 100  # an integer in a console JSON field (limits, provider settings) holds far fewer
 
 # Row ids are PostgreSQL bigints. An id read from a query string is ASCII digits up to this: Python's
 # isdigit() also takes other scripts' digits and superscripts (int() reads the former, fails on the
@@ -196,11 +199,45 @@ def validators_for(field) -> list:
     return []
 
 
+def _refuse(what: str):
+    def refuse(text: str):
+        raise json.JSONDecodeError(f"{what} ({text[:20]}) cannot be stored", text, 0)
+
+    return refuse
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        _refuse("A number of more than 100 digits")(text)
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        _refuse("A number past a double's range")(text)
+    return number
+
+
+class StorableJSONDecoder(json.JSONDecoder):
+    """What a console JSON field reads: Python's decoder takes NaN and Infinity, which JSON and
+    PostgreSQL's jsonb do not (the save would fail), and raises a plain ValueError on an integer of
+    over 4,300 digits, which Django's JSONField does not catch (a 500). Each is a form error here."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.update(parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_refuse("NaN or Infinity"))
+        super().__init__(*args, **kwargs)
+
+
 def refuse_control_characters(fields: dict) -> None:
-    """Add the validators each of a form's fields needs (once, however often it is called)."""
+    """Add the validators each of a form's fields needs (once, however often it is called), and
+    read JSON fields with StorableJSONDecoder."""
+    from django import forms
     from django.contrib.postgres.forms import SimpleArrayField
 
     for field in fields.values():
+        if isinstance(field, forms.JSONField) and field.decoder in (None, json.JSONDecoder):
+            field.decoder = StorableJSONDecoder
         target = field.base_field if isinstance(field, SimpleArrayField) else field
         for validator in validators_for(field):
             if validator not in target.validators:

@@ -146,3 +146,33 @@ def test_management_api_parameters_refuse_control_characters(tenancy, param, val
     response = as_user(tenancy.owner).get(f"/api/v1/tenants/{tenancy.tenant.slug}/requests", {param: value})
     assert response.status_code == 400
     assert list(response.json()) == [param]
+
+
+HOSTILE_FORM_VALUES = ["9" * 5000, "1e999999", "NaN", "-Infinity", "\u0661\u0662", "\u00b2", "99999-12-31", "1" * 200]
+
+
+def test_no_console_form_field_raises_on_hostile_values(tenancy):
+    """Every field of every console form (admins' and inlines'), given numbers past any column, ones
+    int() refuses, NaN and infinities, other scripts' digits, a superscript, a year past 9999: the form
+    says it is invalid or cleans it; nothing raises (a raise is a 500 on the page)."""
+    request = RequestFactory().post("/admin/")
+    request.user = tenancy.superuser
+    checked = json_fields = 0
+    for name, form_class in _forms(request):
+        for field_name, field in form_class().fields.items():
+            for value in HOSTILE_FORM_VALUES:
+                try:
+                    field.clean(value)
+                except forms.ValidationError:
+                    pass
+                except Exception as exc:  # noqa: BLE001 - what the test is looking for
+                    pytest.fail(f"{name}.{field_name} raised {type(exc).__name__} on {value[:20]!r}: {exc}")
+                checked += 1
+            if isinstance(field, forms.JSONField):
+                # Stored, these would fail the save: jsonb takes no NaN or Infinity.
+                for value in ("NaN", '{"rpm": Infinity}', "[1e999999]", "9" * 5000):
+                    with pytest.raises(forms.ValidationError):
+                        field.clean(value)
+                json_fields += 1
+    assert checked >= 200
+    assert json_fields >= 1  # the provider's litellm_params today
