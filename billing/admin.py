@@ -7,9 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Q, QuerySet
-from django.http import FileResponse, Http404, HttpResponse, StreamingHttpResponse
+from django.http import FileResponse, Http404, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
@@ -231,7 +232,14 @@ class LedgerEntryAdmin(ViewOnly, TenantScopedAdmin):
         query = request.GET.copy()
         query.pop("format", None)
         request.GET = query  # the changelist reads its filters from here
-        entries = self.get_changelist_instance(request).get_queryset(request)
+        try:
+            entries = self.get_changelist_instance(request).get_queryset(request)
+        except IncorrectLookupParameters:
+            # A parameter the list does not filter by (the list itself redirects to ?e=1): say so, and
+            # export nothing rather than more than was asked for.
+            return HttpResponseBadRequest(
+                "Unknown or invalid filter in the query string.", content_type="text/plain; charset=utf-8"
+            )
         visible = self.visible_tenant_ids(request)  # None: an operator's, every tenant
         chosen = row_id(request.GET.get("tenant"))
         if chosen is not None and (visible is None or chosen in visible):

@@ -69,3 +69,37 @@ def test_nul_in_a_query_string_name_or_value_is_a_400_before_the_view(tenancy):
     assert root.get(reverse("admin:tenants_membership_changelist"), {"q": "a"}).status_code == 200
     api = root.get("/api/v1/reports/spend", {"start": "2026-01-01", "end": "2026-01-01", "tenant": "a\x00"})
     assert (api.status_code, api.json()) == (400, {"tenant": ["NUL (U+0000) is not allowed in a query string."]})
+
+
+PAGES = {
+    "admin:dashboard": ["window", "tenant"],
+    "admin:circuits": ["q", "tenant"],
+    "admin:models": ["q", "tenant"],
+    "admin:billing_spendreport_changelist": ["start", "end", "group_by", "tenant", "team", "format"],
+    "admin:billing_spendreport_statement": ["tenant", "month", "format"],
+    "admin:billing_ledgerentry_export": ["format", "tenant", "status_code__exact", "team"],
+    "admin:screening_screeningreport_changelist": ["days"],
+}
+
+
+@pytest.mark.parametrize("value", [v for v in HOSTILE if "\x00" not in v], ids=lambda value: repr(value[:12]))
+def test_no_console_page_parameter_value_is_a_server_error(tenancy, value):
+    """The console's own pages (dashboard, circuits, models, the spend report, statements, the request
+    log's export) with each of their parameters hostile, alone and beside a valid report query."""
+    root = as_user(tenancy.superuser)
+    report = {"start": "2026-12-01", "end": "2026-12-02", "group_by": "tenant"}
+    for name, params in PAGES.items():
+        for param in params:
+            for query in ({param: value}, {**report, param: value}):
+                response = root.get(reverse(name), query)
+                assert response.status_code in (200, 302, 400, 404), (name, param, response.status_code)
+
+
+def test_the_request_log_export_refuses_a_filter_the_list_does_not_have_and_exports_nothing(tenancy):
+    from tenants.audit import AuditEntry
+
+    root = as_user(tenancy.superuser)
+    audited = AuditEntry.objects.count()
+    refused = root.get(reverse("admin:billing_ledgerentry_export"), {"format": "csv", "start": "2026-12-01"})
+    assert (refused.status_code, refused.content) == (400, b"Unknown or invalid filter in the query string.")
+    assert AuditEntry.objects.count() == audited
