@@ -6,7 +6,10 @@ from __future__ import annotations
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
 
+from sentinel.text import row_id
+
 NUL_MESSAGE = "NUL (U+0000) is not allowed in a query string."
+SELECTION_MESSAGE = "Selected rows are named by their ids."
 
 
 def _refusal(request) -> HttpResponse | None:
@@ -19,11 +22,25 @@ def _refusal(request) -> HttpResponse | None:
             if request.path.startswith("/api/"):
                 return JsonResponse({"detail" if "\x00" in name else name: [NUL_MESSAGE]}, status=400)
             return HttpResponseBadRequest(NUL_MESSAGE, content_type="text/plain; charset=utf-8")
+    if _selection_not_ids(request):
+        return HttpResponseBadRequest(SELECTION_MESSAGE, content_type="text/plain; charset=utf-8")
     return None
 
 
+def _selection_not_ids(request) -> bool:
+    """A console list action's rows are given by id, and Django's admin filters by them as given:
+    anything but an id ("abc", 5,000 digits) raised ValueError in every list's actions (a 500). The
+    form is read as the CSRF check that follows reads it anyway."""
+    if request.method != "POST" or not request.path.startswith("/admin/"):
+        return False
+    if request.content_type not in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        return False
+    return any(row_id(value) is None for value in request.POST.getlist("_selected_action"))
+
+
 class RefuseNulInQueryString:
-    """Answers a query string holding NUL with a 400 before any view reads the database with it."""
+    """Answers a query string holding NUL, or a console list action's selection that is not ids, with
+    a 400 before any view reads the database with it."""
 
     sync_capable = True
     async_capable = True

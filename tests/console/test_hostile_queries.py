@@ -103,3 +103,27 @@ def test_the_request_log_export_refuses_a_filter_the_list_does_not_have_and_expo
     refused = root.get(reverse("admin:billing_ledgerentry_export"), {"format": "csv", "start": "2026-12-01"})
     assert (refused.status_code, refused.content) == (400, b"Unknown or invalid filter in the query string.")
     assert AuditEntry.objects.count() == audited
+
+
+@pytest.mark.parametrize("selected", ["abc", "9" * 5000, "\u0661", "1.0", "-1", ""], ids=repr)
+def test_a_list_action_on_rows_that_are_not_ids_is_a_400_and_changes_nothing(tenancy, selected):
+    """Every action of every console list (deletes, revocations, breakers forced, batches cancelled,
+    cache entries invalidated, ...) posted with a selection that is not a row id."""
+    from tenants.audit import AuditEntry
+    from tenants.models import VirtualKey
+
+    root = as_user(tenancy.superuser)
+    request = RequestFactory().get("/admin/")
+    request.user = tenancy.superuser
+    keys, audited = VirtualKey.objects.filter(status="active").count(), AuditEntry.objects.count()
+    checked = 0
+    for model, model_admin, url in _lists(request):
+        for action in model_admin.get_actions(request):
+            response = root.post(url, {"action": action, "_selected_action": [selected], "index": "0"})
+            assert (response.status_code, response.content) == (400, b"Selected rows are named by their ids."), (
+                model.__name__,
+                action,
+            )
+            checked += 1
+    assert checked >= 20
+    assert (VirtualKey.objects.filter(status="active").count(), AuditEntry.objects.count()) == (keys, audited)
