@@ -150,7 +150,8 @@ def test_a_hostile_team_parameter_is_a_400_on_the_api_and_selects_nothing_in_the
     """Zero, negatives, decimals, words, numbers past bigint, NUL and line breaks, other digits (an
     Arabic-Indic one), padding, 5,000 digits: the API answers 400 naming `team`; the console's list
     filters by team select no row, the request log's status filter ignores it, and the report page's
-    form names the field. Never a 500, and nothing is exported or audited."""
+    form names the field (NUL: a 400 on every console page). Never a 500, and nothing is exported or
+    audited."""
     tenancy = spend[0]
     finance, owner = as_user(tenancy.finance), as_user(tenancy.owner)
     audited = AuditEntry.objects.count()
@@ -159,6 +160,11 @@ def test_a_hostile_team_parameter_is_a_400_on_the_api_and_selects_nothing_in_the
     assert list(refused.json()) == ["team"]
     log = owner.get(f"/api/v1/tenants/{tenancy.tenant.slug}/requests", {"key": value})
     assert (log.status_code, list(log.json())) == (400, ["key"]), value
+    if "\x00" in value:  # refused before any console page reads it (sentinel.middleware)
+        for page in ("admin:tenants_virtualkey_changelist", "admin:billing_spendreport_changelist"):
+            assert owner.get(reverse(page), {"team": value}).status_code == 400, page
+        assert AuditEntry.objects.count() == audited
+        return
     for page in ("admin:tenants_virtualkey_changelist", "admin:billing_ledgerentry_changelist"):
         listed = owner.get(reverse(page), {"team": value})
         assert listed.status_code == 200, (page, value)
