@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.db.models import QuerySet
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer, inline_serializer
 from rest_framework import serializers
@@ -271,6 +272,19 @@ class RequestLogPagination(CursorPagination):
     page_size = 50
     page_size_query_param = "limit"
     max_page_size = 500
+
+    def decode_cursor(self, request):
+        """DRF's, and the position must be a time: a cursor is base64 a client can forge, and DRF puts
+        its position in the query as given (`p=2026`: a ValidationError from the datetime field, a 500)."""
+        cursor = super().decode_cursor(request)
+        if cursor is not None and cursor.position is not None:
+            try:
+                when = parse_datetime(cursor.position)
+            except ValueError:  # well formed, no real time (month 13)
+                when = None
+            if when is None:
+                raise NotFound(self.invalid_cursor_message)
+        return cursor
 
 
 class RequestLogApi(APIView):

@@ -7,6 +7,7 @@ import base64
 import csv
 import io
 from decimal import Decimal
+from urllib.parse import urlencode
 
 import httpx
 import openpyxl
@@ -220,6 +221,21 @@ def test_tenant_admin_pages_through_the_request_log(spend_data):
     assert stamps == sorted(stamps, reverse=True)
     keyed = next(row for row in seen if row["key"])
     assert set(keyed["key"]) == {"id", "name", "prefix"}
+
+
+@pytest.mark.parametrize(
+    "position", ["2026", "2026-13-45T00:00:00", "x' or 1=1 --", "9" * 5000, "2026-12-01T00:00:00\u0661"]
+)
+def test_a_forged_cursor_is_a_404_and_a_real_one_pages(spend_data, position):
+    """A cursor is base64 the client holds: DRF put its position into the query as given, and a
+    position that is no time was a 500. Now an invalid cursor, as DRF calls any cursor it cannot read."""
+    owner = as_user(spend_data.tenancy.owner)
+    url = log_url(spend_data.tenancy.tenant)
+    forged = base64.b64encode(urlencode({"p": position}).encode()).decode()
+    refused = owner.get(url, {"cursor": forged})
+    assert (refused.status_code, refused.json()) == (404, {"detail": "Invalid cursor"})
+    following = owner.get(owner.get(url, {"limit": 1}).json()["next"])
+    assert following.status_code == 200 and len(following.json()["results"]) == 1
 
 
 def test_request_log_filters(spend_data):
