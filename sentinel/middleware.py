@@ -3,10 +3,12 @@ routes bypass it, sentinel.asgi)."""
 
 from __future__ import annotations
 
+import json
+
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
 
-from sentinel.text import row_id
+from sentinel.text import StorableJSONDecoder, row_id
 
 NUL_MESSAGE = "NUL (U+0000) is not allowed in a query string."
 SELECTION_MESSAGE = "Selected rows are named by their ids."
@@ -24,6 +26,23 @@ def _refusal(request) -> HttpResponse | None:
             return HttpResponseBadRequest(NUL_MESSAGE, content_type="text/plain; charset=utf-8")
     if _selection_not_ids(request):
         return HttpResponseBadRequest(SELECTION_MESSAGE, content_type="text/plain; charset=utf-8")
+    problem = _json_body_problem(request)
+    if problem is not None:
+        return JsonResponse({"detail": problem}, status=400)
+    return None
+
+
+def _json_body_problem(request) -> str | None:
+    """What is wrong with a JSON body sent to a page Django serves (the security keys' ceremonies are
+    JSON), read before its view: an integer of 5,000 digits made Python's decoder raise a plain
+    ValueError in django-otp-webauthn's views (a 500, signed in or not); NaN, Infinity and nesting
+    past the interpreter's stack are refused alike."""
+    if request.method not in ("POST", "PUT", "PATCH") or request.content_type != "application/json":
+        return None
+    try:
+        json.loads(request.body or b"null", cls=StorableJSONDecoder)
+    except (ValueError, RecursionError) as error:
+        return f"The body is not JSON this page takes: {str(error)[:200]}"
     return None
 
 

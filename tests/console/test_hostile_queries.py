@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.contrib import admin
 from django.contrib.admin.views.main import ORDER_VAR, PAGE_VAR, SEARCH_VAR
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
 from django.urls import reverse
 
 from tests.console.conftest import as_user
@@ -127,3 +127,27 @@ def test_a_list_action_on_rows_that_are_not_ids_is_a_400_and_changes_nothing(ten
             checked += 1
     assert checked >= 20
     assert (VirtualKey.objects.filter(status="active").count(), AuditEntry.objects.count()) == (keys, audited)
+
+
+CEREMONIES = [
+    "/webauthn/registration/begin/",
+    "/webauthn/registration/complete/",
+    "/webauthn/authentication/begin/",
+    "/webauthn/authentication/complete/",
+]
+HOSTILE_JSON = [b"{", b"9" * 5000, b"[NaN]", b'{"a": 1e999}', b"[" * 5000 + b"]" * 5000, b'{"id": "\\u0000"}', b"[]"]
+
+
+@pytest.mark.parametrize("signed_in", [False, True], ids=["anonymous", "signed in"])
+def test_the_security_key_ceremonies_refuse_hostile_json_without_a_server_error(tenancy, signed_in):
+    """django-otp-webauthn's JSON views, reachable before sign-in: a body of 5,000 digits raised
+    ValueError in them (a 500). Bodies Python's decoder cannot take as JSON are a 400 before the view;
+    the rest are the library's to answer (a ceremony's begin reads no body), never with a 5xx."""
+    client = as_user(tenancy.owner) if signed_in else Client()
+    for url in CEREMONIES:
+        for body in HOSTILE_JSON:
+            response = client.post(url, body, content_type="application/json")
+            assert response.status_code < 500, (url, body[:12], response.status_code)
+        refused = client.post(url, b"9" * 5000, content_type="application/json")
+        assert refused.status_code == 400
+        assert refused.json()["detail"].startswith("The body is not JSON this page takes:")
