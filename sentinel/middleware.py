@@ -15,10 +15,11 @@ SELECTION_MESSAGE = "Selected rows are named by their ids."
 
 
 def _refusal(request) -> HttpResponse | None:
-    """A 400 for a query string with NUL in a name or value: no filter, search or parameter of ours
-    takes one, and PostgreSQL's text cannot hold one (a console list filtered by `?role__exact=%00`
-    failed its count query with a 500). The management API's in its own shape, a parameter's errors
-    under its name (DRF's), the console's in plain text."""
+    """A 400 for a query string with NUL in a name or value (no filter, search or parameter of ours
+    takes one, and PostgreSQL's text cannot hold one: a console list filtered by `?role__exact=%00`
+    failed its count query with a 500), the management API's in its own shape, a parameter's errors
+    under its name (DRF's), the console's in plain text; then for a list action's selection and a
+    JSON body (below)."""
     for name, values in request.GET.lists():
         if "\x00" in name or any("\x00" in value for value in values):
             if request.path.startswith("/api/"):
@@ -57,9 +58,9 @@ def _selection_not_ids(request) -> bool:
     return any(row_id(value) is None for value in request.POST.getlist("_selected_action"))
 
 
-class RefuseNulInQueryString:
-    """Answers a query string holding NUL, or a console list action's selection that is not ids, with
-    a 400 before any view reads the database with it."""
+class RefuseMalformedInput:
+    """Answers a query string holding NUL, a console list action's selection that is not ids, or a JSON
+    body Python cannot decode, with a 400 before any view reads the database with it."""
 
     sync_capable = True
     async_capable = True

@@ -152,7 +152,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "sentinel.middleware.RefuseNulInQueryString",  # before anything reads the database with it
+    "sentinel.middleware.RefuseMalformedInput",  # before anything reads the database with it
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
