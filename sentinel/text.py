@@ -20,6 +20,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NoReturn
 
 from django.core.exceptions import ValidationError
 from django.utils.deconstruct import deconstructible
@@ -199,24 +200,25 @@ def validators_for(field) -> list:
     return []
 
 
-def _refuse(what: str):
-    def refuse(text: str):
-        raise json.JSONDecodeError(f"{what} ({text[:20]}) cannot be stored", text, 0)
-
-    return refuse
+def _not_storable(what: str, text: str) -> NoReturn:
+    raise json.JSONDecodeError(f"{what} ({text[:20]}) cannot be stored", text, 0)
 
 
 def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
-        _refuse("A number of more than 100 digits")(text)
+        _not_storable(f"A number of more than {MAX_JSON_INT_DIGITS} digits", text)
     return int(text)
 
 
 def _finite_float(text: str) -> float:
     number = float(text)
     if math.isinf(number):
-        _refuse("A number past a double's range")(text)
+        _not_storable("A number past a double's range", text)
     return number
+
+
+def _no_constant(text: str) -> NoReturn:
+    _not_storable("NaN or Infinity", text)
 
 
 class StorableJSONDecoder(json.JSONDecoder):
@@ -225,7 +227,7 @@ class StorableJSONDecoder(json.JSONDecoder):
     over 4,300 digits, which Django's JSONField does not catch (a 500). Each is a form error here."""
 
     def __init__(self, *args, **kwargs) -> None:
-        kwargs.update(parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_refuse("NaN or Infinity"))
+        kwargs.update(parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant)
         super().__init__(*args, **kwargs)
 
 
