@@ -12,8 +12,8 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 
 from tests.console.conftest import as_user
+from tests.sentinel.test_text import OUR_APPS
 
-OUR_APPS = {"tenants", "gateway", "billing"}
 HOSTILE = [
     "9" * 5000,  # int() refuses over 4,300 digits
     "9" * 20,  # past bigint
