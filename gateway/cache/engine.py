@@ -109,6 +109,10 @@ def controls_from(body: dict, headers) -> Controls:
     ttl = values.get("ttl")
     if ttl is not None:
         try:
+            # A header's ttl is ASCII digits: int() also reads "6_0", "+60" and other scripts' digits.
+            # A bare "ttl" (read as true) is no number either.
+            if isinstance(ttl, bool) or isinstance(ttl, str) and not (ttl.isascii() and ttl.isdigit() and len(ttl) <= 9):
+                raise ValueError(ttl)
             ttl = int(ttl)
         except (TypeError, ValueError):
             raise invalid_request("cache ttl must be a whole number of seconds.", param="cache.ttl") from None

@@ -393,6 +393,24 @@ def test_bad_controls_are_400(gateway, api_key, model, mock_provider, control):
     assert mock_provider.stats(model[1][0])["calls"] == 0
 
 
+@pytest.mark.parametrize(
+    "header",
+    ["ttl=\u0666\u0660", "ttl=6_0", "ttl=+60", "ttl=-60", "ttl=60s", "ttl=0x3c", "ttl=\uff16\uff10", "ttl=" + "9" * 5000, "ttl"],
+)
+def test_a_header_ttl_is_ascii_digits(gateway, api_key, model, mock_provider, tenant, live_db, header):
+    """int() reads Arabic-Indic and full-width digits, underscores and a sign; the header's ttl is
+    plain digits or a 400, and nothing is asked or stored."""
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        headers={"authorization": f"Bearer {api_key}", "x-sentinel-cache-control": header.encode()},
+        json={"model": model[0], "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "cache.ttl"
+    assert mock_provider.stats(model[1][0])["calls"] == 0
+    assert CacheEntry.objects.filter(tenant=tenant).count() == 0
+
+
 def test_a_ttl_written_as_a_whole_float_is_that_many_seconds(gateway, make_tenant, make_key, make_model, live_db):
     """60.0 is 60 in JSON Schema, as the served schema (and the fuzzer, which found this) reads it."""
     model, _ = make_model()
