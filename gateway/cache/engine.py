@@ -111,7 +111,8 @@ def controls_from(body: dict, headers) -> Controls:
         try:
             # A header's ttl is ASCII digits: int() also reads "6_0", "+60" and other scripts' digits.
             # A bare "ttl" (read as true) is no number either.
-            if isinstance(ttl, bool) or isinstance(ttl, str) and not (ttl.isascii() and ttl.isdigit() and len(ttl) <= 9):
+            digits = isinstance(ttl, str) and ttl.isascii() and ttl.isdigit() and len(ttl) <= 9
+            if isinstance(ttl, bool) or (isinstance(ttl, str) and not digits):
                 raise ValueError(ttl)
             ttl = int(ttl)
         except (TypeError, ValueError):

@@ -395,7 +395,17 @@ def test_bad_controls_are_400(gateway, api_key, model, mock_provider, control):
 
 @pytest.mark.parametrize(
     "header",
-    ["ttl=\u0666\u0660", "ttl=6_0", "ttl=+60", "ttl=-60", "ttl=60s", "ttl=0x3c", "ttl=\uff16\uff10", "ttl=" + "9" * 5000, "ttl"],
+    [
+        "ttl=\u0666\u0660",
+        "ttl=6_0",
+        "ttl=+60",
+        "ttl=-60",
+        "ttl=60s",
+        "ttl=0x3c",
+        "ttl=\uff16\uff10",
+        "ttl=" + "9" * 5000,
+        "ttl",
+    ],
 )
 def test_a_header_ttl_is_ascii_digits(gateway, api_key, model, mock_provider, tenant, live_db, header):
     """int() reads Arabic-Indic and full-width digits, underscores and a sign; the header's ttl is
