@@ -187,9 +187,22 @@ def _matches(text: str) -> list[tuple[int, int]]:
     return found
 
 
+# A phrase the patterns match counts unless the learned model, which reads the whole sentence, puts
+# its chunk more than this many logits under its threshold: "a test that checks our bot refuses when
+# a user asks it to print its system prompt" has the phrase of an attack, and is talk about one. Chosen
+# on the training set and screening_eval.jsonl (docs/screening.md): the widest margin that clears the
+# 11 benign training texts the patterns fired on and keeps every attack of screening_eval.
+PATTERN_MARGIN = 4.0
+
+
 def find(text: str) -> list[Span]:
-    """The patterns' findings, and the learned model's (gateway.screening.injection_model)."""
-    spans = [Span(INJECTION, start, end) for start, end in _matches(text)]
+    """The patterns' findings the learned model does not clear, and the learned model's own
+    (gateway.screening.injection_model)."""
+    spans = [
+        Span(INJECTION, start, end)
+        for start, end in _matches(text)
+        if injection_model.margin_at(text, start) >= -PATTERN_MARGIN
+    ]
     spans.extend(injection_model.find(text))
     if len(text) >= 24:
         for start, end, decoded in _decoded(text):

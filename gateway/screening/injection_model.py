@@ -388,6 +388,15 @@ def chunks(text: str) -> list[tuple[int, int]]:
     return [(a, b) for a, b in found if text[a:b].strip()]
 
 
+def margin_at(text: str, at: int) -> float:
+    """How far the word model puts the chunk of `text` that holds position `at` over its threshold,
+    in logits (negative: under it)."""
+    for start, end in chunks(text):
+        if start <= at < end:
+            return _z(words(fold(text[start:end]))) - _lookup()[0]
+    return _z(words(fold(text))) - _lookup()[0]
+
+
 def second_look() -> tuple[float, float, float, list[float]] | None:
     """(band, threshold as a logit, bias, weights) of the second look, or None when the weights have
     none or it is switched off (SENTINEL_INJECTION_SECOND_LOOK)."""
