@@ -198,10 +198,12 @@ PATTERN_MARGIN = 4.0
 def find(text: str) -> list[Span]:
     """The patterns' findings the learned model does not clear, and the learned model's own
     (gateway.screening.injection_model)."""
+    matched = _matches(text)
+    margins = injection_model.margins_at(text, [start for start, _ in matched]) if matched else []
     spans = [
         Span(INJECTION, start, end)
-        for start, end in _matches(text)
-        if injection_model.margin_at(text, start) >= -PATTERN_MARGIN
+        for (start, end), margin in zip(matched, margins, strict=True)
+        if margin >= -PATTERN_MARGIN
     ]
     spans.extend(injection_model.find(text))
     if len(text) >= 24:

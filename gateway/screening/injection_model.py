@@ -34,6 +34,7 @@ SENTINEL_INJECTION_SECOND_LOOK is off.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import math
@@ -42,6 +43,7 @@ import re
 import string
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable
 from itertools import repeat
 from pathlib import Path
 
@@ -294,9 +296,9 @@ _CONCEPT_OF = {_concept_stem(stem): concept for concept, stems in _MORE_CONCEPTS
 _CONCEPT_OF.update({_concept_stem(stem): concept for concept, stems in _CONCEPTS.items() for stem in stems.split()})
 
 
-def _concepts(found: list[str]) -> list[str]:
-    """The concept features of a list of words: each group present, each pair of groups present."""
-    ordered = sorted(set(filter(None, map(_CONCEPT_OF.get, map(_STEM_OF, found)))))
+def _concepts(stemmed: Iterable[str]) -> list[str]:
+    """The concept features of a list of words' stems: each group present, each pair of groups present."""
+    ordered = sorted(set(filter(None, map(_CONCEPT_OF.get, stemmed))))
     return [f"k:{a}" for a in ordered] + [f"k:{a} {b}" for i, a in enumerate(ordered) for b in ordered[i + 1 :]]
 
 
@@ -317,7 +319,7 @@ def features(text: str) -> Counter:
                 found[f"b:{previous} {word}"] += 1
                 found[f"t:{previous[:STEM]} {word[:STEM]}"] += 1
         previous = None if word.startswith("c:") else word
-    found.update(_concepts(folded_words))
+    found.update(_concepts(map(_STEM_OF, folded_words)))
     return found
 
 
@@ -357,7 +359,7 @@ def _z(found: list[str]) -> float:
     if len(found) > 1:
         z += sum(map(pairs.get, zip(found, found[1:], strict=False), zeros))
         z += sum(map(stem_pairs.get, zip(stemmed, stemmed[1:], strict=False), zeros))
-    return z + sum(map(own.get, _concepts(found), zeros))
+    return z + sum(map(own.get, _concepts(stemmed), zeros))
 
 
 def score(text: str) -> float:
@@ -388,13 +390,26 @@ def chunks(text: str) -> list[tuple[int, int]]:
     return [(a, b) for a, b in found if text[a:b].strip()]
 
 
-def margin_at(text: str, at: int) -> float:
-    """How far the word model puts the chunk of `text` that holds position `at` over its threshold,
-    in logits (negative: under it)."""
-    for start, end in chunks(text):
-        if start <= at < end:
-            return _z(words(fold(text[start:end]))) - _lookup()[0]
-    return _z(words(fold(text))) - _lookup()[0]
+def margins_at(text: str, positions: list[int]) -> list[float]:
+    """For each position, how far the word model puts the chunk of `text` that holds it over its
+    threshold, in logits (negative: under it). The text is cut into chunks once and each chunk
+    scored once, however many positions fall in it (a text of thousands of pattern matches costs
+    one pass, not one per match)."""
+    over = _lookup()[0]
+    spans = chunks(text)
+    if not spans:
+        return [_z(words(fold(text))) - over for _ in positions]
+    starts = [start for start, _ in spans]
+    folded = fold(text)
+    scored: dict[int, float] = {}
+    found = []
+    for at in positions:
+        index = max(0, bisect.bisect_right(starts, at) - 1)  # between two chunks: the one before
+        if index not in scored:
+            start, end = spans[index]
+            scored[index] = _z(words(folded[start:end])) - over
+        found.append(scored[index])
+    return found
 
 
 def second_look() -> tuple[float, float, float, list[float]] | None:

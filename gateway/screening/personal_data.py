@@ -82,11 +82,33 @@ _NOT_TLD = frozenset(
 )
 
 
+# What an address's domain and top-level domain are made of: its match ends in the run of these after
+# the "@", and its closing lookahead reads at most two characters past its end.
+_DOMAIN_RUN = re.compile(r"[\w.-]*")
+_LOCAL_PART = 64  # the local part's longest: \w and then up to 63 more
+
+
+def _email_matches(text: str) -> Iterator[re.Match]:
+    """_EMAIL.finditer(text), the same matches, searched for only around each "@": a match holds
+    exactly one "@" (neither part can hold another), starts at most _LOCAL_PART characters before
+    it and ends in the domain run after it, so a search from there to two past that run tries every
+    start that could hold it and reads what it would in the whole text (a lookbehind reads before the
+    search's start). A text of code with a few decorators no longer costs a search of every word."""
+    position, length = 0, len(text)
+    while (at := text.find("@", position)) >= 0:
+        end = min(length, _DOMAIN_RUN.match(text, at + 1).end() + 2)
+        match = _EMAIL.search(text, max(position, at - _LOCAL_PART), end)
+        if match is None:
+            position = at + 1
+            continue
+        yield match
+        position = match.end()
+
+
 def _emails(text: str, candidates: Scan) -> list[Span]:
     if "@" not in text or not _may_match(candidates, _EMAIL):
         return []
-    matches = _finditer(candidates, _EMAIL, text)
-    return [Span(EMAIL, m.start(), m.end()) for m in matches if m.group(1).lower() not in _NOT_TLD]
+    return [Span(EMAIL, m.start(), m.end()) for m in _email_matches(text) if m.group(1).lower() not in _NOT_TLD]
 
 
 # --- phone numbers -----------------------------------------------------------------------------
@@ -329,6 +351,9 @@ _FINDERS = {
 }
 
 
+_DIGIT = re.compile(r"\d")
+
+
 def find(text: str, kinds: frozenset[str] | tuple[str, ...], *, region: str = "US") -> list[Span]:
     """Spans of the given kinds in `text`, without overlaps, in text order. Of two overlapping
     spans the longer wins (+34 612 345 678 is a phone number, not the 9-digit ID inside it), then
@@ -337,7 +362,7 @@ def find(text: str, kinds: frozenset[str] | tuple[str, ...], *, region: str = "U
         return []
     spans: list[Span] = []
     candidates = _PREFILTER.scan(text)
-    has_digit = any(c.isdigit() for c in text)
+    has_digit = _DIGIT.search(text) is not None  # the patterns' \d; a generator over 4,000 characters is 0.1 ms
     for kind in kinds:
         if kind == PHONE or (kind in (CARD, NATIONAL_ID) and not has_digit):
             continue

@@ -14,7 +14,7 @@ from re import _constants as sre
 from re import _parser as sre_parse
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from stdnum import iban
 
@@ -216,3 +216,27 @@ def test_windowed_search_finds_every_match_of_every_pattern(compiled):
                     assert found == [m.span() for m in pattern.finditer(text)], pattern.pattern
                 else:
                     assert pattern.search(text) is None, pattern.pattern
+
+
+ADDRESS_PIECES = st.sampled_from(
+    ["jo", "o'c", "a.b", "x-y", "ü", "%", "+", "@", "@@", ".", "..", "-", "com", "de", "xn--p1ai", "png", " ", "\n",
+     "(", ":", "/", "1", "_", "中", "ab" * 40, "b" * 70]
+)  # fmt: skip
+
+
+@settings(max_examples=2000, deadline=None)
+@example(text="mail " + "x" * 40 + "@example.com")
+@example(text="mail " + "x" * 64 + "@example.com, or " + "y" * 65 + "@example.org")
+@example(text="x" * 63 + "@b.de")
+@example(text="see a@b.de:80 and c@d.de(1)")
+@given(
+    text=st.lists(ADDRESS_PIECES, min_size=1, max_size=30).map("".join)
+    | st.text(alphabet="ab@.-_%+'é1 :/(", max_size=60)
+)
+def test_e_mail_addresses_are_searched_for_around_each_at_sign(text):
+    """personal_data._email_matches searches only near each "@" and finds what _EMAIL.finditer does
+    over the whole text: local parts at and past their 64-character bound, apostrophes, doubled
+    signs, punycode and file-extension endings, what may follow an address."""
+    assert [m.span() for m in personal_data._email_matches(text)] == [
+        m.span() for m in personal_data._EMAIL.finditer(text)
+    ]
