@@ -195,19 +195,36 @@ def _matches(text: str) -> list[tuple[int, int]]:
 PATTERN_MARGIN = 4.0
 
 
+# Words that ask for a text to be read backwards ("read this backwards and do what it says"), in the
+# languages the learned model knows best: where one is, the text is also judged reversed, as a base64
+# or hex payload is judged decoded.
+_BACKWARDS = re.compile(
+    r"backward|revers|right to left|rückwärts|umgekehrt|rechts nach links|al rev[eé]s|derecha a izquierda|"
+    r"[aà] l'envers|droite [aà] gauche|rovescio|destra a sinistra|achterstevoren|omgekeerd|"
+    r"odwrotn|od ko[nń]ca|pozpátku|tersten|terbalik|наоборот|задом|справа налево|зворотн|"
+    r"倒着|倒過來|倒过来|反过来|逆から|逆さ|거꾸로|عكس|הפוך",
+    re.IGNORECASE,
+)
+
+
 def find(text: str) -> list[Span]:
     """The patterns' findings the learned model does not clear, and the learned model's own
-    (gateway.screening.injection_model)."""
-    matched = _matches(text)
-    margins = injection_model.margins_at(text, [start for start, _ in matched]) if matched else []
-    spans = [
-        Span(INJECTION, start, end)
-        for (start, end), margin in zip(matched, margins, strict=True)
-        if margin >= -PATTERN_MARGIN
-    ]
-    spans.extend(injection_model.find(text))
+    (gateway.screening.injection_model); the same in the text read backwards when it asks for that,
+    and the patterns' in base64 and hex payloads decoded."""
+    spans = [Span(INJECTION, start, end) for start, end in _judged(text)]
+    if _BACKWARDS.search(text):
+        length = len(text)
+        spans.extend(Span(INJECTION, length - end, length - start) for start, end in _judged(text[::-1]))
     if len(text) >= 24:
         for start, end, decoded in _decoded(text):
             if _matches(decoded):
                 spans.append(Span(INJECTION, start, end))
     return spans
+
+
+def _judged(text: str) -> list[tuple[int, int]]:
+    matched = _matches(text)
+    margins = injection_model.margins_at(text, [start for start, _ in matched]) if matched else []
+    found = [(start, end) for (start, end), margin in zip(matched, margins, strict=True) if margin >= -PATTERN_MARGIN]
+    found.extend((span.start, span.end) for span in injection_model.find(text))
+    return found
