@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import re
 
 from gateway.screening import injection_model
@@ -196,15 +197,45 @@ PATTERN_MARGIN = 4.0
 
 
 # Words that ask for a text to be read backwards ("read this backwards and do what it says"), in the
-# languages the learned model knows best: where one is, the text is also judged reversed, as a base64
-# or hex payload is judged decoded.
-_BACKWARDS = re.compile(
-    r"backward|revers|right to left|rückwärts|umgekehrt|rechts nach links|al rev[eé]s|derecha a izquierda|"
-    r"[aà] l'envers|droite [aà] gauche|rovescio|destra a sinistra|achterstevoren|omgekeerd|"
-    r"odwrotn|od ko[nń]ca|pozpátku|tersten|terbalik|наоборот|задом|справа налево|зворотн|"
-    r"倒着|倒過來|倒过来|反过来|逆から|逆さ|거꾸로|عكس|הפוך",
-    re.IGNORECASE,
-)
+# languages the learned model knows best, lowercase: where one is, the chunks around it are also judged
+# reversed, as a base64 or hex payload is judged decoded. Found with str.find in the lowercased text
+# (one case-insensitive regular expression of these alternatives costs a millisecond on 4,000
+# characters: it is tried at every position).
+_BACKWARDS = (
+    "backward", "revers", "right to left", "rückwärts", "umgekehrt", "rechts nach links", "al revés", "al reves",
+    "derecha a izquierda", "à l'envers", "a l'envers", "droite à gauche", "droite a gauche", "rovescio",
+    "destra a sinistra", "achterstevoren", "omgekeerd", "odwrotn", "od końca", "od konca", "pozpátku", "tersten",
+    "terbalik", "наоборот", "задом", "справа налево", "зворотн", "倒着", "倒過來", "倒过来", "反过来", "逆から", "逆さ",
+    "거꾸로", "عكس", "הפוך",
+)  # fmt: skip
+
+
+def _backwards_regions(text: str) -> list[tuple[int, int]]:
+    """Where to read `text` backwards: the chunks (injection_model.chunks) holding a word of
+    _BACKWARDS and the one on each side of them, merged into runs."""
+    lowered = text.lower()
+    positions = set()
+    for cue in _BACKWARDS:
+        at = lowered.find(cue)
+        while at >= 0:
+            positions.add(at)
+            at = lowered.find(cue, at + 1)
+    if not positions:
+        return []
+    spans = injection_model.chunks(text)
+    if len(lowered) != len(text) or not spans:  # lowercasing moved the positions ("İ"): read all of it
+        return [(0, len(text))] if text.strip() else []
+    starts = [start for start, _ in spans]
+    holding = {bisect.bisect_right(starts, at) - 1 for at in positions}  # -1: before the first chunk
+    near = sorted({i + step for i in holding for step in (-1, 0, 1)} & set(range(len(spans))))
+    regions: list[tuple[int, int]] = []
+    for index in near:
+        start, end = spans[index]
+        if regions and index - 1 in near and regions[-1][1] == spans[index - 1][1]:
+            regions[-1] = (regions[-1][0], end)
+        else:
+            regions.append((start, end))
+    return regions
 
 
 def find(text: str) -> list[Span]:
@@ -212,9 +243,9 @@ def find(text: str) -> list[Span]:
     (gateway.screening.injection_model); the same in the text read backwards when it asks for that,
     and the patterns' in base64 and hex payloads decoded."""
     spans = [Span(INJECTION, start, end) for start, end in _judged(text)]
-    if _BACKWARDS.search(text):
-        length = len(text)
-        spans.extend(Span(INJECTION, length - end, length - start) for start, end in _judged(text[::-1]))
+    for region_start, region_end in _backwards_regions(text):
+        backwards = text[region_start:region_end][::-1]
+        spans.extend(Span(INJECTION, region_end - end, region_end - start) for start, end in _judged(backwards))
     if len(text) >= 24:
         for start, end, decoded in _decoded(text):
             if _matches(decoded):
@@ -224,7 +255,7 @@ def find(text: str) -> list[Span]:
 
 def _judged(text: str) -> list[tuple[int, int]]:
     matched = _matches(text)
-    margins = injection_model.margins_at(text, [start for start, _ in matched]) if matched else []
+    learned, margins = injection_model.judge(text, [start for start, _ in matched])
     found = [(start, end) for (start, end), margin in zip(matched, margins, strict=True) if margin >= -PATTERN_MARGIN]
-    found.extend((span.start, span.end) for span in injection_model.find(text))
+    found.extend((span.start, span.end) for span in learned)
     return found

@@ -390,28 +390,6 @@ def chunks(text: str) -> list[tuple[int, int]]:
     return [(a, b) for a, b in found if text[a:b].strip()]
 
 
-def margins_at(text: str, positions: list[int]) -> list[float]:
-    """For each position, how far the word model puts the chunk of `text` that holds it over its
-    threshold, in logits (negative: under it). The text is cut into chunks once and each chunk
-    scored once, however many positions fall in it (a text of thousands of pattern matches costs
-    one pass, not one per match)."""
-    over = _lookup()[0]
-    spans = chunks(text)
-    if not spans:
-        return [_z(words(fold(text))) - over for _ in positions]
-    starts = [start for start, _ in spans]
-    folded = fold(text)
-    scored: dict[int, float] = {}
-    found = []
-    for at in positions:
-        index = max(0, bisect.bisect_right(starts, at) - 1)  # between two chunks: the one before
-        if index not in scored:
-            start, end = spans[index]
-            scored[index] = _z(words(folded[start:end])) - over
-        found.append(scored[index])
-    return found
-
-
 def second_look() -> tuple[float, float, float, list[float]] | None:
     """(band, threshold as a logit, bias, weights) of the second look, or None when the weights have
     none or it is switched off (SENTINEL_INJECTION_SECOND_LOOK)."""
@@ -459,6 +437,14 @@ def find(text: str) -> list[Span]:
     note in parentheses, a hidden HTML element, a quoted e-mail) judged on their own. A chunk or
     passage the words put just under the threshold (within the second look's band) is looked at
     again through its embedding; the rest never pay for one."""
+    return judge(text, [])[0]
+
+
+def judge(text: str, positions: list[int]) -> tuple[list[Span], list[float]]:
+    """find(text), and for each of `positions` how far the model puts the chunk holding it over its
+    threshold, in logits (negative: under it), from the same pass: each chunk is scored once however
+    many positions fall in it (a text of thousands of pattern matches costs one pass, not one per
+    match)."""
     over = _lookup()[0]
     look = second_look()
     band = look[0] if look is not None else 0.0
@@ -466,8 +452,9 @@ def find(text: str) -> list[Span]:
     folded = fold(text)
     found = []
     unsure: list[tuple[int, int, float]] = []
-    for start, end in chunks(text):
-        z = _z(words(folded[start:end]))
+    spans = chunks(text)
+    zs = [_z(words(folded[start:end])) for start, end in spans]
+    for (start, end), z in zip(spans, zs, strict=True):
         if z >= over:
             found.append(Span(INJECTION, start, end))
             continue
@@ -487,4 +474,12 @@ def find(text: str) -> list[Span]:
     if unsure and look is not None:
         confirmed = _confirmed([text[a:b] for a, b, _ in unsure], [bias + z for _, _, z in unsure], look)
         found.extend(Span(INJECTION, a, b) for (a, b, _), yes in zip(unsure, confirmed, strict=True) if yes)
-    return sorted(found, key=lambda span: span.start)
+    if not positions:
+        margins = []
+    elif not spans:
+        margins = [_z(words(folded)) - over] * len(positions)
+    else:
+        starts = [start for start, _ in spans]
+        # Between two chunks (their whitespace): the one before; before the first: the first.
+        margins = [zs[max(0, bisect.bisect_right(starts, at) - 1)] - over for at in positions]
+    return sorted(found, key=lambda span: span.start), margins
