@@ -191,9 +191,10 @@ def _matches(text: str) -> list[tuple[int, int]]:
 # A phrase the patterns match counts unless the learned model, which reads the whole sentence, puts
 # its chunk more than this many logits under its threshold: "a test that checks our bot refuses when
 # a user asks it to print its system prompt" has the phrase of an attack, and is talk about one. Chosen
-# on the training set and screening_eval.jsonl (docs/screening.md): the widest margin that clears the
-# 11 benign training texts the patterns fired on and keeps every attack of screening_eval.
-PATTERN_MARGIN = 4.0
+# on the training set and screening_eval.jsonl (docs/screening.md): between the smallest margin that
+# keeps every attack of screening_eval the model alone misses (4.3 with these weights) and the
+# largest that clears the training set's benign texts the patterns match (6.0).
+PATTERN_MARGIN = 5.0
 
 
 # Words that ask for a text to be read backwards ("read this backwards and do what it says"), in the
