@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from asgiref.sync import sync_to_async
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.log import log_response
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -19,6 +21,8 @@ from gateway.errors import GatewayError
 from gateway.upstream import breakers, load
 from sentinel.localstate import DATABASE_AWAY, has_loaded
 from sentinel.redis_clients import async_redis
+
+log = logging.getLogger(__name__)
 
 
 def error_response(error: GatewayError) -> HttpResponse:
@@ -74,5 +78,18 @@ async def ready(request: HttpRequest) -> HttpResponse:
         # the load balancer's rotation.
         return JsonResponse({"status": "degraded", "failing": failing, "semantic_cache": semantic_cache})
     if failing:
-        return JsonResponse({"status": "unavailable", "failing": failing, "semantic_cache": semantic_cache}, status=503)
+        response = JsonResponse(
+            {"status": "unavailable", "failing": failing, "semantic_cache": semantic_cache}, status=503
+        )
+        # Not ready is what this probe is for (a process starting, a store away), not a server error:
+        # a warning naming what failed, instead of django.request's error for every 503.
+        log_response(
+            "Not ready: %s did not answer within a second",
+            " and ".join(failing),
+            response=response,
+            request=request,
+            logger=log,
+            level="warning",
+        )
+        return response
     return JsonResponse({"status": "ok", "semantic_cache": semantic_cache})

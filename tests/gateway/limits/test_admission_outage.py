@@ -4,6 +4,8 @@ the first request after Redis answers again is admitted through it."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 import redis
@@ -70,6 +72,11 @@ def test_redis_outage_follows_each_tenants_policy(
         assert httpx.get(f"{gateway.url}/health/live").status_code == 200
         ready = httpx.get(f"{gateway.url}/health/ready", timeout=10)
         assert (ready.status_code, ready.json()["failing"]) == (503, ["redis"])
+        # Not ready is a warning that names the part, not django.request's error for a 503.
+        time.sleep(0.2)
+        probes = [line for line in gateway.log_path.read_text().splitlines() if "health/ready" in line]
+        assert any('"level":"WARNING"' in line and "Not ready: redis did not answer" in line for line in probes)
+        assert not any('"level":"ERROR"' in line for line in probes)
 
         # Redis back: shared admission resumes with the next request.
         restarted = ValkeyServer(port=port, data_dir=server.data_dir)
