@@ -192,8 +192,8 @@ def _matches(text: str) -> list[tuple[int, int]]:
 # its chunk more than this many logits under its threshold: "a test that checks our bot refuses when
 # a user asks it to print its system prompt" has the phrase of an attack, and is talk about one. Chosen
 # on the training set and screening_eval.jsonl (docs/screening.md): between the smallest margin that
-# keeps every attack of screening_eval the model alone misses (4.3 with these weights) and the
-# largest that clears the training set's benign texts the patterns match (6.0).
+# keeps every attack of screening_eval the model alone misses (3.7 with these weights) and the
+# largest that clears the training set's benign texts the patterns match (5.6).
 PATTERN_MARGIN = 5.0
 
 

@@ -5,7 +5,9 @@ carriers the earlier model missed), its reading of disguised words, and its seco
 from __future__ import annotations
 
 import json
+import re
 import socket
+from collections import Counter
 
 import pytest
 
@@ -57,6 +59,31 @@ def test_the_examples_are_from_the_training_set():
     trained = {json.loads(line)["text"]: json.loads(line)["labels"] for line in path.read_text().splitlines()}
     assert all(trained[text] == ["injection"] for text in ATTACKS)
     assert all(trained[text] == [] for text in BENIGN)
+
+
+def _trigrams(text: str) -> set[str]:
+    found = re.sub(r"\W+", " ", text.lower()).split()
+    return {" ".join(found[i : i + 3]) for i in range(max(1, len(found) - 2))}
+
+
+def test_no_training_text_is_a_near_copy_of_a_held_out_one():
+    """The sets still reported as held out (e to h) share no text with the training set: no pair has
+    half its word trigrams in common (the writers of both are models, and they repeat themselves;
+    five such training texts were dropped on 2026-12-05)."""
+    data = injection_model.WEIGHTS.parents[2] / "tests" / "data"
+    training = [
+        _trigrams(json.loads(line)["text"]) for line in (data / "injection_train.jsonl").read_text().splitlines()
+    ]
+    index: dict[str, set[int]] = {}
+    for number, grams in enumerate(training):
+        for gram in grams:
+            index.setdefault(gram, set()).add(number)
+    for name in "efgh":
+        for line in (data / f"injection_holdout_{name}.jsonl").read_text().splitlines():
+            held = _trigrams(json.loads(line)["text"])
+            shared = Counter(number for gram in held for number in index.get(gram, ()))
+            near = [n for n, count in shared.items() if count / len(held | training[n]) >= 0.5]
+            assert not near, (name, json.loads(line)["text"])
 
 
 def test_disguised_words_are_read_as_the_words_they_stand_for():
