@@ -215,3 +215,39 @@ def test_a_team_admins_request_log_export_holds_its_teams_requests_alone(teams):
     ]
     entry = AuditEntry.objects.get(actor=teams.lead, action=AuditEntry.Action.EXPORT)
     assert entry.tenant_id == teams.tenancy.tenant.pk
+
+
+def test_a_key_narrows_its_team_as_a_team_narrows_its_tenant(teams):
+    """A key set past its team's limits or outside its team's allowlist is refused on the form,
+    naming the team's figure, whoever edits it; within them it is issued. Nothing is saved on an
+    error (the stricter limit would apply anyway: the form says so instead of promising more)."""
+    from gateway.models import ModelAlias
+    from tenants.models import RateLimitTier
+
+    allowed, other = ModelAlias.objects.create(name=unique("team-model")), ModelAlias.objects.create(name=unique("x"))
+    team = teams.search
+    team.requests_per_minute, team.allowed_models = 100, [allowed.name]
+    team.save(update_fields=["requests_per_minute", "allowed_models"])
+    big = RateLimitTier.objects.create(name=unique("tier"), requests_per_minute=500)
+    count = VirtualKey.objects.count()
+    fields = {"tenant": teams.tenancy.tenant.pk, "name": "narrow-app", "team": team.pk}
+    for web in (as_user(teams.lead), as_user(teams.tenancy.owner)):
+        for extra, field, error in (
+            ({"requests_per_minute": "101"}, "requests_per_minute", "At most team search's requests per minute (100)."),
+            ({"tier": big.pk}, "tier", "At most team search's requests per minute (100)."),
+            ({"allowed_models": [other.name]}, "allowed_models", f"Not on team search's list of models: {other.name}."),
+        ):
+            refused = web.post(key_url("add"), {**fields, **extra})
+            assert refused.status_code == 200
+            assert error in " ".join(refused.context["adminform"].form.errors[field])
+        assert VirtualKey.objects.count() == count
+    made = as_user(teams.lead).post(
+        key_url("add"), {**fields, "requests_per_minute": "100", "allowed_models": [allowed.name]}
+    )
+    assert made.status_code == 303
+    key = VirtualKey.objects.get(name="narrow-app")
+    assert (key.team_id, key.requests_per_minute, key.allowed_models) == (team.pk, 100, [allowed.name])
+    # A key of no team is bound by its tenant's alone (the tenant has no limit here).
+    owner = as_user(teams.tenancy.owner)
+    free = owner.post(key_url("add"), {**fields, "name": "free-app", "team": "", "requests_per_minute": "1000"})
+    assert free.status_code == 303
