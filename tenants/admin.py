@@ -48,8 +48,6 @@ from sentinel.console.templatetags.console import usd
 from sentinel.crypto import decrypt, encrypt
 from sentinel.localstate import announce_change
 from tenants.models import (
-    LIMIT_FIELDS,
-    LIMIT_NAMES,
     AuditEntry,
     Budget,
     BudgetAlert,
@@ -362,27 +360,7 @@ class VirtualKeyForm(forms.ModelForm):
             if outside:
                 message = f"Not on {tenant.name}'s list of models: {', '.join(outside)}. A key narrows it only."
                 self.add_error("allowed_models", message)
-        if team is not None and tenant is not None and team.tenant_id == tenant.pk:
-            self._within_team(team, data, chosen)
         return data
-
-    def _within_team(self, team, data: dict, chosen: list[str]) -> None:
-        """A key narrows its team as a team narrows its tenant (Team.clean): its allowlist within the
-        team's, each of its limits at most the team's. Both bind a request anyway (the stricter
-        applies); a key set past its team's says so here rather than promise what it cannot give."""
-        outside = [name for name in chosen if team.allowed_models and name not in team.allowed_models]
-        if outside and "allowed_models" not in self.errors:
-            message = f"Not on team {team.name}'s list of models: {', '.join(outside)}. A key narrows it only."
-            self.add_error("allowed_models", message)
-        ceiling = team.effective_limits()
-        tier = data.get("tier")
-        for kind, field in LIMIT_FIELDS.items():
-            own = data.get(field)
-            value = own if own is not None else (getattr(tier, field) if tier is not None else None)
-            if kind in ceiling and value is not None and value > ceiling[kind]:
-                where = field if own is not None else "tier"
-                message = f"At most team {team.name}'s {LIMIT_NAMES[kind]} ({ceiling[kind]})."
-                self.add_error(where if where in self.fields else None, message)
 
 
 class EndUserLimitInline(TenantScopedInline, TabularInline):

@@ -56,6 +56,18 @@ class Limits(models.Model):
                 limits[kind] = value
         return limits
 
+    def limits_over(self, ceiling: dict[str, int], whose: str) -> dict[str, str]:
+        """An error for each limit past `ceiling`'s (an owner's effective limits), on the limit's own
+        field, or on the tier when the limit is the tier's: "At most {whose} requests per minute (100)."."""
+        errors = {}
+        for kind, value in self.effective_limits().items():
+            if kind in ceiling and value > ceiling[kind]:
+                field = LIMIT_FIELDS[kind]
+                errors[field if getattr(self, field) is not None else "tier"] = (
+                    f"At most {whose} {LIMIT_NAMES[kind]} ({ceiling[kind]})."
+                )
+        return errors
+
 
 class Tenant(Limits):
     class Status(models.TextChoices):
@@ -277,13 +289,7 @@ class Team(Limits):
                 f"Not on the tenant's allowlist: {', '.join(outside)}. "
                 f"The tenant allows {', '.join(tenant.allowed_models)}."
             )
-        ceiling = tenant.effective_limits()
-        for kind, value in self.effective_limits().items():
-            if kind in ceiling and value > ceiling[kind]:
-                field = LIMIT_FIELDS[kind]
-                errors[field if getattr(self, field) is not None else "tier"] = (
-                    f"At most the tenant's {LIMIT_NAMES[kind]} ({ceiling[kind]})."
-                )
+        errors.update(self.limits_over(tenant.effective_limits(), "the tenant's"))
         if errors:
             raise ValidationError(errors)
 
@@ -375,8 +381,21 @@ class VirtualKey(Limits):
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
 
-        if self.team_id is not None and self.tenant_id is not None and self.team.tenant_id != self.tenant_id:
+        if self.team_id is None or self.tenant_id is None:
+            return
+        team = self.team
+        if team.tenant_id != self.tenant_id:
             raise ValidationError({"team": "A team of the key's own tenant."})
+        # A key narrows its team as a team narrows its tenant (Team.clean). Both bind a request anyway
+        # (the stricter applies); a key set past its team's says so rather than promise more.
+        errors = self.limits_over(team.effective_limits(), f"team {team.name}'s")
+        outside = [name for name in self.allowed_models if team.allowed_models and name not in team.allowed_models]
+        if outside:
+            errors["allowed_models"] = (
+                f"Not on team {team.name}'s list of models: {', '.join(outside)}. A key narrows it only."
+            )
+        if errors:
+            raise ValidationError(errors)
 
     @property
     def state(self) -> str:

@@ -101,3 +101,19 @@ def test_a_team_with_keys_cannot_be_deleted(make_tenant):
     with pytest.raises(ProtectedError):
         team.delete()
     assert VirtualKey.objects.get(pk=key.pk).team_id == team.pk
+
+
+def test_a_keys_limits_and_allowlist_are_within_its_teams(make_tenant):
+    tenant = make_tenant()
+    team = Team.objects.create(tenant=tenant, name="search", requests_per_minute=100, allowed_models=["a"])
+    key, _ = key_create(tenant=tenant, name="k", team=team)
+    key.requests_per_minute, key.allowed_models = 101, ["a", "b"]
+    assert errors_of(key) == {
+        "requests_per_minute": ["At most team search's requests per minute (100)."],
+        "allowed_models": ["Not on team search's list of models: b. A key narrows it only."],
+    }
+    key.requests_per_minute, key.allowed_models = 100, ["a"]
+    key.full_clean()
+    # A key of no team: its tenant's alone bind it (this tenant has none).
+    key.team, key.requests_per_minute, key.allowed_models = None, 10**6, ["b"]
+    key.full_clean()
