@@ -232,10 +232,9 @@ def _backwards_regions(text: str) -> list[tuple[int, int]]:
     regions: list[tuple[int, int]] = []
     for index in near:
         start, end = spans[index]
-        if regions and index - 1 in near and regions[-1][1] == spans[index - 1][1]:
-            regions[-1] = (regions[-1][0], end)
-        else:
-            regions.append((start, end))
+        if regions and index - 1 in near:  # the chunk before is the last region's end: extend it
+            start = regions.pop()[0]
+        regions.append((start, end))
     return regions
 
 
