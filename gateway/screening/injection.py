@@ -157,10 +157,16 @@ _PATTERNS: tuple[tuple[tuple[str, ...], re.Pattern, re.Pattern], ...] = tuple(
 _PREFILTER = Prefilter([any_case for _, any_case, _ in _PATTERNS])
 _BASE64 = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{24,}={0,2}(?![A-Za-z0-9+/=])")
 _HEX = re.compile(r"[0-9A-Fa-f](?<![0-9A-Fa-f]{2})[0-9A-Fa-f](?:[0-9A-Fa-f]{2}){15,}(?![0-9A-Fa-f])")
+_SHORTEST_PAYLOAD = 24  # the shorter of the two: base64's 24, hex's 32
 
 
 def _decoded(text: str) -> list[tuple[int, int, str]]:
     """Text hidden in base64 or hex runs: (start, end, decoded), printable decodings only."""
+    # A run of 24 characters or more, none of them whitespace, lies inside a whitespace-separated
+    # token at least as long: without one there is none (the two expressions, tried at every
+    # position of a 4,000-character text, cost 0.17 ms; the lengths of its tokens 0.05 ms).
+    if max(map(len, text.split()), default=0) < _SHORTEST_PAYLOAD:
+        return []
     found = []
     for pattern, decode in ((_BASE64, base64.b64decode), (_HEX, bytes.fromhex)):
         for match in pattern.finditer(text):
