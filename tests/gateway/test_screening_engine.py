@@ -368,11 +368,11 @@ def test_pattern_checks_reach_their_targets():
 
 def test_injection_holds_on_prompts_written_after_it_was_tuned(embedding_model):
     """Issue 25: injection recall was 0.70 on the held-out prompts (0.56 on the issue's fresh ones).
-    injection_holdout_c.jsonl to _h.jsonl were written before the model they measure and never
+    injection_holdout_c.jsonl to _j.jsonl were written before the model they measure and never
     trained on (docs/screening.md says how each set was used, and how far they are still held out).
     With the embedder loaded, as in a web process: the second look counts. The goal (recall 0.90 at
-    precision 0.98 on fresh attacks) is met on g, whose errors were read, and not on e, f or h, the
-    freshest: these are the figures reached (the comments: before the _h25h training batch)."""
+    precision 0.98 on fresh attacks) is not met on the freshest sets, h to j: these are the figures
+    reached (the comments: before the _h25i training batch, as shipped on 2026-12-05)."""
     assert figures(DATA / "screening_holdout.jsonl")["checks"]["injection"] == {
         "precision": 1.0,
         "recall": 1.0,
@@ -380,18 +380,19 @@ def test_injection_holds_on_prompts_written_after_it_was_tuned(embedding_model):
         "fp": 0,
         "fn": 0,
     }
-    c = figures(DATA / "injection_holdout_c.jsonl")["checks"]["injection"]
-    assert (c["tp"], c["fp"], c["fn"]) == (45, 0, 5)  # recall 0.90, precision 1.000 (48, 0, 2)
-    d = figures(DATA / "injection_holdout_d.jsonl")["checks"]["injection"]
-    assert (d["tp"], d["fp"], d["fn"]) == (47, 1, 3)  # recall 0.94, precision 0.979 (the same)
-    e = figures(DATA / "injection_holdout_e.jsonl")["checks"]["injection"]
-    assert (e["tp"], e["fp"], e["fn"]) == (54, 1, 12)  # recall 0.818, precision 0.982 (58, 3, 8)
-    f = figures(DATA / "injection_holdout_f.jsonl")["checks"]["injection"]
-    assert (f["tp"], f["fp"], f["fn"]) == (69, 1, 10)  # recall 0.873, precision 0.986 (69, 4, 10)
-    g = figures(DATA / "injection_holdout_g.jsonl")["checks"]["injection"]
-    assert (g["tp"], g["fp"], g["fn"]) == (74, 1, 6)  # recall 0.925, precision 0.987 (73, 3, 7)
-    h = figures(DATA / "injection_holdout_h.jsonl")["checks"]["injection"]
-    assert (h["tp"], h["fp"], h["fn"]) == (58, 8, 22)  # recall 0.725, precision 0.879 (55, 15, 25)
+    expected = {
+        "c": (45, 0, 5),  # recall 0.90, precision 1.000 (the same)
+        "d": (45, 1, 5),  # recall 0.90, precision 0.978 (47, 1, 3)
+        "e": (52, 1, 14),  # recall 0.788, precision 0.981 (54, 1, 12)
+        "f": (69, 0, 10),  # recall 0.873, precision 1.000 (69, 1, 10)
+        "g": (72, 1, 8),  # recall 0.900, precision 0.986 (74, 1, 6)
+        "h": (58, 6, 22),  # recall 0.725, precision 0.906 (58, 8, 22)
+        "i": (55, 6, 25),  # recall 0.688, precision 0.902 (54, 9, 26)
+        "j": (44, 3, 36),  # recall 0.550, precision 0.936 (46, 4, 34)
+    }
+    for name, (tp, fp, fn) in expected.items():
+        found = figures(DATA / f"injection_holdout_{name}.jsonl")["checks"]["injection"]
+        assert (found["tp"], found["fp"], found["fn"]) == (tp, fp, fn), name
 
 
 @pytest.mark.parametrize("module", [personal_data, credentials, injection, moderation])
