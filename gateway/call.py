@@ -28,7 +28,7 @@ from gateway.upstream.failures import UpstreamError
 from gateway.upstream.routing import ModelRoute, Target
 
 QUEUED_RECORDS = uuid.UUID("6f1c2a57-5b0e-4f51-9d3a-1b7c2e8f4a90")  # namespace of batch items' record ids
-REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]{1,128}")  # whole: fullmatch
 _background: set[asyncio.Task] = set()
 
 
@@ -127,7 +127,7 @@ class Call:
 
 def request_id_from(header: str | None) -> str:
     """The client's id when it is a sane token, else a fresh one."""
-    if header and REQUEST_ID_PATTERN.match(header):
+    if header and REQUEST_ID_PATTERN.fullmatch(header):
         return header
     return "req_" + uuid.uuid4().hex
 

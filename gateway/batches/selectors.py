@@ -12,11 +12,11 @@ from gateway.batches.models import Batch, BatchFile, BatchItem
 
 # What ids look like (file-<hex>, batch_<hex>): anything else names nothing, and never reaches the
 # database (which refuses some characters outright, NUL among them).
-PUBLIC_ID = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
+PUBLIC_ID = re.compile(r"[A-Za-z0-9_\-]{1,64}")  # whole: fullmatch
 
 
 def file_for(*, tenant_id: int, public_id: str, with_content: bool = False) -> BatchFile | None:
-    if not PUBLIC_ID.match(public_id):
+    if not PUBLIC_ID.fullmatch(public_id):
         return None
     files = BatchFile.objects.filter(tenant_id=tenant_id, public_id=public_id, deleted_at=None)
     return (files if with_content else files.defer("content")).first()
@@ -39,7 +39,7 @@ def files_page(
 
 
 def batch_for(*, tenant_id: int, public_id: str) -> Batch | None:
-    if not PUBLIC_ID.match(public_id):
+    if not PUBLIC_ID.fullmatch(public_id):
         return None
     return _with_files(Batch.objects.filter(tenant_id=tenant_id, public_id=public_id)).first()
 

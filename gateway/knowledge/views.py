@@ -31,7 +31,7 @@ from gateway.errors import GatewayError, invalid_request
 from gateway.knowledge import filters, schemas, services
 from gateway.knowledge.models import VectorStore, VectorStoreFile
 
-STORE_ID = re.compile(r"^vs_[0-9a-f]{24}$")
+STORE_ID = re.compile(r"vs_[0-9a-f]{24}")  # whole: fullmatch
 # What a /search call is filed under in the ledger's model column.
 SEARCH_MODEL = "vector_store.search"
 
@@ -93,7 +93,7 @@ def file_object(entry: VectorStoreFile) -> dict:
 
 def _store_for(key: KeyInfo, public_id: str, *, counted: bool = False) -> VectorStore:
     store = None
-    if STORE_ID.match(public_id):
+    if STORE_ID.fullmatch(public_id):
         found = VectorStore.objects.filter(tenant_id=key.tenant_id, public_id=public_id)
         store = (with_counts(found) if counted else found).first()
     if store is None:

@@ -62,3 +62,33 @@ def test_a_hostile_id_or_list_parameter_is_a_4xx_in_openais_shape(gateway, api_k
                 else:
                     _refused_well(response, (path, param, value[:12]))
     assert not [line for line in gateway.log_lines()[start:] if '"level":"ERROR"' in line]
+
+
+def test_an_id_with_a_line_break_after_it_names_nothing_and_never_reaches_the_database(live_db):
+    """The id patterns are matched whole: `$` alone lets a trailing line break through
+    ("file-abc\\n" matched `^[A-Za-z0-9_\\-]{1,64}$`), and such an id went on to the database."""
+    from types import SimpleNamespace
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from gateway.batches import selectors
+    from gateway.call import request_id_from
+    from gateway.errors import GatewayError
+    from gateway.knowledge.views import _store_for
+
+    assert request_id_from("req-1") == "req-1"
+    assert request_id_from("req-1\n").startswith("req_") and request_id_from("req-1\n") != "req-1\n"
+    key = SimpleNamespace(tenant_id=1)
+    with CaptureQueriesContext(connection) as queries:
+        assert selectors.file_for(tenant_id=1, public_id="file-abc\n") is None
+        assert selectors.batch_for(tenant_id=1, public_id="batch_abc\n") is None
+        with pytest.raises(GatewayError) as refused:
+            _store_for(key, "vs_" + "0" * 24 + "\n")
+    assert (len(queries), refused.value.status) == (0, 404)
+    with CaptureQueriesContext(connection) as queries:  # the same ids without the line break are looked up
+        assert selectors.file_for(tenant_id=1, public_id="file-abc") is None
+        assert selectors.batch_for(tenant_id=1, public_id="batch_abc") is None
+        with pytest.raises(GatewayError):
+            _store_for(key, "vs_" + "0" * 24)
+    assert len(queries) == 3
