@@ -163,20 +163,31 @@ _SHORTEST_PAYLOAD = 24  # the shorter of the two: base64's 24, hex's 32
 def _decoded(text: str) -> list[tuple[int, int, str]]:
     """Text hidden in base64 or hex runs: (start, end, decoded), printable decodings only."""
     # A run of 24 characters or more, none of them whitespace, lies inside a whitespace-separated
-    # token at least as long: without one there is none (the two expressions, tried at every
-    # position of a 4,000-character text, cost 0.17 ms; the lengths of its tokens 0.05 ms).
-    if max(map(len, text.split()), default=0) < _SHORTEST_PAYLOAD:
-        return []
+    # token at least as long: only those tokens are searched (the two expressions, tried at every
+    # position of a 4,000-character text, cost 0.17 ms; its tokens' lengths 0.05 ms).
+    regions, at = [], 0
+    for token in text.split():
+        if len(token) >= _SHORTEST_PAYLOAD:
+            # Found in order: a shorter token between two long ones cannot hold the next long one.
+            start = text.find(token, at)
+            at = start + len(token)
+            regions.append((start, at))
+    return _payloads(text, regions)
+
+
+def _payloads(text: str, regions: list[tuple[int, int]]) -> list[tuple[int, int, str]]:
+    """_decoded's findings within `regions` (start, end), each searched on its own."""
     found = []
     for pattern, decode in ((_BASE64, base64.b64decode), (_HEX, bytes.fromhex)):
-        for match in pattern.finditer(text):
-            raw = match.group()
-            try:
-                value = decode(raw + "=" * (-len(raw) % 4) if decode is base64.b64decode else raw).decode()
-            except (binascii.Error, ValueError, UnicodeDecodeError):
-                continue
-            if value.isprintable() and sum(c.isalpha() or c == " " for c in value) >= 0.8 * len(value):
-                found.append((match.start(), match.end(), value))
+        for start, end in regions:
+            for match in pattern.finditer(text, start, end):
+                raw = match.group()
+                try:
+                    value = decode(raw + "=" * (-len(raw) % 4) if decode is base64.b64decode else raw).decode()
+                except (binascii.Error, ValueError, UnicodeDecodeError):
+                    continue
+                if value.isprintable() and sum(c.isalpha() or c == " " for c in value) >= 0.8 * len(value):
+                    found.append((match.start(), match.end(), value))
     return found
 
 
