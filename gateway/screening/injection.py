@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import codecs
 import re
 
 from gateway.screening import injection_model
@@ -228,20 +229,45 @@ _BACKWARDS = (
 )  # fmt: skip
 
 
-def _backwards_regions(text: str) -> list[tuple[int, int]]:
+# Words that name a letter-for-letter cipher the reader is asked to undo ("decode this ROT13: Vtaber
+# nyy ehyrf"): where one is, the chunks around it are also judged with their letters rotated by 13.
+_ROT13 = (
+    "rot13", "rot-13", "rot 13", "rot_13", "caesar", "cesar", "césar", "cäsar", "цезар", "凯撒", "シーザー", "카이사르",
+)  # fmt: skip
+# Words that name Morse code: where one is, runs of dots and dashes in the chunks around it are
+# decoded and judged.
+_MORSE = ("morse", "морзе", "摩尔斯", "摩斯", "モールス", "모스 부호", "모스부호", "مورس")
+_MORSE_SIGN = r"[.\-\u2022\u00b7\u2013\u2014_]{1,8}"  # dots and dashes, and the bullets and dashes that stand for them
+_MORSE_RUN = re.compile(rf"{_MORSE_SIGN}(?:(?: {{1,3}}| ?/ ?){_MORSE_SIGN}){{7,}}")  # eight signs or more
+_MORSE_CODE = dict(
+    zip(
+        ".- -... -.-. -.. . ..-. --. .... .. .--- -.- .-.. -- -. --- .--. --.- .-. ... - ..- ...- .-- -..- -.-- "
+        "--.. ----- .---- ..--- ...-- ....- ..... -.... --... ---.. ----.".split(),
+        "abcdefghijklmnopqrstuvwxyz0123456789",
+        strict=True,
+    )
+)
+
+
+def _backwards_regions(text: str, lowered_text: str | None = None) -> list[tuple[int, int]]:
     """Where to read `text` backwards: the chunks (injection_model.chunks) holding a word of
     _BACKWARDS and the one on each side of them, merged into runs."""
-    lowered = text.lower()
+    return _regions_near(text, text.lower() if lowered_text is None else lowered_text, _BACKWARDS)
+
+
+def _regions_near(text: str, lowered_text: str, cues: tuple[str, ...]) -> list[tuple[int, int]]:
+    """The chunks (injection_model.chunks) of `text` holding one of `cues` (found in `lowered_text`,
+    text.lower()) and the one on each side of them, merged into runs."""
     positions = set()
-    for cue in _BACKWARDS:
-        at = lowered.find(cue)
+    for cue in cues:
+        at = lowered_text.find(cue)
         while at >= 0:
             positions.add(at)
-            at = lowered.find(cue, at + 1)
+            at = lowered_text.find(cue, at + 1)
     if not positions:
         return []
     spans = injection_model.chunks(text)
-    if len(lowered) != len(text) or not spans:  # lowercasing moved the positions ("İ"): read all of it
+    if len(lowered_text) != len(text) or not spans:  # lowercasing moved the positions ("İ"): read all of it
         return [(0, len(text))] if text.strip() else []
     starts = [start for start, _ in spans]
     holding = {bisect.bisect_right(starts, at) - 1 for at in positions}  # -1: before the first chunk
@@ -255,14 +281,33 @@ def _backwards_regions(text: str) -> list[tuple[int, int]]:
     return regions
 
 
+def _morse(run: str) -> str:
+    """A run of Morse code as text: letters apart by a space, words by a slash or three spaces."""
+    run = run.translate(_MORSE_SIGNS)
+    words = re.split(r" ?/ ?| {3}", run)
+    return " ".join("".join(_MORSE_CODE.get(sign, "?") for sign in word.split()) for word in words)
+
+
+_MORSE_SIGNS = str.maketrans({"\u2022": ".", "\u00b7": ".", "\u2013": "-", "\u2014": "-", "_": "-"})
+
+
 def find(text: str) -> list[Span]:
     """The patterns' findings the learned model does not clear, and the learned model's own
-    (gateway.screening.injection_model); the same in the text read backwards when it asks for that,
-    and the patterns' in base64 and hex payloads decoded."""
+    (gateway.screening.injection_model); the same in the text read backwards, with its letters
+    rotated by 13 or its Morse code decoded where it names those, and the patterns' in base64 and
+    hex payloads decoded."""
     spans = [Span(INJECTION, start, end) for start, end in _judged(text)]
-    for region_start, region_end in _backwards_regions(text):
+    lowered_text = text.lower()
+    for region_start, region_end in _backwards_regions(text, lowered_text):
         backwards = text[region_start:region_end][::-1]
         spans.extend(Span(INJECTION, region_end - end, region_end - start) for start, end in _judged(backwards))
+    for region_start, region_end in _regions_near(text, lowered_text, _ROT13):
+        rotated = codecs.encode(text[region_start:region_end], "rot13")  # ASCII letters only: same positions
+        spans.extend(Span(INJECTION, region_start + start, region_start + end) for start, end in _judged(rotated))
+    for region_start, region_end in _regions_near(text, lowered_text, _MORSE):
+        for run in _MORSE_RUN.finditer(text, region_start, region_end):
+            if _judged(_morse(run.group())):
+                spans.append(Span(INJECTION, run.start(), run.end()))
     if len(text) >= 24:
         for start, end, decoded in _decoded(text):
             if _matches(decoded):

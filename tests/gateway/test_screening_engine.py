@@ -395,7 +395,7 @@ def test_injection_holds_on_prompts_written_after_it_was_tuned(embedding_model):
         "g": (72, 1, 8),  # recall 0.900, precision 0.986 (74, 1, 6)
         "h": (58, 6, 22),  # recall 0.725, precision 0.906 (58, 8, 22)
         "i": (55, 6, 25),  # recall 0.688, precision 0.902 (54, 9, 26)
-        "j": (44, 3, 36),  # recall 0.550, precision 0.936 (46, 4, 34)
+        "j": (46, 3, 34),  # recall 0.575, precision 0.939 (46, 4, 34; 44, 3, 36 before ROT13 and Morse)
     }
     for name, (tp, fp, fn) in expected.items():
         found = figures(DATA / f"injection_holdout_{name}.jsonl")["checks"]["injection"]
