@@ -375,10 +375,10 @@ def test_pattern_checks_reach_their_targets():
 
 def test_injection_holds_on_prompts_written_after_it_was_tuned(embedding_model):
     """Issue 25: injection recall was 0.70 on the held-out prompts (0.56 on the issue's fresh ones).
-    injection_holdout_c.jsonl to _j.jsonl were written before the model they measure and never
+    injection_holdout_c.jsonl to _k.jsonl were written before the model they measure and never
     trained on (docs/screening.md says how each set was used, and how far they are still held out).
     With the embedder loaded, as in a web process: the second look counts. The goal (recall 0.90 at
-    precision 0.98 on fresh attacks) is not met on the freshest sets, h to j: these are the figures
+    precision 0.98 on fresh attacks) is not met on the freshest sets, h to k: these are the figures
     reached (the comments: before the _h25i training batch, as shipped on 2026-12-05)."""
     assert figures(DATA / "screening_holdout.jsonl")["checks"]["injection"] == {
         "precision": 1.0,
@@ -396,6 +396,7 @@ def test_injection_holds_on_prompts_written_after_it_was_tuned(embedding_model):
         "h": (58, 6, 22),  # recall 0.725, precision 0.906 (58, 8, 22)
         "i": (55, 6, 25),  # recall 0.688, precision 0.902 (54, 9, 26)
         "j": (46, 3, 34),  # recall 0.575, precision 0.939 (46, 4, 34; 44, 3, 36 before ROT13 and Morse)
+        "k": (32, 2, 48),  # recall 0.400, precision 0.941 (41, 3, 39): written after the batch
     }
     for name, (tp, fp, fn) in expected.items():
         found = figures(DATA / f"injection_holdout_{name}.jsonl")["checks"]["injection"]
