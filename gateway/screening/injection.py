@@ -304,15 +304,35 @@ def find(text: str) -> list[Span]:
     for region_start, region_end in _regions_near(text, lowered_text, _ROT13):
         rotated = codecs.encode(text[region_start:region_end], "rot13")  # ASCII letters only: same positions
         spans.extend(Span(INJECTION, region_start + start, region_start + end) for start, end in _judged(rotated))
-    for region_start, region_end in _regions_near(text, lowered_text, _MORSE):
-        for run in _MORSE_RUN.finditer(text, region_start, region_end):
-            if _judged(_morse(run.group())):
-                spans.append(Span(INJECTION, run.start(), run.end()))
-    if len(text) >= 24:
-        for start, end, decoded in _decoded(text):
-            if _matches(decoded):
-                spans.append(Span(INJECTION, start, end))
+    runs = [run for region in _regions_near(text, lowered_text, _MORSE) for run in _MORSE_RUN.finditer(text, *region)]
+    if runs:
+        flagged = _flagged([_morse(run.group()) for run in runs], _judged)
+        spans.extend(Span(INJECTION, run.start(), run.end()) for run, yes in zip(runs, flagged, strict=True) if yes)
+    if len(text) >= 24 and (payloads := _decoded(text)):
+        flagged = _flagged([decoded for _, _, decoded in payloads], _matches)
+        spans.extend(Span(INJECTION, start, end) for (start, end, _), yes in zip(payloads, flagged, strict=True) if yes)
     return spans
+
+
+def _flagged(pieces: list[str], judge) -> list[bool]:
+    """Which of `pieces` (decoded text) `judge` finds something in, judged as one text, a blank line
+    between two: however many a text holds (a hostile one, thousands), one pass."""
+    if len(pieces) == 1:
+        return [bool(judge(pieces[0]))]
+    bounds, at = [], 0
+    for piece in pieces:
+        bounds.append((at, at + len(piece)))
+        at += len(piece) + 2
+    found = sorted(judge("\n\n".join(pieces)))
+    flagged, next_found, reach = [], 0, -1  # reach: the furthest end of the findings starting before
+    for start, end in bounds:
+        while next_found < len(found) and found[next_found][0] < end:
+            reach = max(reach, found[next_found][1])
+            next_found += 1
+        # A finding that starts before this piece ends and ends after it starts: the furthest-reaching
+        # of those started so far tells (they are sorted by start, and the pieces are in order).
+        flagged.append(reach > start)
+    return flagged
 
 
 def _judged(text: str) -> list[tuple[int, int]]:
