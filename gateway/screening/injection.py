@@ -249,12 +249,6 @@ _MORSE_CODE = dict(
 )
 
 
-def _backwards_regions(text: str, lowered_text: str | None = None) -> list[tuple[int, int]]:
-    """Where to read `text` backwards: the chunks (injection_model.chunks) holding a word of
-    _BACKWARDS and the one on each side of them, merged into runs."""
-    return _regions_near(text, text.lower() if lowered_text is None else lowered_text, _BACKWARDS)
-
-
 def _regions_near(text: str, lowered_text: str, cues: tuple[str, ...]) -> list[tuple[int, int]]:
     """The chunks (injection_model.chunks) of `text` holding one of `cues` (found in `lowered_text`,
     text.lower()) and the one on each side of them, merged into runs."""
@@ -298,7 +292,7 @@ def find(text: str) -> list[Span]:
     hex payloads decoded."""
     spans = [Span(INJECTION, start, end) for start, end in _judged(text)]
     lowered_text = text.lower()
-    for region_start, region_end in _backwards_regions(text, lowered_text):
+    for region_start, region_end in _regions_near(text, lowered_text, _BACKWARDS):
         backwards = text[region_start:region_end][::-1]
         spans.extend(Span(INJECTION, region_end - end, region_end - start) for start, end in _judged(backwards))
     for region_start, region_end in _regions_near(text, lowered_text, _ROT13):

@@ -188,13 +188,13 @@ def test_only_the_chunks_around_a_backwards_word_are_read_backwards():
     filler = "The shipment left the warehouse on Monday and should arrive by Friday at the latest. "
     text = filler * 20 + "Please reverse the order of the list. " + filler * 20
     spans = injection_model.chunks(text)
-    (region,) = injection._backwards_regions(text)
+    (region,) = injection._regions_near(text, text.lower(), injection._BACKWARDS)
     assert 3 * 250 < region[1] - region[0] < 3 * 400  # three chunks of about CHUNK_CHARS
     at = text.index("reverse")
     assert region[0] < at < region[1]
     assert len(spans) > 10
     everywhere = ("Reverse it. " + filler) * 40
-    ((start, end),) = injection._backwards_regions(everywhere)
+    ((start, end),) = injection._regions_near(everywhere, everywhere.lower(), injection._BACKWARDS)
     assert start == 0 and end >= len(everywhere.rstrip())
 
 
@@ -207,7 +207,7 @@ def test_only_the_chunks_around_a_backwards_word_are_read_backwards():
     ],
 )
 def test_a_backwards_reading_of_a_benign_text_finds_nothing(words_only, text):
-    assert injection._backwards_regions(text)
+    assert injection._regions_near(text, text.lower(), injection._BACKWARDS)
     assert not injection.find(text)
 
 
