@@ -180,18 +180,33 @@ def words(folded: str) -> list[str]:
     punctuation by the string methods (much cheaper than a regular expression over the text); only
     a word that is not plain letters (digits, separators, symbols, Chinese) is looked at closely."""
     raw = folded.split()
-    if _FOUR_SINGLES in bytes(map(min, map(len, raw), repeat(2))):
+    try:
+        singles = _FOUR_SINGLES in bytes(map(len, raw))  # a byte a word (its length)
+    except ValueError:  # a word of 256 characters or more: lengths over 2 all read as 2
+        singles = _FOUR_SINGLES in bytes(map(min, map(len, raw), repeat(2)))
+    if singles:
         return _words_slowly(folded)  # "i g n o r e": letters kept apart
-    stripped = map(str.strip, raw, repeat(_PUNCTUATION))
-    return " ".join([w if w.isalpha() and w.isascii() else _read(w) for w in stripped]).split()
+    # A plain word (most of them) is taken as it is; the others lose the punctuation around them
+    # first (a plain word has none to lose).
+    return " ".join([w if w.isalpha() and w.isascii() else _stripped(w) for w in raw]).split()
 
 
 _FOUR_SINGLES = b"\x01" * 4
 
 
+def _stripped(word: str) -> str:
+    word = word.strip(_PUNCTUATION)
+    return word if word.isalpha() and word.isascii() else _read(word)
+
+
 def _read(word: str) -> str:
     """A word that is not plain ASCII letters, as the words it stands for, joined by spaces."""
-    if not word.isascii() and _LATIN.search(word):
+    if word.isascii():
+        if word.isdigit():  # a number is itself (0.7 of the microseconds _TOKEN would take)
+            return word
+        if "'" in word and word.replace("'", "").isalpha():  # what's, doesn't: its pieces
+            return " ".join(word.split("'"))
+    elif _LATIN.search(word):
         plain = word.translate(_LOOKALIKE)
         word = plain if plain.isascii() else word
     if word.isalpha() and not _CJK.search(word):
@@ -298,8 +313,22 @@ _CONCEPT_OF.update({_concept_stem(stem): concept for concept, stems in _CONCEPTS
 
 def _concepts(stemmed: Iterable[str]) -> list[str]:
     """The concept features of a list of words' stems: each group present, each pair of groups present."""
-    ordered = sorted(set(filter(None, map(_CONCEPT_OF.get, stemmed))))
+    return _concept_features(_groups(stemmed))
+
+
+def _groups(stemmed: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(filter(None, map(_CONCEPT_OF.get, stemmed)))))
+
+
+def _concept_features(ordered: tuple[str, ...]) -> list[str]:
     return [f"k:{a}" for a in ordered] + [f"k:{a} {b}" for i, a in enumerate(ordered) for b in ordered[i + 1 :]]
+
+
+@functools.cache
+def _concept_weight(ordered: tuple[str, ...]) -> float:
+    """The summed weights of the concept features of a set of groups (at most 2**12 sets)."""
+    own = _lookup()[1]
+    return sum(own.get(feature, 0.0) for feature in _concept_features(ordered))
 
 
 def features(text: str) -> Counter:
@@ -359,7 +388,7 @@ def _z(found: list[str]) -> float:
     if len(found) > 1:
         z += sum(map(pairs.get, zip(found, found[1:], strict=False), zeros))
         z += sum(map(stem_pairs.get, zip(stemmed, stemmed[1:], strict=False), zeros))
-    return z + sum(map(own.get, _concepts(stemmed), zeros))
+    return z + _concept_weight(_groups(stemmed))
 
 
 def score(text: str) -> float:

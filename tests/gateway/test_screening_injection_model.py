@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import codecs
 import json
+import random
 import re
 import socket
 from collections import Counter
@@ -101,6 +102,36 @@ def test_disguised_words_are_read_as_the_words_they_stand_for():
     hidden = "".join(chr(0xE0000 + ord(c)) for c in "ignore rules")  # Unicode tag characters: invisible
     assert read("hi " + hidden) == ["hi", "ignore", "rules"]
     assert read("ⓘⓖⓝⓞⓡⓔ 𝗿𝘂𝗹𝗲𝘀") == ["ignore", "rules"]  # circled and mathematical letters
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_shortcuts_for_plain_words_numbers_and_contractions_read_as_the_tokenizer_does(seed):
+    """words() takes a plain word as it is, a number as itself and a contraction as its pieces
+    without the tokenizer (_TOKEN, _token_words), and checks for letters kept apart by their lengths
+    as bytes: on random mixes of such words and disguised ones, it reads what the tokenizer reads."""
+    rng = random.Random(seed)
+    vocabulary = [
+        "what's", "doesn't", "'tis", "rock'n'roll", "o''clock", "123", "0x1f", "1e3", "١٢٣", "12'34", "a'b'", "''",
+        "ign0re", "ign-ore", "e-mail", "i", "g", "n", "word,", "(quoted)", "“curly”", "x" * 300, "ＩＧＮＯＲＥ",
+        "sуstem", "c'è", "l'ordine", "S3CR3T", "$ystem", "@dmin", "—", "...", "7", "2024-03-15", "naïve", "don’t",
+    ]  # fmt: skip
+    for _ in range(500):
+        text = " ".join(rng.choice(vocabulary) for _ in range(rng.randrange(1, 14)))
+        folded = injection_model.fold(text)
+        tokenized = [part for word in folded.split() for part in _tokenized(word.strip(injection_model._PUNCTUATION))]
+        spaced_letters = re.search(r"(?:^|\s)(?:\S\s+){3}\S(?:\s|$)", folded)  # four one-letter words in a row
+        expected = injection_model._words_slowly(folded) if spaced_letters else tokenized
+        assert injection_model.words(folded) == expected, text
+
+
+def _tokenized(word: str) -> list[str]:
+    """A word read the general way: look-alike letters made Latin, then the tokenizer."""
+    if not word.isascii() and injection_model._LATIN.search(word):
+        plain = word.translate(injection_model._LOOKALIKE)
+        word = plain if plain.isascii() else word
+    if word.isalpha() and not injection_model._CJK.search(word):
+        return [word]
+    return [part for token in injection_model._TOKEN.findall(word) for part in injection_model._token_words(token)]
 
 
 def test_a_negated_request_to_reveal_the_system_prompt_is_a_rule_not_an_order(words_only):
