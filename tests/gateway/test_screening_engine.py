@@ -478,6 +478,49 @@ def test_other_countries_numbers_after_a_phone_word_and_the_00_prefix():
     assert phones("For bookings call 0044 20 3123 4567.") == ["0044 20 3123 4567"]
 
 
+@pytest.mark.parametrize("region", ["US", "GB", "DE", "FR", "IN", "BR", "AR", "MX", "JP", "IT", "AU", "RU", "NG"])
+def test_a_run_of_digits_is_ruled_out_only_when_no_number_plan_admits_it(region):
+    """personal_data._never_valid skips libphonenumber's matcher for digits alone that parse to a
+    national number no number type of the country admits: on random runs of 7 to 15 digits it
+    rules out none that is_valid_number accepts, and most of the others."""
+    import phonenumbers
+
+    rng = random.Random(region)
+    valid = ruled_out = invalid = 0
+    for _ in range(2500):
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randrange(7, 16)))
+        try:
+            is_valid = phonenumbers.is_valid_number(phonenumbers.parse(digits, region))
+        except phonenumbers.NumberParseException:
+            is_valid = False
+        never = personal_data._never_valid(digits, region)
+        assert not (is_valid and never), digits
+        valid += is_valid
+        invalid += not is_valid
+        ruled_out += never
+    assert valid >= 10  # the sample holds valid numbers to keep (17 of 2,500 for AR, the fewest)
+    assert ruled_out > 0.5 * invalid
+
+
+def test_a_timestamp_is_not_handed_to_the_phone_matcher(monkeypatch):
+    import phonenumbers
+
+    calls = []
+    matcher = phonenumbers.PhoneNumberMatcher
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return matcher(*args, **kwargs)
+
+    monkeypatch.setattr(personal_data.phonenumbers, "PhoneNumberMatcher", counted)
+    find = personal_data.find
+    assert find("created_at 1700000000, test card 7992739871", ("phone",), region="US") == []
+    assert calls == []  # no NANP number starts with 1 or area code 799
+    text = "call 4155552671 or (415) 555-2671"
+    assert [text[s.start : s.end] for s in find(text, ("phone",), region="US")] == ["4155552671", "(415) 555-2671"]
+    assert calls == ["4155552671", "(415) 555-2671"]
+
+
 def test_screening_eval_rejects_a_bad_file(tmp_path):
     from django.core.management.base import CommandError
 
