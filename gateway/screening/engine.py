@@ -53,6 +53,7 @@ from gateway.errors import GatewayError
 from gateway.screening import credentials, guardrail, injection, moderation, personal_data, resources
 from gateway.screening.personal_data import Span
 from gateway.screening.policy import GUARDRAIL, INJECTION, MODERATION, Policy
+from gateway.screening.spans import reading
 
 log = logging.getLogger(__name__)
 OFF, LOG, REDACT, BLOCK = "off", "log", "redact", "block"
@@ -275,11 +276,12 @@ def local_spans(
 ) -> list[Span]:
     """Every local check's findings in one text. Moderation findings keep their category as
     `check` (violence, self-harm, ...)."""
-    spans = personal_data.find(text, kinds, region=region) if kinds else []
-    if injection_on:
-        spans.extend(injection.find(text))
-    if moderation_on:
-        spans.extend(moderation.find(text))
+    with reading(text):
+        spans = personal_data.find(text, kinds, region=region) if kinds else []
+        if injection_on:
+            spans.extend(injection.find(text))
+        if moderation_on:
+            spans.extend(moderation.find(text))
     return spans
 
 

@@ -89,6 +89,27 @@ def test_the_stand_in_is_the_text_character_for_character():
     assert stand_in("Grüße\u00a0aus \u0663 M\u212aünchen … \x1c") == b"Graae aus 0 Mkanchen \x01  "
 
 
+def test_the_stand_in_is_made_once_a_text_while_the_checks_read_it_and_then_forgotten(monkeypatch):
+    """engine.local_spans reads a text with four checks, each with its own prefilter: the text's
+    stand-in is made once for them (spans.reading), and nothing of it is kept afterwards."""
+    from gateway.screening import spans
+
+    engine.compile_prefilters()
+    made = []
+    real = spans.stand_in
+    monkeypatch.setattr(spans, "stand_in", lambda text: made.append(text) or real(text))
+    text = ("Grüße aus München: the build on node-7 failed again. " * 40)[:2000]
+    kinds = tuple(personal_data.KINDS)
+    found = engine.local_spans(text, kinds=kinds, injection_on=True, moderation_on=True, region="US")
+    assert made.count(text) == 1
+    assert spans._reading.text is None and spans._reading.stand_in is None
+    made.clear()
+    # The same findings as each check reading it on its own, and each check alone makes its own.
+    alone = personal_data.find(text, kinds) + injection.find(text) + moderation.find(text)
+    assert found == alone
+    assert made.count(text) == 4
+
+
 # --- the same findings, with and without the prefilter ------------------------------------------
 
 SSNS = st.tuples(st.integers(1, 665), st.integers(1, 99), st.integers(1, 9999)).map(
