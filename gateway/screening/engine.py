@@ -316,7 +316,7 @@ def compile_prefilters(timeout: float | None = None) -> bool:
     """Compile every check's Hyperscan prefilter now (about 2 s of CPU in all, once per process),
     rather than on the first long text; whether all are ready."""
     modules = (credentials, injection, moderation, personal_data)
-    return all([module._PREFILTER.compile(timeout) for module in modules])
+    return all([module._PREFILTER.compile(timeout) for module in modules] + [injection._CUES.compile()])
 
 
 def forget_spans() -> None:

@@ -21,7 +21,7 @@ import codecs
 import re
 
 from gateway.screening import injection_model
-from gateway.screening.spans import Prefilter, Span, lowercase, lowered
+from gateway.screening.spans import Literals, Prefilter, Span, lowercase, lowered
 
 INJECTION = "injection"
 
@@ -249,6 +249,11 @@ _MORSE_CODE = dict(
 )
 
 
+# Which of the three kinds of cue a text holds, in one pass (spans.Literals): most texts hold none.
+_BACKWARDS_CUE, _ROT13_CUE, _MORSE_CUE = range(3)
+_CUES = Literals([_BACKWARDS, _ROT13, _MORSE])
+
+
 def _regions_near(text: str, lowered_text: str, cues: tuple[str, ...]) -> list[tuple[int, int]]:
     """The chunks (injection_model.chunks) of `text` holding one of `cues` (found in `lowered_text`,
     text.lower()) and the one on each side of them, merged into runs."""
@@ -292,13 +297,15 @@ def find(text: str) -> list[Span]:
     hex payloads decoded."""
     spans = [Span(INJECTION, start, end) for start, end in _judged(text)]
     lowered_text = text.lower()
-    for region_start, region_end in _regions_near(text, lowered_text, _BACKWARDS):
+    cues = _CUES.present(lowered_text)
+    for region_start, region_end in _regions_near(text, lowered_text, _BACKWARDS) if _BACKWARDS_CUE in cues else ():
         backwards = text[region_start:region_end][::-1]
         spans.extend(Span(INJECTION, region_end - end, region_end - start) for start, end in _judged(backwards))
-    for region_start, region_end in _regions_near(text, lowered_text, _ROT13):
+    for region_start, region_end in _regions_near(text, lowered_text, _ROT13) if _ROT13_CUE in cues else ():
         rotated = codecs.encode(text[region_start:region_end], "rot13")  # ASCII letters only: same positions
         spans.extend(Span(INJECTION, region_start + start, region_start + end) for start, end in _judged(rotated))
-    runs = [run for region in _regions_near(text, lowered_text, _MORSE) for run in _MORSE_RUN.finditer(text, *region)]
+    near_morse = _regions_near(text, lowered_text, _MORSE) if _MORSE_CUE in cues else []
+    runs = [run for region in near_morse for run in _MORSE_RUN.finditer(text, *region)]
     if runs:
         flagged = _flagged([_morse(run.group()) for run in runs], _judged)
         spans.extend(Span(INJECTION, run.start(), run.end()) for run, yes in zip(runs, flagged, strict=True) if yes)

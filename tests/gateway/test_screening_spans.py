@@ -110,6 +110,26 @@ def test_the_stand_in_is_made_once_a_text_while_the_checks_read_it_and_then_forg
     assert made.count(text) == 4
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pieces=st.lists(
+        st.one_of(
+            st.sampled_from([*injection._BACKWARDS, *injection._ROT13, *injection._MORSE]),
+            st.text(alphabet=st.one_of(st.characters(), st.sampled_from("abcdefghijklmnorstuvwz -")), max_size=40),
+        ),
+        max_size=8,
+    )
+)
+def test_the_cue_pass_finds_the_groups_the_finds_find(pieces):
+    """spans.Literals (one Hyperscan pass over the UTF-8 bytes) says which of injection's three cue
+    groups a text holds exactly as a str.find of each cue does, whatever the characters around
+    them (lone surrogates included)."""
+    text = "".join(pieces)
+    expected = {i for i, group in enumerate(injection._CUES.groups) if any(cue in text for cue in group)}
+    assert injection._CUES.compile()
+    assert injection._CUES.present(text) == expected
+
+
 # --- the same findings, with and without the prefilter ------------------------------------------
 
 SSNS = st.tuples(st.integers(1, 665), st.integers(1, 99), st.integers(1, 9999)).map(
