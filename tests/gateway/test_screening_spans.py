@@ -251,7 +251,8 @@ def _iban(country: str, body: str, grouped: bool) -> str:
 
 @st.composite
 def long_texts(draw) -> str:
-    """A text of values in varied contexts, long enough to be prefiltered, values at its very start and end."""
+    """A text of values in varied contexts, values at its very start and end (once padded to
+    Prefilter.MIN_CHARS; every text is prefiltered now, short ones too)."""
     parts = [draw(VALUES)]
     for _ in range(draw(st.integers(3, 25))):
         parts.append(draw(GLUE))
@@ -272,7 +273,7 @@ def _findings(text: str) -> list[tuple[str, int, int]]:
 
 @contextlib.contextmanager
 def unfiltered():
-    """No text is long enough to be prefiltered: every pattern runs over the whole text."""
+    """No text is prefiltered: every pattern runs over the whole text."""
     before = Prefilter.MIN_CHARS
     Prefilter.MIN_CHARS = 1 << 62
     try:
