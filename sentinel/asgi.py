@@ -36,6 +36,7 @@ from gateway.cache.engine import warm_up  # noqa: E402
 from gateway.call import request_id_from  # noqa: E402
 from gateway.errors import GatewayError  # noqa: E402
 from gateway.limits import tokens  # noqa: E402
+from gateway.screening.engine import compile_prefilters  # noqa: E402
 from sentinel import logs  # noqa: E402
 from sentinel.routing import websocket_urlpatterns  # noqa: E402
 from sentinel.text import control_character  # noqa: E402
@@ -145,6 +146,9 @@ _preloading.join()
 threading.Thread(target=warm_up, name="embedder-warm-up", daemon=True).start()
 # And the tokenizers admission counts prompts with (about a second for o200k_base).
 threading.Thread(target=tokens.warm_up, name="tokenizer-warm-up", daemon=True).start()
+# And the screening checks' Hyperscan prefilters (about 2 s of CPU, each in a thread of its own that
+# leaves the GIL): every screened text is prefiltered once they are ready.
+threading.Thread(target=compile_prefilters, name="prefilter-warm-up", daemon=True).start()
 static_application = ASGIStaticFilesHandler(console_application)
 
 
