@@ -37,7 +37,7 @@ from gateway.screening.engine import (
     output_action,
 )
 from gateway.screening.engine import output_spans as find_output_spans
-from gateway.screening.personal_data import Span
+from gateway.screening.personal_data import Span, remember_numbers
 from gateway.screening.policy import Policy
 from gateway.upstream.transport import Event
 
@@ -62,6 +62,7 @@ class StreamScreen:
         self.record = record
         self.window = max(policy.stream_window, MIN_HOLD)
         self.choices: dict[int, _Choice] = {}
+        self._numbers: dict = {}  # what the phone matcher made of this stream's digit runs
         record.ran_out = policy.output_checks
 
     def screened(self, first: Event, rest: AsyncIterator[Event]) -> tuple[Event, AsyncIterator[Event]]:
@@ -138,7 +139,12 @@ class StreamScreen:
             return ""
         offset = len(state.context)
         redact = []
-        for span in find_output_spans(self.policy, state.context + text):
+        remember_numbers(self._numbers)  # the text before is screened again: its numbers are known
+        try:
+            found = find_output_spans(self.policy, state.context + text)
+        finally:
+            remember_numbers(None)
+        for span in found:
             start, end = span.start - offset, span.end - offset
             if end <= 0 or start >= cut:
                 continue  # already released, or not complete enough to judge yet

@@ -311,6 +311,38 @@ def test_a_card_split_across_chunks_is_redacted_and_the_delay_is_bounded():
     assert record.fired == {("payment_card", "out"): "redact"}
 
 
+def test_a_stream_asks_the_phone_matcher_about_each_run_once(monkeypatch):
+    """A streamed answer is screened again with each chunk, the text before it too: what the phone
+    matcher made of a run is remembered for the stream (a netmask cost a 40-chunk stream 16 ms), and
+    the answer relayed is the same."""
+    import phonenumbers
+
+    calls = []
+    matcher = phonenumbers.PhoneNumberMatcher
+
+    def counted(*args, **kwargs):
+        calls.append(args[:2])  # the run and the region (after "call", other countries' too)
+        return matcher(*args, **kwargs)
+
+    monkeypatch.setattr(personal_data.phonenumbers, "PhoneNumberMatcher", counted)
+    answer = "Set the netmask to 255.255.255.0, then call (415) 555-2671 to confirm. That subnet holds 254 hosts."
+
+    def relay() -> str:
+        screen = StreamScreen(Policy(output_personal_data="redact", stream_window=48), Screening(tenant="unit"))
+        relayed = [screen.feed(chunk(answer[i : i + 3]).data) for i in range(0, len(answer), 3)]
+        relayed.append(screen.feed(chunk(finish="stop").data))
+        assert personal_data._numbers_seen.memo is None  # nothing kept past the screening
+        return "".join(out["choices"][0]["delta"].get("content", "") for out in relayed if out)
+
+    assert relay() == "Set the netmask to 255.255.255.0, then call [PHONE] to confirm. That subnet holds 254 hosts."
+    assert {("(415) 555-2671", "US"), ("255.255.255.0", "US")} <= set(calls)  # and the number's beginnings
+    assert len(calls) == len(set(calls))  # each run and region once, however many chunks screened it
+    monkeypatch.setattr(personal_data, "remember_numbers", lambda seen: None)
+    calls.clear()
+    assert relay() == "Set the netmask to 255.255.255.0, then call [PHONE] to confirm. That subnet holds 254 hosts."
+    assert len(calls) > 10  # without it: again with every chunk
+
+
 def test_the_first_chunk_becomes_a_role_chunk_and_the_rest_is_screened():
     screen = StreamScreen(Policy(output_personal_data="redact", stream_window=32), Screening(tenant="unit"))
 
