@@ -28,8 +28,10 @@ stdnum lacks), scrubadub (unmaintained since 2023; regular expressions without c
 
 from __future__ import annotations
 
+import bisect
 import functools
 import ipaddress
+import itertools
 import re
 import threading
 from collections.abc import Iterator
@@ -188,8 +190,13 @@ def remember_numbers(seen: dict | None) -> None:
     digits (the numbers' (start, end) in it, for a region and leniency) is kept in `seen` and read
     back from it. A streamed answer is screened again with each chunk, the text before it too
     (streaming.StreamScreen), and the matcher takes 0.1-0.4 ms a run: a netmask in an answer cost its
-    stream 16 ms. The caller owns `seen` (a stream's, gone with it)."""
+    stream 16 ms; a text that repeats a number (a hostile one: 7,000 netmasks cost 1.8 s) asks once.
+    The caller owns `seen` (a stream's or a screening's, gone with it)."""
     _numbers_seen.memo = seen
+
+
+def numbers_remembered() -> dict | None:
+    return getattr(_numbers_seen, "memo", None)
 
 
 def _numbers(candidate: str, region: str, leniency) -> list[tuple[int, int]]:
@@ -214,11 +221,12 @@ def _phones(text: str, region: str, found: list[Span], candidates: Scan) -> list
     spans = []
     if not _may_match(candidates, _PHONE_RUN):
         return spans
+    claimed = _Claimed(found)
     for run in _finditer(candidates, _PHONE_RUN, text):
         digits = sum(c.isdigit() for c in run.group())
         if not 7 <= digits <= 15:
             continue
-        if any(span.start <= run.start() and run.end() <= span.end for span in found):
+        if claimed.holds(run.start(), run.end()):
             continue  # inside a card number, IBAN, ...: a phone number there would lose the overlap anyway
         candidate, shift = run.group(), 0
         if candidate.startswith("00"):
@@ -438,10 +446,36 @@ def find(text: str, kinds: frozenset[str] | tuple[str, ...], *, region: str = "U
         spans.extend(_phones(text, region, spans, candidates))
     if len(spans) < 2:
         return spans
+    return _settle(spans)
+
+
+def _settle(spans: list[Span]) -> list[Span]:
+    """Of overlapping spans, the longer, then the kind earlier in KINDS, in text order. The spans
+    kept do not overlap: sorted by start, their ends are sorted too, so a span overlaps one of them
+    only if it overlaps the one starting before it or the one starting at or after it (a text of
+    thousands of findings: n log n, not n squared)."""
     spans.sort(key=lambda s: (s.start - s.end, _PRIORITY[s.check], s.start))
     kept: list[Span] = []
+    starts: list[int] = []
     for span in spans:
-        if all(span.end <= other.start or span.start >= other.end for other in kept):
-            kept.append(span)
-    kept.sort(key=lambda s: s.start)
+        at = bisect.bisect_left(starts, span.start)
+        if (at == 0 or kept[at - 1].end <= span.start) and (at == len(kept) or span.end <= kept[at].start):
+            at = bisect.bisect_right(starts, span.start)  # after an empty span kept at the same start
+            starts.insert(at, span.start)
+            kept.insert(at, span)
     return kept
+
+
+class _Claimed:
+    """Whether one of some spans holds a stretch of text: the spans by start, with the furthest end
+    reached so far (log n a question; a text of thousands of findings asked about thousands of
+    runs)."""
+
+    def __init__(self, spans: list[Span]) -> None:
+        ordered = sorted((span.start, span.end) for span in spans)
+        self._starts = [start for start, _ in ordered]
+        self._reach = list(itertools.accumulate((end for _, end in ordered), max))
+
+    def holds(self, start: int, end: int) -> bool:
+        before = bisect.bisect_right(self._starts, start)  # the spans starting at or before it
+        return bool(before) and self._reach[before - 1] >= end

@@ -553,6 +553,55 @@ def test_a_timestamp_is_not_handed_to_the_phone_matcher(monkeypatch):
     assert calls == ["4155552671", "(415) 555-2671"]
 
 
+def test_a_number_repeated_in_a_text_is_handed_to_the_phone_matcher_once(monkeypatch):
+    """A text that repeats a run of digits (a hostile one: 7,000 netmasks cost 1.8 s of CPU) has
+    the matcher asked once per run and region; the findings are the same, and nothing is kept after."""
+    import phonenumbers
+
+    calls = []
+    matcher = phonenumbers.PhoneNumberMatcher
+
+    def counted(*args, **kwargs):
+        calls.append(args[:2])
+        return matcher(*args, **kwargs)
+
+    monkeypatch.setattr(personal_data.phonenumbers, "PhoneNumberMatcher", counted)
+    text = "netmask 255.255.255.0, desk (415) 555-2671; " * 200
+    spans = engine.local_spans(text, kinds=("phone",), injection_on=False, moderation_on=False, region="US")
+    assert [text[s.start : s.end] for s in spans] == ["(415) 555-2671"] * 200
+    assert sorted(calls) == [("(415) 555-2671", "US"), ("255.255.255.0", "US")]
+    assert personal_data.numbers_remembered() is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    spans=st.lists(
+        st.tuples(st.sampled_from(personal_data.KINDS), st.integers(0, 60), st.integers(0, 12)).map(
+            lambda t: Span(t[0], t[1], t[1] + t[2])
+        ),
+        max_size=40,
+    ),
+    runs=st.lists(st.tuples(st.integers(0, 70), st.integers(1, 15)), max_size=10),
+)
+def test_overlaps_are_settled_as_by_comparing_every_pair(spans, runs):
+    """personal_data.find keeps, of overlapping spans, the longer, then the kind earlier in KINDS,
+    with a sorted list of the kept (n log n); _phones skips a run held by another kind's span with
+    a running maximum of their ends: both as the pairwise comparisons they replace."""
+    ordered = sorted(spans, key=lambda s: (s.start - s.end, personal_data._PRIORITY[s.check], s.start))
+    expected: list[Span] = []
+    for span in ordered:
+        if all(span.end <= other.start or span.start >= other.end for other in expected):
+            expected.append(span)
+    expected.sort(key=lambda s: s.start)
+
+    settled = personal_data._settle(list(spans)) if len(spans) >= 2 else list(spans)
+    assert settled == (expected if len(spans) >= 2 else list(spans))
+    claimed = personal_data._Claimed(spans)
+    for start, length in runs:
+        held = any(span.start <= start and start + length <= span.end for span in spans)
+        assert claimed.holds(start, start + length) == held
+
+
 def test_screening_eval_rejects_a_bad_file(tmp_path):
     from django.core.management.base import CommandError
 
