@@ -230,6 +230,18 @@ def _value_span(text: str, start: int, end: int) -> tuple[int, int] | None:
     return (start, end) if credential_like(text[start:end]) else None
 
 
+KEYWORD_REACH = 4096  # as streaming.MAX_TOKEN
+
+
+def _next_space(text: str, at: int) -> int:
+    """Where the first whitespace at or after `at` is (the text's end if none)."""
+    match = _SPACE.search(text, at)
+    return match.start() if match else len(text)
+
+
+_SPACE = re.compile(r"\s")
+
+
 def _name_starts(text: str, lowered: str) -> list[int]:
     """Where secret-sounding names start. KeywordDetector's patterns begin with an alternation of 18
     names that Python's engine tries at every position (milliseconds on a long prompt); they are
@@ -283,10 +295,20 @@ def find(text: str) -> list[Span]:
     lowered = text.lower()
     if "=" in text or ":" in text:
         for start in _name_starts(text, lowered):
+            # detect-secrets reads a file line by line, and its value (`[^\v'"]*`, where Python's \v
+            # is one character, not a line break) runs on to the first quote: over the whole text,
+            # a line of thousands of `api_key=...` made each try read to its end (100,000
+            # characters: 1.4 s of CPU; 4 MB: hours). A try reads the rest of its line, at most
+            # KEYWORD_REACH characters; a value the reach cuts runs on to its first space, as before.
+            line_end = text.find("\n", start)
+            reach = min(start + KEYWORD_REACH, len(text) if line_end < 0 else line_end)
             for pattern, group in _KEYWORD_FORMS:
-                match = pattern.match(text, start)
+                match = pattern.match(text, start, reach)
                 if match is not None:
-                    value = _value_span(text, *match.span(group))
+                    value_start, value_end = match.span(group)
+                    if value_end == reach and reach < len(text) and not text[reach].isspace():
+                        value_end = _next_space(text, reach)
+                    value = _value_span(text, value_start, value_end)
                     if value is not None:
                         spans.append(Span(SECRET, *value))
             match = _NAMED_VALUE.match(text, start)

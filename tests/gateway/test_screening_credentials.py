@@ -112,3 +112,23 @@ def test_a_stream_holds_an_unfinished_private_key_from_its_begin_line():
         is None
     )
     assert credentials.unterminated_private_key("nothing here") is None
+
+
+def test_a_line_of_thousands_of_assignments_finds_each_value():
+    """A keyword form's try reads the rest of its line, at most KEYWORD_REACH characters (over the
+    whole text, a line of thousands of `api_key=...` made each try read to its end: quadratic). Each
+    value is still found, and masked whole."""
+    values = [f"{n:04d}f3a9c1e7b2d8" * 2 for n in range(2000)]
+    text = " ".join(f"api_key={value}" for value in values)
+    assert secrets_in(text) == values
+
+
+def test_a_value_the_reach_cuts_is_read_to_its_first_space():
+    """A value that begins just before KEYWORD_REACH (a long name before it) is read on to its first
+    space, as over the whole text: found and masked whole."""
+    value = "Zx9q7Wv" * 8
+    name = "db_password_" + "x" * (credentials.KEYWORD_REACH - 30)  # a keyword form's name alone
+    text = f"{name}={value} and more words"
+    assert text.index(value) < credentials.KEYWORD_REACH < text.index(value) + len(value)
+    assert secrets_in(text) == [value]
+    assert mask(text, find(text, KINDS))[0] == f"{name}=[SECRET] and more words"
