@@ -220,26 +220,28 @@ def _whole_token(text: str, start: int, end: int, *, dots: bool = False, trim: b
 def _value_span(text: str, start: int, end: int) -> tuple[int, int] | None:
     """A named value, cut at the first space (KeywordDetector's value runs to the end of the line)
     and trimmed of closing punctuation; None when it does not look like a credential."""
-    value = text[start:end]
-    for i, c in enumerate(value):
-        if c.isspace():
-            end = start + i
-            break
+    limit = min(end, start + LONGEST_VALUE)
+    space = _SPACE.search(text, start, limit)
+    if space is not None:
+        end = space.start()
+    elif end > limit:
+        return None  # no space for LONGEST_VALUE characters: far longer than a credential
     while end > start and text[end - 1] in ".,;:)]}>'\"`":
         end -= 1
     return (start, end) if credential_like(text[start:end]) else None
 
 
+# What a named value is read up to: a credential is at most 512 characters (credential_like), and
+# the closing punctuation after it is trimmed; each try reads a bounded stretch of text, so a text
+# of thousands of names costs its length, not its length squared.
+LONGEST_VALUE = 1024
+
+
 KEYWORD_REACH = 4096  # as streaming.MAX_TOKEN
 
 
-def _next_space(text: str, at: int) -> int:
-    """Where the first whitespace at or after `at` is (the text's end if none)."""
-    match = _SPACE.search(text, at)
-    return match.start() if match else len(text)
-
-
 _SPACE = re.compile(r"\s")
+_VALUE_STOP = re.compile(r"[\s'\"\x0b]")  # a value (`[^\v'"]*`) ends at a quote; it is cut at a space
 
 
 def _name_starts(text: str, lowered: str) -> list[int]:
@@ -287,10 +289,16 @@ def find(text: str) -> list[Span]:
             if match.group().count(".") >= 1 and _JWT.is_formally_valid(match.group().rstrip(".")):
                 spans.append(Span(SECRET, *_whole_token(text, *match.span(), dots=True)))
     if "PRIVATE KEY" in text or "PuTTY" in text:
+        end, ends_left = None, True
         for match in _PRIVATE_KEY_BEGIN.finditer(text):
             start = text.rfind("-----", 0, match.start())
             start = start if start >= 0 and match.start() - start <= 5 else match.start()
-            end = PRIVATE_KEY_END.search(text, match.end())
+            # The first END line after this BEGIN: the one found for the BEGIN before when it lies
+            # past this one, and none when there was none after that one (thousands of BEGIN lines
+            # without an END searched the rest of the text each).
+            if ends_left and (end is None or end.start() < match.end()):
+                end = PRIVATE_KEY_END.search(text, match.end())
+                ends_left = end is not None
             spans.append(Span(SECRET, start, end.end() if end else len(text)))
     lowered = text.lower()
     if "=" in text or ":" in text:
@@ -306,8 +314,11 @@ def find(text: str) -> list[Span]:
                 match = pattern.match(text, start, reach)
                 if match is not None:
                     value_start, value_end = match.span(group)
-                    if value_end == reach and reach < len(text) and not text[reach].isspace():
-                        value_end = _next_space(text, reach)
+                    if value_end == reach and reach < len(text):
+                        # Where the value would have stopped without the reach: a space, a quote or
+                        # the end of the text, or past LONGEST_VALUE (then too long to be one).
+                        stop = _VALUE_STOP.search(text, reach, value_start + LONGEST_VALUE + 1)
+                        value_end = stop.start() if stop else min(len(text), value_start + LONGEST_VALUE + 1)
                     value = _value_span(text, value_start, value_end)
                     if value is not None:
                         spans.append(Span(SECRET, *value))

@@ -132,3 +132,33 @@ def test_a_value_the_reach_cuts_is_read_to_its_first_space():
     assert text.index(value) < credentials.KEYWORD_REACH < text.index(value) + len(value)
     assert secrets_in(text) == [value]
     assert mask(text, find(text, KINDS))[0] == f"{name}=[SECRET] and more words"
+
+
+def test_a_run_of_names_without_spaces_is_read_a_bounded_stretch_at_a_time():
+    """`secret=secret=...` (no space, no quote): each try reads at most LONGEST_VALUE characters of
+    value (it read to the end of the text, each). The finding is the one the whole-text reading gave."""
+    text = "secret=" * 500
+    assert [(s.start, s.end) for s in find(text, ("secret",))] == [(2989, 3500)]
+    assert secrets_in(f"db_pass='ab1 {'q' * 3000}'") == []  # a quoted value is cut at its first space
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_begin_line_is_masked_to_the_first_end_line_after_it(seed):
+    """A private key runs from its BEGIN line to the first END line after it (the text's end if
+    none); the END found for one BEGIN serves the next ones before it, so thousands of BEGIN lines
+    cost one search, not one each to the end of the text."""
+    import random
+
+    rng = random.Random(seed)
+    begin, end = "-----BEGIN RSA PRIVATE KEY-----\n", "-----END RSA PRIVATE KEY-----\n"
+    text = "".join(
+        rng.choice([begin, begin, end, "MIIEpAIBAAKCAQEA0Z3VS5JJcds3xfn\n", "plain words\n"]) for _ in range(60)
+    )
+    expected = []
+    for match in credentials._PRIVATE_KEY_BEGIN.finditer(text):
+        start = text.rfind("-----", 0, match.start())
+        start = start if start >= 0 and match.start() - start <= 5 else match.start()
+        found = credentials.PRIVATE_KEY_END.search(text, match.end())
+        expected.append((start, found.end() if found else len(text)))
+    keys = [(s.start, s.end) for s in credentials.find(text) if text[s.start : s.start + 10] == "-----BEGIN"]
+    assert keys == expected
