@@ -345,9 +345,11 @@ def unterminated_private_key(text: str) -> int | None:
     from there until its END line), or None."""
     if "PRIVATE KEY" not in text and "PuTTY" not in text and "BEGIN" not in text[-40:]:
         return None
-    start = None
+    start, end = None, None
     for match in _PRIVATE_KEY_BEGIN.finditer(text):
-        if PRIVATE_KEY_END.search(text, match.end()) is None:
+        if end is None or end.start() < match.end():  # as in find: one END serves the BEGINs before it
+            end = PRIVATE_KEY_END.search(text, match.end())
+        if end is None:
             begin = text.rfind("-----", 0, match.start())
             start = begin if begin >= 0 and match.start() - begin <= 5 else match.start()
             break

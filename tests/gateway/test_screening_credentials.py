@@ -162,3 +162,19 @@ def test_every_begin_line_is_masked_to_the_first_end_line_after_it(seed):
         expected.append((start, found.end() if found else len(text)))
     keys = [(s.start, s.end) for s in credentials.find(text) if text[s.start : s.start + 10] == "-----BEGIN"]
     assert keys == expected
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_stream_holds_back_from_the_first_begin_line_without_an_end(seed):
+    import random
+
+    rng = random.Random(seed)
+    begin, end = "-----BEGIN RSA PRIVATE KEY-----\n", "-----END RSA PRIVATE KEY-----\n"
+    text = "".join(rng.choice([begin, end, "MIIEpAIBAAKCAQEA0Z3VS5JJcds3xfn\n", "plain words\n"]) for _ in range(40))
+    expected = None
+    for match in credentials._PRIVATE_KEY_BEGIN.finditer(text):
+        if credentials.PRIVATE_KEY_END.search(text, match.end()) is None:
+            begin = text.rfind("-----", 0, match.start())
+            expected = begin if begin >= 0 and match.start() - begin <= 5 else match.start()
+            break
+    assert credentials.unterminated_private_key(text) == expected
