@@ -19,6 +19,7 @@ so prose such as "password: at least 12 characters" is not one.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from detect_secrets.filters.heuristic import is_templated_secret
 from detect_secrets.plugins import keyword
@@ -289,16 +290,7 @@ def find(text: str) -> list[Span]:
             if match.group().count(".") >= 1 and _JWT.is_formally_valid(match.group().rstrip(".")):
                 spans.append(Span(SECRET, *_whole_token(text, *match.span(), dots=True)))
     if "PRIVATE KEY" in text or "PuTTY" in text:
-        end, ends_left = None, True
-        for match in _PRIVATE_KEY_BEGIN.finditer(text):
-            start = text.rfind("-----", 0, match.start())
-            start = start if start >= 0 and match.start() - start <= 5 else match.start()
-            # The first END line after this BEGIN: the one found for the BEGIN before when it lies
-            # past this one, and none when there was none after that one (thousands of BEGIN lines
-            # without an END searched the rest of the text each).
-            if ends_left and (end is None or end.start() < match.end()):
-                end = PRIVATE_KEY_END.search(text, match.end())
-                ends_left = end is not None
+        for start, end in _private_keys(text):
             spans.append(Span(SECRET, start, end.end() if end else len(text)))
     lowered = text.lower()
     if "=" in text or ":" in text:
@@ -340,19 +332,27 @@ def find(text: str) -> list[Span]:
     return spans
 
 
+def _private_keys(text: str) -> Iterator[tuple[int, re.Match | None]]:
+    """Each private key's start (the dashes before its BEGIN, when they touch it) and the first END
+    line after its BEGIN (None: none follows). The END found for one BEGIN serves the BEGIN lines
+    before it, and none after one means none after the next (thousands of BEGIN lines without an
+    END searched the rest of the text each, and the text before each for dashes)."""
+    end, ends_left = None, True
+    for match in _PRIVATE_KEY_BEGIN.finditer(text):
+        begin = match.start()
+        start = begin - 5 if begin >= 5 and text.startswith("-----", begin - 5) else begin
+        if ends_left and (end is None or end.start() < match.end()):
+            end = PRIVATE_KEY_END.search(text, match.end())
+            ends_left = end is not None
+        yield start, end
+
+
 def unterminated_private_key(text: str) -> int | None:
     """Where a private key that has begun but not ended starts in `text` (a stream holds it back
     from there until its END line), or None."""
     if "PRIVATE KEY" not in text and "PuTTY" not in text and "BEGIN" not in text[-40:]:
         return None
-    start, end = None, None
-    for match in _PRIVATE_KEY_BEGIN.finditer(text):
-        if end is None or end.start() < match.end():  # as in find: one END serves the BEGINs before it
-            end = PRIVATE_KEY_END.search(text, match.end())
-        if end is None:
-            begin = text.rfind("-----", 0, match.start())
-            start = begin if begin >= 0 and match.start() - begin <= 5 else match.start()
-            break
+    start = next((begin for begin, end in _private_keys(text) if end is None), None)
     if start is None:
         # A BEGIN line still arriving: "-----BEGIN RSA PRIV" could be the start of a key.
         tail = text.rfind("-----BEGIN")
