@@ -450,19 +450,32 @@ def find(text: str, kinds: frozenset[str] | tuple[str, ...], *, region: str = "U
 
 
 def _settle(spans: list[Span]) -> list[Span]:
-    """Of overlapping spans, the longer, then the kind earlier in KINDS, in text order. The spans
-    kept do not overlap: sorted by start, their ends are sorted too, so a span overlaps one of them
-    only if it overlaps the one starting before it or the one starting at or after it (a text of
+    """Of overlapping spans, the longer, then the kind earlier in KINDS, in text order. The
+    non-empty spans kept do not overlap: sorted by start, their ends are sorted too, so a span
+    overlaps one of them only if it overlaps the one starting before it or the one starting at or
+    after it; an empty span kept overlaps a span only if it lies strictly inside it (a text of
     thousands of findings: n log n, not n squared)."""
     spans.sort(key=lambda s: (s.start - s.end, _PRIORITY[s.check], s.start))
     kept: list[Span] = []
-    starts: list[int] = []
+    starts: list[int] = []  # of the non-empty spans kept, in text order
+    ends: list[int] = []
+    empty: list[int] = []  # where the empty spans kept are
     for span in spans:
         at = bisect.bisect_left(starts, span.start)
-        if (at == 0 or kept[at - 1].end <= span.start) and (at == len(kept) or span.end <= kept[at].start):
-            at = bisect.bisect_right(starts, span.start)  # after an empty span kept at the same start
+        if at and ends[at - 1] > span.start:
+            continue
+        if span.start < span.end:
+            if at < len(starts) and starts[at] < span.end:
+                continue
+            inside = bisect.bisect_right(empty, span.start)
+            if inside < len(empty) and empty[inside] < span.end:
+                continue
             starts.insert(at, span.start)
-            kept.insert(at, span)
+            ends.insert(at, span.end)
+        else:
+            bisect.insort(empty, span.start)
+        kept.append(span)
+    kept.sort(key=lambda s: s.start)
     return kept
 
 

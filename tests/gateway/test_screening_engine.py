@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from django.core.management import call_command
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
@@ -583,6 +583,8 @@ def test_a_number_repeated_in_a_text_is_handed_to_the_phone_matcher_once(monkeyp
     ),
     runs=st.lists(st.tuples(st.integers(0, 70), st.integers(1, 15)), max_size=10),
 )
+# Empty spans at a kept span's start and inside it (the first sorted version kept the second).
+@example(spans=[Span("secret", 0, 0), Span("secret", 0, 2), Span("secret", 1, 1)], runs=[])
 def test_overlaps_are_settled_as_by_comparing_every_pair(spans, runs):
     """personal_data.find keeps, of overlapping spans, the longer, then the kind earlier in KINDS,
     with a sorted list of the kept (n log n); _phones skips a run held by another kind's span with
