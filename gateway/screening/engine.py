@@ -276,19 +276,13 @@ def local_spans(
 ) -> list[Span]:
     """Every local check's findings in one text. Moderation findings keep their category as
     `check` (violence, self-harm, ...)."""
-    own_numbers = personal_data.numbers_remembered() is None  # a stream brings its own (streaming.py)
-    if own_numbers:  # a run of digits repeated in the text is handed to the phone matcher once
-        personal_data.remember_numbers({})
-    try:
-        with reading(text):
-            spans = personal_data.find(text, kinds, region=region) if kinds else []
-            if injection_on:
-                spans.extend(injection.find(text))
-            if moderation_on:
-                spans.extend(moderation.find(text))
-    finally:
-        if own_numbers:
-            personal_data.remember_numbers(None)
+    # A run of digits repeated in the text is handed to the phone matcher once.
+    with personal_data.remembering_numbers(), reading(text):
+        spans = personal_data.find(text, kinds, region=region) if kinds else []
+        if injection_on:
+            spans.extend(injection.find(text))
+        if moderation_on:
+            spans.extend(moderation.find(text))
     return spans
 
 

@@ -29,6 +29,7 @@ stdnum lacks), scrubadub (unmaintained since 2023; regular expressions without c
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import ipaddress
 import itertools
@@ -185,18 +186,22 @@ def _never_valid(digits: str, region: str) -> bool:
 _numbers_seen = threading.local()
 
 
-def remember_numbers(seen: dict | None) -> None:
-    """Until called again with None (in this thread): what libphonenumber's matcher makes of a run of
-    digits (the numbers' (start, end) in it, for a region and leniency) is kept in `seen` and read
+@contextlib.contextmanager
+def remembering_numbers(seen: dict | None = None) -> Iterator[None]:
+    """Within (in this thread): what libphonenumber's matcher makes of a run of digits (the numbers'
+    (start, end) in it, for a region and leniency) is kept in `seen` (a new dict if None) and read
     back from it. A streamed answer is screened again with each chunk, the text before it too
     (streaming.StreamScreen), and the matcher takes 0.1-0.4 ms a run: a netmask in an answer cost its
     stream 16 ms; a text that repeats a number (a hostile one: 7,000 netmasks cost 1.8 s) asks once.
-    The caller owns `seen` (a stream's or a screening's, gone with it)."""
-    _numbers_seen.memo = seen
-
-
-def numbers_remembered() -> dict | None:
-    return getattr(_numbers_seen, "memo", None)
+    Inside another (a stream's screening of one text), the outer one is kept."""
+    if getattr(_numbers_seen, "memo", None) is not None:
+        yield
+        return
+    _numbers_seen.memo = {} if seen is None else seen
+    try:
+        yield
+    finally:
+        _numbers_seen.memo = None
 
 
 def _numbers(candidate: str, region: str, leniency) -> list[tuple[int, int]]:

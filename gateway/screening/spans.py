@@ -91,7 +91,7 @@ def _leading(items: list) -> list[str] | None:
             inner = _leading(list(av[3]))
         elif op is sre.BRANCH:
             branches = [_leading(list(branch)) for branch in av[1]]
-            inner = None if not all(branches) else [prefix for branch in branches if branch for prefix in branch]
+            inner = None if not all(branches) else [prefix for branch in branches for prefix in branch]
         else:
             break
         # What follows a group is not added: its alternatives may end in different places.

@@ -37,7 +37,7 @@ from gateway.screening.engine import (
     output_action,
 )
 from gateway.screening.engine import output_spans as find_output_spans
-from gateway.screening.personal_data import Span, remember_numbers
+from gateway.screening.personal_data import Span, remembering_numbers
 from gateway.screening.policy import Policy
 from gateway.upstream.transport import Event
 
@@ -139,11 +139,8 @@ class StreamScreen:
             return ""
         offset = len(state.context)
         redact = []
-        remember_numbers(self._numbers)  # the text before is screened again: its numbers are known
-        try:
+        with remembering_numbers(self._numbers):  # the text before is screened again: its numbers are known
             found = find_output_spans(self.policy, state.context + text)
-        finally:
-            remember_numbers(None)
         for span in found:
             start, end = span.start - offset, span.end - offset
             if end <= 0 or start >= cut:
