@@ -474,7 +474,7 @@ def _stand_in_error(error: UnicodeError) -> tuple[str, int]:
 
 codecs.register_error("sentinel-stand-in", _stand_in_error)
 _reading = threading.local()
-_NOT_MADE = b""
+_NOT_MADE = object()  # the stand-in not made yet (stand_in itself gives bytes or None)
 
 
 @contextlib.contextmanager
