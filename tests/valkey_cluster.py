@@ -19,7 +19,12 @@ import redis
 from sentinel.startup import free_port
 
 SLOT_RANGES = ((0, 5460), (5461, 10922), (10923, 16383))
-NODE_TIMEOUT_MS = 1000  # a primary that stops answering is failed over in about two of these
+# A primary that stops answering is failed over in about two of these. Quick for the tests that
+# kill a node (their own cluster); the session's cluster keeps Valkey's default, so that a primary
+# starved of CPU on a loaded two-core machine is not taken for dead mid-test (a failover would
+# refuse the commands in flight and change which node serves the slots).
+FAST_FAILOVER_MS = 1000
+DEFAULT_NODE_TIMEOUT_MS = 15000
 
 
 def _binary() -> str:
@@ -58,6 +63,7 @@ class Node:
 class ValkeyCluster:
     directory: Path
     nodes: list[Node] = field(default_factory=list)
+    started: dict[int, int] = field(default_factory=dict)  # each node's log size once the cluster was up
 
     @property
     def url(self) -> str:
@@ -90,6 +96,23 @@ class ValkeyCluster:
         live = [node for node in self.nodes if node.alive()]
         return all(node.client().cluster("info")["cluster_state"] == "ok" for node in live)
 
+    def warnings(self) -> list[str]:
+        """Every node's warnings and failure reports logged since the cluster was up (for a failing
+        test's message): a node marked failing, a failover, refused clients."""
+        found = []
+        for node in self.nodes:
+            with open(self._log(node), "rb") as log:
+                log.seek(self.started.get(node.port, 0))
+                found += [
+                    f"{node.port}: {line}"
+                    for line in log.read().decode(errors="replace").splitlines()
+                    if " # " in line or "FAIL" in line or "failover" in line.lower()
+                ]
+        return found
+
+    def _log(self, node: Node) -> Path:
+        return self.directory / str(node.port) / "valkey.log"
+
     def kill(self, node: Node) -> None:
         """SIGKILL: the node dies as a crashed machine would, with no chance to hand anything over."""
         os.kill(node.process.pid, signal.SIGKILL)
@@ -118,7 +141,7 @@ def _own_slots(node: Node) -> list[tuple[int, int]]:
     return ranges
 
 
-def start_cluster(timeout: float = 60.0) -> ValkeyCluster:
+def start_cluster(timeout: float = 60.0, node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS) -> ValkeyCluster:
     directory = Path(tempfile.mkdtemp(prefix="sentinel-valkey-cluster-"))
     cluster = ValkeyCluster(directory)
     binary = _binary()
@@ -136,8 +159,9 @@ def start_cluster(timeout: float = 60.0) -> ValkeyCluster:
                     "--bind", "127.0.0.1",
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
-                    "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+                    "--cluster-node-timeout", str(node_timeout_ms),
                     "--dir", str(data),
+                    "--logfile", str(data / "valkey.log"),
                     "--save", "",
                     "--appendonly", "yes",
                     "--appendfsync", "everysec",
@@ -171,6 +195,7 @@ def start_cluster(timeout: float = 60.0) -> ValkeyCluster:
             timeout,
             "every replica to sync",
         )
+        cluster.started = {node.port: cluster._log(node).stat().st_size for node in cluster.nodes}
     except BaseException:
         cluster.stop()
         raise
