@@ -4,6 +4,7 @@ second start reuses the data."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -104,6 +105,23 @@ def processes_using(data_dir: Path) -> list[psutil.Process]:
     return found
 
 
+def logged_errors(log: str) -> list[str]:
+    """The lines of a process's log that report an error: a JSON line at level ERROR or CRITICAL,
+    or any other line (a library's own output, a traceback) naming an error."""
+    found = []
+    for line in log.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and "level" in record:
+            if record["level"] in ("ERROR", "CRITICAL") or record.get("exc_info"):
+                found.append(line)
+        elif "Error" in line or "Traceback" in line:
+            found.append(line)
+    return found
+
+
 def test_make_run_from_empty_data_then_again(tmp_path):
     data_dir = tmp_path / "d"
     first = RunSession(run_env(data_dir))
@@ -142,10 +160,11 @@ def test_make_run_from_empty_data_then_again(tmp_path):
     assert first.process.returncode == 0
     # Ctrl-C signals the whole terminal group: Valkey too once stopped at once, before the worker
     # using it (which logged "Error on restarting Gossip" and never shut down warm). Storage stops
-    # last now: the worker and beat shut down warm and log no error.
+    # last now: the worker and beat shut down warm and log no error. (A warning is no error: on a
+    # loaded host the start-up readiness probe may log that Redis was slow, naming a TimeoutError.)
     for name in ("worker", "beat", "web"):
         log = (data_dir / "logs" / f"{name}.log").read_text()
-        assert '"level":"ERROR"' not in log and "Error" not in log, (name, log[-2000:])
+        assert not logged_errors(log), (name, logged_errors(log), log[-2000:])
     assert "Warm shutdown" in (data_dir / "logs" / "worker.log").read_text()
     time.sleep(0.5)
     assert [p for p in first.descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
