@@ -34,6 +34,7 @@ import functools
 import ipaddress
 import itertools
 import re
+import string
 import threading
 from collections.abc import Iterator
 
@@ -296,6 +297,26 @@ _IBAN_RUN = re.compile(r"(?<![\w])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}(?![\w])", r
 _IBAN_RUN_LOWER = lowered(_IBAN_RUN.pattern)
 
 
+# Letters as the numbers ISO 7064's MOD 97-10 reads them (A = 10 ... Z = 35), either case.
+_BASE36 = str.maketrans({letter: str(10 + i) for i, letter in enumerate(string.ascii_uppercase)})
+_BASE36.update(
+    {ord(letter.lower()): value for letter, value in zip(string.ascii_uppercase, _BASE36.values(), strict=True)}
+)
+
+
+def _may_be_iban(value: str) -> bool:
+    """False when `value` (an IBAN run's prefix) fails the IBAN's checksum, found with one
+    str.translate and one int: stdnum's iban.is_valid reads the checksum a character at a time and
+    then the country's format, so a run's prefixes that swallowed the words after it cost 0.05 ms
+    each there. True (ask stdnum) for anything this does not read as it would: a character other than
+    an ASCII letter, digit or space."""
+    compact = value.replace(" ", "")
+    digits = (compact[4:] + compact[:4]).translate(_BASE36)
+    if not (digits.isascii() and digits.isdigit()):
+        return True
+    return int(digits) % 97 == 1
+
+
 def _ibans(text: str, candidates: Scan) -> list[Span]:
     spans: list[Span] = []
     if not _may_match(candidates, _IBAN_RUN):
@@ -310,7 +331,7 @@ def _ibans(text: str, candidates: Scan) -> list[Span]:
         # The run may have swallowed a following word: try the longest prefix that is an IBAN.
         end = len(candidate)
         while end >= 15:
-            if iban.is_valid(candidate[:end].upper()):
+            if _may_be_iban(candidate[:end]) and iban.is_valid(candidate[:end].upper()):
                 spans.append(Span(IBAN, run.start(), run.start() + end))
                 break
             end = candidate.rfind(" ", 0, end)

@@ -801,3 +801,61 @@ def test_findings_are_remembered_per_text_and_per_policy():
     assert first.body == again.body == {"messages": [{"role": "user", "content": "Reach me at [EMAIL], please."}]}
     assert again.screening.fired == {("email", "in"): "redact"}
     assert off.body == {"messages": [turn]} and off.screening.fired == {}
+
+
+_IBAN_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+@st.composite
+def iban_like(draw) -> str:
+    """A country code, check digits (right for the rest half the time), and 11 to 30 letters and
+    digits with spaces among them, now and then a character that only a case-insensitive [A-Z] or a
+    Unicode \\d matches (as the IBAN run's pattern does)."""
+    from stdnum.iban import calc_check_digits
+
+    country = draw(st.sampled_from(["DE", "GB", "FR", "NL", "IT", "ES", "CH", "PL", "gb", "de", "XX"]))
+    body = draw(st.text(st.sampled_from(_IBAN_ALPHABET + "ſKİı٣"), min_size=11, max_size=30))
+    if draw(st.booleans()) and body.isascii():
+        check = calc_check_digits(country.upper() + "00" + body.upper())
+    else:
+        check = f"{draw(st.integers(0, 99)):02d}"
+    value = country + check + body
+    cuts = draw(st.sets(st.integers(1, len(value) - 1), max_size=8))
+    return "".join(c + (" " if i in cuts else "") for i, c in enumerate(value, 1))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(iban_like())
+@example("DE89 3704 0044 0532 0130 00")
+@example("GB82 WEST 1234 5698 7654 32")
+@example("de89 3704 0044 0532 0130 00")
+def test_the_iban_checksum_shortcut_rules_out_only_what_stdnum_rejects(value):
+    """personal_data._may_be_iban reads the IBAN checksum with one translate and one int before
+    stdnum's slower iban.is_valid: it is never False for a value stdnum accepts, and it is False
+    exactly when stdnum's own checksum (MOD 97-10 over the rearranged value) fails for a value of
+    ASCII letters, digits and spaces."""
+    from stdnum import iban
+    from stdnum.iso7064 import mod_97_10
+
+    fast = personal_data._may_be_iban(value)
+    if iban.is_valid(value.upper()):
+        assert fast
+    compact = iban.compact(value)
+    if value.replace(" ", "").isascii():
+        assert fast == mod_97_10.is_valid(compact[4:] + compact[:4])
+
+
+def test_real_ibans_pass_the_checksum_shortcut_and_are_found():
+    ibans = [
+        "DE89 3704 0044 0532 0130 00", "GB82 WEST 1234 5698 7654 32", "FR14 2004 1010 0505 0001 3M02 606",
+        "NL91 ABNA 0417 1643 00", "ES91 2100 0418 4502 0005 1332", "IT60 X054 2811 1010 0000 0123 456",
+        "CH93 0076 2011 6238 5295 7", "PL61 1090 1014 0000 0712 1981 2874", "BE71 0961 2345 6769",
+        "AT61 1904 3002 3457 3201",
+    ]  # fmt: skip
+    for value in ibans:
+        assert personal_data._may_be_iban(value)
+        text = f"Please wire it to {value} and tell me."
+        assert [text[s.start : s.end] for s in personal_data.find(text, ("iban",))] == [value]
+        wrong = value[:-1] + str((int(value[-1]) + 1) % 10)
+        assert not personal_data._may_be_iban(wrong)
+        assert personal_data.find(f"Please wire it to {wrong} and tell me.", ("iban",)) == []
