@@ -115,6 +115,14 @@ def wait_semantic_ready(server: GatewayServer, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+# For tests of exactness under concurrency (limits and budgets across processes): Redis is waited
+# for as long as it takes to answer. Under the request path's own timeout (100 ms), a Redis that a
+# loaded two-core host leaves unscheduled for a moment is taken for down, and a tenant's default
+# (fail open) then admits by each process's own count, budgets unchecked: a full run once admitted
+# 102 of a budget's 100. What a stall does is tested on its own (test_admission_outage.py).
+PATIENT_REDIS = {"SENTINEL_REDIS_TIMEOUT_MS": "10000"}
+
+
 def start_gateway(
     database: str, *, workers: int = 1, env: dict | None = None, wait_path: str = "/health/ready"
 ) -> GatewayServer:

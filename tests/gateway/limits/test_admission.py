@@ -29,13 +29,14 @@ from sentinel import redis_keys
 from sentinel.redis_clients import sync_redis
 from tenants.models import Budget, EndUserLimit, VirtualKey
 from tenants.periods import period_bounds
-from tests.servers import start_gateway
+from tests.servers import PATIENT_REDIS, start_gateway
 
 
 @pytest.fixture(scope="module")
 def fleet(test_database_name, mock_provider):
-    """Four gateway processes (one uvicorn worker each) against the one test Postgres and Valkey."""
-    gateways = [start_gateway(test_database_name) for _ in range(4)]
+    """Four gateway processes (one uvicorn worker each) against the one test Postgres and Valkey,
+    waiting for Redis however slow it is (PATIENT_REDIS)."""
+    gateways = [start_gateway(test_database_name, env=PATIENT_REDIS) for _ in range(4)]
     yield gateways
     for gateway in gateways:
         gateway.stop()

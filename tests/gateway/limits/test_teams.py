@@ -21,13 +21,14 @@ from sentinel import redis_keys
 from tenants.models import Budget, Team, VirtualKey
 from tenants.periods import period_bounds
 from tests.gateway.limits.test_admission import ask, fire, redis_number, structured
-from tests.servers import start_gateway
+from tests.servers import PATIENT_REDIS, start_gateway
 
 
 @pytest.fixture(scope="module")
 def pair(test_database_name, mock_provider):
-    """Two gateway processes against the one test Postgres and Valkey."""
-    gateways = [start_gateway(test_database_name) for _ in range(2)]
+    """Two gateway processes against the one test Postgres and Valkey, waiting for Redis however slow
+    it is (PATIENT_REDIS)."""
+    gateways = [start_gateway(test_database_name, env=PATIENT_REDIS) for _ in range(2)]
     yield gateways
     for gateway in gateways:
         gateway.stop()
