@@ -242,7 +242,7 @@ KEYWORD_REACH = 4096  # as streaming.MAX_TOKEN
 
 
 _SPACE = re.compile(r"\s")
-_VALUE_STOP = re.compile(r"[\s'\"\x0b]")  # a value (`[^\v'"]*`) ends at a quote; it is cut at a space
+_VALUE_STOP = re.compile(r"[\s'\"]")  # a value (`[^\v'"]*`) ends at a quote; it is cut at a space
 
 
 def _name_starts(text: str, lowered: str) -> list[int]:

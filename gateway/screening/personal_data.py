@@ -298,10 +298,7 @@ _IBAN_RUN_LOWER = lowered(_IBAN_RUN.pattern)
 
 
 # Letters as the numbers ISO 7064's MOD 97-10 reads them (A = 10 ... Z = 35), either case.
-_BASE36 = str.maketrans({letter: str(10 + i) for i, letter in enumerate(string.ascii_uppercase)})
-_BASE36.update(
-    {ord(letter.lower()): value for letter, value in zip(string.ascii_uppercase, _BASE36.values(), strict=True)}
-)
+_BASE36 = str.maketrans({letter: str(int(letter, 36)) for letter in string.ascii_letters})
 
 
 def _may_be_iban(value: str) -> bool:
