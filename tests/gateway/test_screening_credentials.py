@@ -142,6 +142,24 @@ def test_a_run_of_names_without_spaces_is_read_a_bounded_stretch_at_a_time():
     assert secrets_in(f"db_pass='ab1 {'q' * 3000}'") == []  # a quoted value is cut at its first space
 
 
+_BEGIN, _END = "-----BEGIN RSA PRIVATE KEY-----\n", "-----END RSA PRIVATE KEY-----\n"
+# BEGIN lines with their dashes, more dashes or none; END lines; key bodies; prose.
+_KEY_LINES = [
+    _BEGIN,
+    _END,
+    "MIIEpAIBAAKCAQEA0Z3VS5JJcds3xfn\n",
+    "plain words\n",
+    "BEGIN RSA PRIVATE KEY ",
+    "--" + _BEGIN,
+]
+
+
+def _start_as_searched(text: str, begin: int) -> int:
+    """A private key's start as the per-BEGIN search found it: the last dashes within 5 before."""
+    dashes = text.rfind("-----", 0, begin)
+    return dashes if dashes >= 0 and begin - dashes <= 5 else begin
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_every_begin_line_is_masked_to_the_first_end_line_after_it(seed):
     """A private key runs from its BEGIN line to the first END line after it (the text's end if
@@ -150,23 +168,11 @@ def test_every_begin_line_is_masked_to_the_first_end_line_after_it(seed):
     import random
 
     rng = random.Random(seed)
-    begin, end = "-----BEGIN RSA PRIVATE KEY-----\n", "-----END RSA PRIVATE KEY-----\n"
-    lines = [
-        begin,
-        begin,
-        end,
-        "MIIEpAIBAAKCAQEA0Z3VS5JJcds3xfn\n",
-        "plain words\n",
-        "BEGIN RSA PRIVATE KEY ",
-        "--" + begin,
-    ]
-    text = "".join(rng.choice(lines) for _ in range(60))  # BEGIN lines with dashes, more dashes, or none
+    text = "".join(rng.choice([_BEGIN, *_KEY_LINES]) for _ in range(60))
     expected = []
     for match in credentials._PRIVATE_KEY_BEGIN.finditer(text):
-        start = text.rfind("-----", 0, match.start())
-        start = start if start >= 0 and match.start() - start <= 5 else match.start()
         found = credentials.PRIVATE_KEY_END.search(text, match.end())
-        expected.append((start, found.end() if found else len(text)))
+        expected.append((_start_as_searched(text, match.start()), found.end() if found else len(text)))
     keys = [(s.start, s.end) for s in credentials.find(text) if text[s.start : s.end].lstrip("-").startswith("BEGIN")]
     assert keys == expected
 
@@ -176,13 +182,13 @@ def test_a_stream_holds_back_from_the_first_begin_line_without_an_end(seed):
     import random
 
     rng = random.Random(seed)
-    begin, end = "-----BEGIN RSA PRIVATE KEY-----\n", "-----END RSA PRIVATE KEY-----\n"
-    lines = [begin, end, "MIIEpAIBAAKCAQEA0Z3VS5JJcds3xfn\n", "plain words\n", "BEGIN RSA PRIVATE KEY ", "--" + begin]
-    text = "".join(rng.choice(lines) for _ in range(40))
-    expected = None
-    for match in credentials._PRIVATE_KEY_BEGIN.finditer(text):
-        if credentials.PRIVATE_KEY_END.search(text, match.end()) is None:
-            begin = text.rfind("-----", 0, match.start())
-            expected = begin if begin >= 0 and match.start() - begin <= 5 else match.start()
-            break
+    text = "".join(rng.choice(_KEY_LINES) for _ in range(40))
+    expected = next(
+        (
+            _start_as_searched(text, match.start())
+            for match in credentials._PRIVATE_KEY_BEGIN.finditer(text)
+            if credentials.PRIVATE_KEY_END.search(text, match.end()) is None
+        ),
+        None,
+    )
     assert credentials.unterminated_private_key(text) == expected

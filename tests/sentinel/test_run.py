@@ -164,7 +164,8 @@ def test_make_run_from_empty_data_then_again(tmp_path):
     # loaded host the start-up readiness probe may log that Redis was slow, naming a TimeoutError.)
     for name in ("worker", "beat", "web"):
         log = (data_dir / "logs" / f"{name}.log").read_text()
-        assert not logged_errors(log), (name, logged_errors(log), log[-2000:])
+        errors = logged_errors(log)
+        assert not errors, (name, errors, log[-2000:])
     assert "Warm shutdown" in (data_dir / "logs" / "worker.log").read_text()
     time.sleep(0.5)
     assert [p for p in first.descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
