@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import queue
@@ -32,6 +33,7 @@ from decimal import Decimal
 import numpy as np
 import orjson
 from django.conf import settings
+from psycopg import sql
 
 from gateway.cache import acceptance
 from gateway.cache.keys import CacheKey
@@ -246,9 +248,11 @@ async def pool():
 
 
 async def close_pool() -> None:
-    """Close this event loop's pool (for commands that run one loop and exit), after the deferred
-    embeddings still being written."""
+    """Close this event loop's pool (for commands that run one loop and exit), after the stores and
+    deferred embeddings still being written."""
     loop = asyncio.get_running_loop()
+    if loop in _gathering:
+        _start_write(loop)
     await asyncio.gather(*(t for t in _backfills if t.get_loop() is loop), return_exceptions=True)
     await async_db.close("vector store")
 
@@ -557,6 +561,40 @@ async def flush_hits() -> None:
 # --- store -------------------------------------------------------------------------------------
 
 
+# Stores that come within this long of each other are written together: one INSERT of all their
+# rows and one Redis pipeline (a commit and two round trips for the lot, not for each). An answer is
+# stored after its response, so the wait delays only when a repeat of it can be served.
+STORE_GATHER_SECONDS = 0.02
+STORE_BATCH = 64  # rows in one INSERT at most
+
+
+@functools.lru_cache(maxsize=STORE_BATCH)
+def _insert(rows: int) -> sql.Composed:
+    """The INSERT of `rows` cache entries, returning their ids in the order of its VALUES list (as
+    PostgreSQL does, and Django's bulk_create relies on)."""
+    row = sql.SQL("(%s, %s, %s, %s, %s, %s, %s, %s, now(), %s, 0)")
+    return sql.SQL(
+        "insert into gateway_cacheentry (tenant_id, partition, exact_digest, model, prompt, embedding, answer, "
+        "cost_usd, created_at, expires_at, hits) values {} returning id"
+    ).format(sql.SQL(", ").join([row] * rows))
+
+
+@dataclass(slots=True)
+class _Store:
+    key: CacheKey
+    tenant_id: int
+    model: str
+    answer: dict
+    cost_usd: Decimal
+    ttl: int
+    max_entries: int
+    embedding: object
+    written: asyncio.Future
+
+
+_gathering: dict[asyncio.AbstractEventLoop, list[_Store]] = {}  # stores waiting for their loop's next write
+
+
 async def store(
     key: CacheKey,
     *,
@@ -571,46 +609,87 @@ async def store(
 ) -> None:
     """File an answer under its key (after the response was sent), with the embedding its lookup
     computed or without one (a lookup in its partition embeds it later, if one ever comes); count
-    it in Redis; past the tenant's cap, evict its least recently used entries."""
+    it in Redis; past the tenant's cap, evict its least recently used entries. Written with the
+    other stores of the next STORE_GATHER_SECONDS; returns once it is (or has failed: logged)."""
+    loop = asyncio.get_running_loop()
+    waiting = _gathering.get(loop)
+    if waiting is None:
+        waiting = _gathering[loop] = []
+        loop.call_later(STORE_GATHER_SECONDS, _start_write, loop)
+    entry = _Store(key, tenant_id, model, answer, cost_usd, ttl, max_entries, embedding, loop.create_future())
+    waiting.append(entry)
+    await asyncio.shield(entry.written)
+
+
+def _start_write(loop: asyncio.AbstractEventLoop) -> None:
+    batch = _gathering.pop(loop, [])
+    for start in range(0, len(batch), STORE_BATCH):
+        _in_background(_write_stores(batch[start : start + STORE_BATCH]))
+
+
+async def _write_stores(batch: list[_Store]) -> None:
+    """Insert the rows, then, in one pipeline, set their exact keys and count them (the partitions'
+    counts and each tenant's); a tenant whose count is new or past its cap is counted and trimmed
+    in the database. A lost store costs a future miss, nothing more: logged, never raised."""
     try:
-        expires = datetime.now(UTC) + timedelta(seconds=ttl)
+        now = datetime.now(UTC)
+        expiries = [now + timedelta(seconds=entry.ttl) for entry in batch]
+        params = [
+            value
+            for entry, expires in zip(batch, expiries, strict=True)
+            for value in (
+                entry.tenant_id,
+                entry.key.partition,
+                entry.key.exact,
+                entry.model,
+                entry.key.prompt,
+                entry.embedding,
+                orjson.dumps(entry.answer).decode(),
+                entry.cost_usd,
+                expires,
+            )
+        ]
         async with (await pool()).connection() as conn:
-            row = await (
-                await conn.execute(
-                    "insert into gateway_cacheentry (tenant_id, partition, exact_digest, model, prompt, embedding, "
-                    "answer, cost_usd, created_at, expires_at, hits) "
-                    "values (%s, %s, %s, %s, %s, %s, %s, %s, now(), %s, 0) returning id",
-                    (
-                        tenant_id,
-                        key.partition,
-                        key.exact,
-                        model,
-                        key.prompt,
-                        embedding,
-                        orjson.dumps(answer).decode(),
-                        cost_usd,
-                        expires,
-                    ),
-                )
-            ).fetchone()
-            stored = {"id": row[0], "answer": answer, "cost_usd": str(cost_usd), "expires": expires.timestamp()}
-            counted = tenant_redis_key(tenant_id)
+            ids = await (await conn.execute(_insert(len(batch)), params)).fetchall()
+            counts_at = []
             async with async_redis().pipeline(transaction=False) as pipe:
-                pipe.set(exact_redis_key(key.exact, key.partition), orjson.dumps(stored), ex=ttl)
-                if key.semantic:  # counted even with the tenant's semantic tier off, for when it is on
-                    part = partition_redis_key(key.partition)
-                    # Both counts live as long as the partition's longest-lived entry.
-                    for counter in (part, partition_misses_redis_key(key.partition)):
-                        pipe.incr(counter).expire(counter, ttl, nx=True).expire(counter, ttl, gt=True)
-                pipe.incr(counted)
-                tenant_entries = (await pipe.execute())[-1]
-            if tenant_entries == 1 or tenant_entries > max_entries:
+                for entry, expires, (entry_id,) in zip(batch, expiries, ids, strict=True):
+                    key, ttl = entry.key, entry.ttl
+                    stored = {
+                        "id": entry_id,
+                        "answer": entry.answer,
+                        "cost_usd": str(entry.cost_usd),
+                        "expires": expires.timestamp(),
+                    }
+                    pipe.set(exact_redis_key(key.exact, key.partition), orjson.dumps(stored), ex=ttl)
+                    if key.semantic:  # counted even with the tenant's semantic tier off, for when it is on
+                        # Both counts live as long as the partition's longest-lived entry.
+                        for counter in (partition_redis_key(key.partition), partition_misses_redis_key(key.partition)):
+                            pipe.incr(counter).expire(counter, ttl, nx=True).expire(counter, ttl, gt=True)
+                    counts_at.append(len(pipe))
+                    pipe.incr(tenant_redis_key(entry.tenant_id))
+                results = await pipe.execute()
+            # Each tenant's count after every row of the batch (its highest), and its cap.
+            counted: dict[int, tuple[int, int]] = {}
+            recount: set[int] = set()
+            for entry, at in zip(batch, counts_at, strict=True):
+                tenant, count = entry.tenant_id, results[at]
+                counted[tenant] = (max(count, counted.get(tenant, (0, 0))[0]), entry.max_entries)
+                if count == 1 or count > entry.max_entries:
+                    recount.add(tenant)
+            for tenant in recount:
                 # A new counter (Redis lost it, or the first entry) is set from the database; past the
                 # cap the database is counted and trimmed exactly.
-                await _evict(conn, tenant_id, max_entries, tenant_entries)
+                count, max_entries = counted[tenant]
+                await _evict(conn, tenant, max_entries, count)
     except Exception as exc:  # noqa: BLE001 - a lost cache store costs a future miss, nothing more
-        log.warning("cache store failed: %s: %s", type(exc).__name__, exc)
-        record_failure("store")
+        log.warning("cache store failed (%d answers): %s: %s", len(batch), type(exc).__name__, exc)
+        for _ in batch:
+            record_failure("store")
+    finally:
+        for entry in batch:
+            if not entry.written.done():
+                entry.written.set_result(None)
 
 
 async def _evict(conn, tenant_id: int, max_entries: int, counted: int) -> None:

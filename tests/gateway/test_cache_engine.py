@@ -1,14 +1,20 @@
 """The cache engine in process (gateway/cache/engine.py), against the real PostgreSQL and Valkey: what
-happens to answers stored without an embedding when their partition is asked again."""
+happens to answers stored without an embedding when their partition is asked again, and how
+stores that come together are written."""
 
 from __future__ import annotations
 
 import asyncio
 from decimal import Decimal
 
+import orjson
+from django.db import connection
+
 from gateway.cache import engine
 from gateway.cache.keys import cache_key
 from gateway.models import CacheEntry
+from sentinel import redis_keys
+from sentinel.redis_clients import sync_redis
 
 
 def test_deferred_entries_beyond_what_a_lookup_embeds_are_embedded_in_the_background(tenant, live_db, embedding_model):
@@ -67,3 +73,60 @@ def test_a_cold_partition_probes_less_often_the_longer_nothing_is_served(setting
     assert every == {0: 1, 255: 1, 256: 16, 1023: 16, 1024: 32, 4095: 32, 4096: 64, 10**9: 64}
     settings.CACHE_COLD_AFTER = 0
     assert (engine.Partition(1, 10**9).cold, engine.Partition(1, 10**9).probe_every) == (False, 1)
+
+
+def test_stores_that_come_together_are_one_insert_and_each_key_names_its_own_row(make_tenant):
+    """Forty answers of two tenants filed at once: one INSERT (every row has the same inserting
+    transaction), each exact key carries the id of the row with its own prompt, every store is
+    counted in Redis, and the tenant with a cap of 5 is trimmed to its 5 (and counted so)."""
+    roomy, capped = make_tenant(), make_tenant()
+
+    def key(tenant, i: int):
+        body = {"model": "m", "messages": [{"role": "user", "content": f"Batched question {i}"}]}
+        return cache_key(tenant_id=tenant.pk, namespace="batched", model_identity=("m",), body=body)
+
+    async def store_forty() -> None:
+        try:
+            await asyncio.gather(
+                *(
+                    engine.store(
+                        key(tenant, i),
+                        tenant_id=tenant.pk,
+                        model="m",
+                        answer={
+                            "content": f"answer {tenant.pk} {i}",
+                            "finish_reason": "stop",
+                            "usage": {},
+                            "model": "m",
+                        },
+                        cost_usd=Decimal("0.001"),
+                        ttl=3600,
+                        max_entries=5 if tenant is capped else 1000,
+                        semantic=True,
+                    )
+                    for i in range(20)
+                    for tenant in (roomy, capped)
+                )
+            )
+        finally:
+            await engine.close_pool()
+
+    def counter(tenant) -> str:
+        return redis_keys.cache_tenant_count(tenant.pk)
+
+    counted_before = int(sync_redis().get(counter(roomy)) or 0)  # a test before may have used its id
+    asyncio.run(store_forty())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "select count(*), count(distinct xmin::text) from gateway_cacheentry where tenant_id in (%s, %s)",
+            [roomy.pk, capped.pk],
+        )
+        assert cursor.fetchone() == (25, 1)
+    assert CacheEntry.objects.filter(tenant=roomy).count() == 20
+    assert CacheEntry.objects.filter(tenant=capped).count() == 5
+    # Counted by each store; the capped tenant's count set from the database when it was trimmed.
+    assert int(sync_redis().get(counter(roomy))) == counted_before + 20
+    assert int(sync_redis().get(counter(capped))) == 5
+    for row in CacheEntry.objects.filter(tenant=roomy):
+        found = orjson.loads(sync_redis().get(engine.exact_redis_key(row.exact_digest, row.partition)))
+        assert (found["id"], found["answer"]["content"]) == (row.pk, f"answer {roomy.pk} {row.prompt.split()[-1]}")
