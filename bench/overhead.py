@@ -188,16 +188,22 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
 def semantic_lookups(stack: Stack) -> dict[str, float]:
     """What the web workers' semantic tier did so far (sentinel_cache_semantic_lookups_total, every
     worker's): searched, skipped_empty (a new partition), skipped_cold (a partition where nothing
-    was served for SENTINEL_CACHE_COLD_AFTER stores)."""
+    was served for SENTINEL_CACHE_COLD_AFTER stores); and prompts embedded and the model runs that
+    embedded them (their ratio is the mean batch)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    counts = dict.fromkeys(("searched", "skipped_empty", "skipped_cold"), 0.0)
+    counts = dict.fromkeys(("searched", "skipped_empty", "skipped_cold", "embedded", "embed_runs"), 0.0)
     text = httpx.get(f"{stack.gateway_url}/metrics", timeout=10).text
     for family in text_string_to_metric_families(text):
-        if family.name == "sentinel_cache_semantic_lookups":
-            for sample in family.samples:
-                if sample.name.endswith("_total") and sample.labels.get("outcome") in counts:
-                    counts[sample.labels["outcome"]] += sample.value
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            if family.name == "sentinel_cache_semantic_lookups" and sample.labels.get("outcome") in counts:
+                counts[sample.labels["outcome"]] += sample.value
+            elif family.name == "sentinel_cache_embedded_prompts":
+                counts["embedded"] += sample.value
+            elif family.name == "sentinel_cache_embed_runs":
+                counts["embed_runs"] += sample.value
     return counts
 
 

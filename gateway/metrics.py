@@ -117,6 +117,11 @@ CACHE_EMBEDDED = Counter(
     "deferred (an entry stored without its embedding, embedded when its partition was next asked).",
     ("kind",),
 )
+CACHE_EMBED_RUNS = Counter(
+    "sentinel_cache_embed_runs",
+    "Runs of the embedding model for the semantic tier: prompts embedded over runs is the mean batch "
+    "(each run embeds every prompt waiting, up to 8).",
+)
 BREAKER_TRANSITIONS = Counter(
     "sentinel_breaker_transitions",
     "Circuit breaker state changes per deployment, by the state entered.",
@@ -349,6 +354,10 @@ def cache_semantic(outcome: str) -> None:
 
 def cache_embedded(kind: str, count: int = 1) -> None:
     _child(CACHE_EMBEDDED, kind).inc(count)
+
+
+def cache_embed_run() -> None:
+    CACHE_EMBED_RUNS.inc()
 
 
 def admission_rejected(limit: str) -> None:

@@ -166,7 +166,8 @@ def embedder_ready() -> bool:
 
 class _Batcher:
     """One thread embedding prompts in batches: each run takes everything waiting (up to
-    EMBED_BATCH), so under load many prompts share one model call (bench: `embed_batches`)."""
+    EMBED_BATCH), so under load many prompts share one model call (`sentinel_cache_embed_runs_total`
+    counts the calls)."""
 
     def __init__(self) -> None:
         self.waiting: queue.SimpleQueue = queue.SimpleQueue()
@@ -195,6 +196,7 @@ class _Batcher:
                 continue
             try:
                 vectors = shared_embedder().embed([text for texts, _, _ in jobs for text in texts])
+                _metrics().cache_embed_run()
                 outcome, start = [], 0
                 for texts, _, _ in jobs:
                     outcome.append((vectors[start : start + len(texts)], None))

@@ -83,7 +83,14 @@ def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, te
     for load in WARM:
         warm = rows[(load, "sentinel-warm")]["semantic_lookups"]
         assert warm["searched"] > 0 and warm["skipped_cold"] == 0, warm
-    assert set(rows[("c32-nonstream", "sentinel")]["semantic_lookups"]) == {"searched", "skipped_empty", "skipped_cold"}
+        assert 0 < warm["embed_runs"] <= warm["embedded"], warm  # a model run embeds one prompt or more
+    assert set(rows[("c32-nonstream", "sentinel")]["semantic_lookups"]) == {
+        "searched",
+        "skipped_empty",
+        "skipped_cold",
+        "embedded",
+        "embed_runs",
+    }
     assert rows[("realistic-c32-stream", "direct")]["ttft_p50_ms"] >= 120  # the realistic mock's first token
 
     added = {a["target"]: a for a in result["added_vs_direct"]}
