@@ -12,7 +12,8 @@ A miss must cost little, since most traffic is misses (docs/performance.md, docs
   in it warms it again;
 - an answer is stored after the response with the embedding its lookup computed, or, when there was
   none (an empty partition), without one: a later lookup in that partition embeds those prompts with
-  its own, in one batch, so a partition that is never asked again never costs an embedding;
+  its own (one model run for its prompt, one for theirs, found by its search), so a partition that is
+  never asked again never costs an embedding;
 - a tenant's entries are counted in Redis; the database is counted and trimmed only past the cap;
 - the stores of the next STORE_GATHER_SECONDS are filed together: one INSERT, one Redis pipeline;
 - prompts are embedded in one thread, in batches of whatever requests are waiting.
