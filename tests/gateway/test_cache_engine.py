@@ -130,3 +130,50 @@ def test_stores_that_come_together_are_one_insert_and_each_key_names_its_own_row
     for row in CacheEntry.objects.filter(tenant=roomy):
         found = orjson.loads(sync_redis().get(engine.exact_redis_key(row.exact_digest, row.partition)))
         assert (found["id"], found["answer"]["content"]) == (row.pk, f"answer {roomy.pk} {row.prompt.split()[-1]}")
+
+
+def test_a_full_cache_is_trimmed_a_twentieth_below_its_cap_so_not_on_every_store(make_tenant):
+    """A cap of 40: forty answers fit; the 41st trims the three least recently used (to 38, a
+    twentieth below the cap) and its count with them; the next two fill it to 40 again with nothing
+    deleted and nothing counted in the database."""
+    tenant = make_tenant()
+
+    def key(i: int):
+        body = {"model": "m", "messages": [{"role": "user", "content": f"Entry {i}"}]}
+        return cache_key(tenant_id=tenant.pk, namespace="trim", model_identity=("m",), body=body)
+
+    async def store(numbers: range) -> None:
+        try:
+            await asyncio.gather(
+                *(
+                    engine.store(
+                        key(i),
+                        tenant_id=tenant.pk,
+                        model="m",
+                        answer={"content": f"answer {i}", "finish_reason": "stop", "usage": {}, "model": "m"},
+                        cost_usd=Decimal("0.001"),
+                        ttl=3600,
+                        max_entries=40,
+                        semantic=True,
+                    )
+                    for i in numbers
+                )
+            )
+        finally:
+            await engine.close_pool()
+
+    def kept() -> list[int]:
+        return sorted(
+            int(p.split()[-1]) for p in CacheEntry.objects.filter(tenant=tenant).values_list("prompt", flat=True)
+        )
+
+    def counted() -> int:
+        return int(sync_redis().get(redis_keys.cache_tenant_count(tenant.pk)))
+
+    asyncio.run(store(range(40)))  # one batch, in order: entry 0 is the least recently used
+    assert (kept(), counted()) == (list(range(40)), 40)
+    asyncio.run(store(range(40, 41)))
+    assert (kept(), counted()) == (list(range(3, 41)), 38)
+    assert sync_redis().get(engine.exact_redis_key(key(0).exact, key(0).partition)) is None
+    asyncio.run(store(range(41, 43)))
+    assert (kept(), counted()) == (list(range(3, 43)), 40)
