@@ -149,6 +149,12 @@ def cache_tenant_count(tenant_id: int) -> str:
     return f"sentinel:cache:tenant:{tenant_id}:entries"
 
 
+def cache_tenant_trimming(tenant_id: int) -> str:
+    """Held (SET NX, expiring) by the one process counting and trimming a tenant's cache: two at once
+    would each take what they deleted off the count, and it would understate."""
+    return f"sentinel:cache:tenant:{tenant_id}:trimming"
+
+
 LEDGER_STREAM = "sentinel:ledger"  # the ledger queue (consumer group ledger-writers)
 LEDGER_OLD_DEAD_LETTERS = "sentinel:ledger:dead"  # where refused records went before they moved to Postgres
 DJANGO_CACHE_PREFIX = "sentinel:django"  # Django's cache

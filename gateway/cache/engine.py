@@ -683,9 +683,15 @@ async def _write_stores(batch: list[_Store]) -> None:
                     recount.add(tenant)
             for tenant in recount:
                 # A new counter (Redis lost it, or the first entry) is set from the database; past the
-                # cap the database is counted and trimmed exactly.
-                count, max_entries = counted[tenant]
-                await _evict(conn, tenant, max_entries, count)
+                # cap the database is counted and trimmed, by one process at a time (any other skips:
+                # the count it took is in the one trimming's).
+                trimming = redis_keys.cache_tenant_trimming(tenant)
+                if await async_redis().set(trimming, 1, nx=True, px=TRIM_LOCK_MS):
+                    try:
+                        count, max_entries = counted[tenant]
+                        await _evict(conn, tenant, max_entries, count)
+                    finally:
+                        await async_redis().delete(trimming)
     except Exception as exc:  # noqa: BLE001 - a lost cache store costs a future miss, nothing more
         log.warning("cache store failed (%d answers): %s: %s", len(batch), type(exc).__name__, exc)
         for _ in batch:
@@ -701,6 +707,7 @@ async def _write_stores(batch: list[_Store]) -> None:
 # cap / EVICT_SHARE stores, not on every store: at 50,000 entries the count and the LRU order cost
 # PostgreSQL about 66 ms (docs/cache.md).
 EVICT_SHARE = 20
+TRIM_LOCK_MS = 30_000  # how long a process that stopped mid-trim keeps the others from trimming
 
 
 async def _evict(conn, tenant_id: int, max_entries: int, counted: int) -> None:

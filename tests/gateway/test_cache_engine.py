@@ -177,3 +177,47 @@ def test_a_full_cache_is_trimmed_a_twentieth_below_its_cap_so_not_on_every_store
     assert sync_redis().get(engine.exact_redis_key(key(0).exact, key(0).partition)) is None
     asyncio.run(store(range(41, 43)))
     assert (kept(), counted()) == (list(range(3, 43)), 40)
+
+
+def test_batches_past_the_cap_at_once_leave_a_count_that_never_understates(make_tenant):
+    """200 answers at once for a cap of 40: four batches written concurrently, each past the cap.
+    One trims at a time (two at once would each take their deletions off the count, which would then
+    understate and let the tenant grow past its cap unnoticed: it went to -154); the count never
+    understates, and once more answers come the tenant is within its cap."""
+    tenant = make_tenant()
+
+    async def store(numbers: range) -> None:
+        try:
+            await asyncio.gather(
+                *(
+                    engine.store(
+                        cache_key(
+                            tenant_id=tenant.pk,
+                            namespace="race",
+                            model_identity=("m",),
+                            body={"model": "m", "messages": [{"role": "user", "content": f"Race {i}"}]},
+                        ),
+                        tenant_id=tenant.pk,
+                        model="m",
+                        answer={"content": f"answer {i}", "finish_reason": "stop", "usage": {}, "model": "m"},
+                        cost_usd=Decimal("0.001"),
+                        ttl=3600,
+                        max_entries=40,
+                        semantic=True,
+                    )
+                    for i in numbers
+                )
+            )
+        finally:
+            await engine.close_pool()
+
+    def state() -> tuple[int, int]:
+        rows = CacheEntry.objects.filter(tenant=tenant).count()
+        return rows, int(sync_redis().get(redis_keys.cache_tenant_count(tenant.pk)))
+
+    asyncio.run(store(range(200)))
+    rows, counted = state()
+    assert 0 < rows <= counted, (rows, counted)
+    asyncio.run(store(range(200, 203)))
+    rows, counted = state()
+    assert rows <= counted and rows <= 40, (rows, counted)
