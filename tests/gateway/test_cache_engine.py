@@ -75,47 +75,56 @@ def test_a_cold_partition_probes_less_often_the_longer_nothing_is_served(setting
     assert (engine.Partition(1, 10**9).cold, engine.Partition(1, 10**9).probe_every) == (False, 1)
 
 
-def test_stores_that_come_together_are_one_insert_and_each_key_names_its_own_row(make_tenant):
-    """Forty answers of two tenants filed at once: one INSERT (every row has the same inserting
-    transaction), each exact key carries the id of the row with its own prompt, every store is
-    counted in Redis, and the tenant with a cap of 5 is trimmed to its 5 (and counted so)."""
-    roomy, capped = make_tenant(), make_tenant()
+def numbered_key(tenant, namespace: str, number: int):
+    """The key of the prompt "<namespace> question <number>" in the tenant's namespace."""
+    body = {"model": "m", "messages": [{"role": "user", "content": f"{namespace} question {number}"}]}
+    return cache_key(tenant_id=tenant.pk, namespace=namespace, model_identity=("m",), body=body)
 
-    def key(tenant, i: int):
-        body = {"model": "m", "messages": [{"role": "user", "content": f"Batched question {i}"}]}
-        return cache_key(tenant_id=tenant.pk, namespace="batched", model_identity=("m",), body=body)
 
-    async def store_forty() -> None:
+def store_at_once(answers, *, namespace: str, caps: dict) -> None:
+    """File every (tenant, number) of `answers` at once (gathered, so written in batches): the prompt
+    numbered_key names, the answer "answer <tenant id> <number>", each tenant's cap from `caps`."""
+
+    async def store_all() -> None:
         try:
             await asyncio.gather(
                 *(
                     engine.store(
-                        key(tenant, i),
+                        numbered_key(tenant, namespace, number),
                         tenant_id=tenant.pk,
                         model="m",
                         answer={
-                            "content": f"answer {tenant.pk} {i}",
+                            "content": f"answer {tenant.pk} {number}",
                             "finish_reason": "stop",
                             "usage": {},
                             "model": "m",
                         },
                         cost_usd=Decimal("0.001"),
                         ttl=3600,
-                        max_entries=5 if tenant is capped else 1000,
+                        max_entries=caps[tenant.pk],
                         semantic=True,
                     )
-                    for i in range(20)
-                    for tenant in (roomy, capped)
+                    for tenant, number in answers
                 )
             )
         finally:
             await engine.close_pool()
 
+    asyncio.run(store_all())
+
+
+def test_stores_that_come_together_are_one_insert_and_each_key_names_its_own_row(make_tenant):
+    """Forty answers of two tenants filed at once: one INSERT (every row has the same inserting
+    transaction), each exact key carries the id of the row with its own prompt, every store is
+    counted in Redis, and the tenant with a cap of 5 is trimmed to its 5 (and counted so)."""
+    roomy, capped = make_tenant(), make_tenant()
+
     def counter(tenant) -> str:
         return redis_keys.cache_tenant_count(tenant.pk)
 
     counted_before = int(sync_redis().get(counter(roomy)) or 0)  # a test before may have used its id
-    asyncio.run(store_forty())
+    answers = [(tenant, i) for i in range(20) for tenant in (roomy, capped)]
+    store_at_once(answers, namespace="batched", caps={roomy.pk: 1000, capped.pk: 5})
     with connection.cursor() as cursor:
         cursor.execute(
             "select count(*), count(distinct xmin::text) from gateway_cacheentry where tenant_id in (%s, %s)",
@@ -138,29 +147,8 @@ def test_a_full_cache_is_trimmed_a_twentieth_below_its_cap_so_not_on_every_store
     deleted and nothing counted in the database."""
     tenant = make_tenant()
 
-    def key(i: int):
-        body = {"model": "m", "messages": [{"role": "user", "content": f"Entry {i}"}]}
-        return cache_key(tenant_id=tenant.pk, namespace="trim", model_identity=("m",), body=body)
-
-    async def store(numbers: range) -> None:
-        try:
-            await asyncio.gather(
-                *(
-                    engine.store(
-                        key(i),
-                        tenant_id=tenant.pk,
-                        model="m",
-                        answer={"content": f"answer {i}", "finish_reason": "stop", "usage": {}, "model": "m"},
-                        cost_usd=Decimal("0.001"),
-                        ttl=3600,
-                        max_entries=40,
-                        semantic=True,
-                    )
-                    for i in numbers
-                )
-            )
-        finally:
-            await engine.close_pool()
+    def store(numbers: range) -> None:
+        store_at_once([(tenant, i) for i in numbers], namespace="trim", caps={tenant.pk: 40})
 
     def kept() -> list[int]:
         return sorted(
@@ -170,12 +158,13 @@ def test_a_full_cache_is_trimmed_a_twentieth_below_its_cap_so_not_on_every_store
     def counted() -> int:
         return int(sync_redis().get(redis_keys.cache_tenant_count(tenant.pk)))
 
-    asyncio.run(store(range(40)))  # one batch, in order: entry 0 is the least recently used
+    store(range(40))  # one batch, in order: entry 0 is the least recently used
     assert (kept(), counted()) == (list(range(40)), 40)
-    asyncio.run(store(range(40, 41)))
+    store(range(40, 41))
     assert (kept(), counted()) == (list(range(3, 41)), 38)
-    assert sync_redis().get(engine.exact_redis_key(key(0).exact, key(0).partition)) is None
-    asyncio.run(store(range(41, 43)))
+    first = numbered_key(tenant, "trim", 0)
+    assert sync_redis().get(engine.exact_redis_key(first.exact, first.partition)) is None
+    store(range(41, 43))
     assert (kept(), counted()) == (list(range(3, 43)), 40)
 
 
@@ -186,38 +175,16 @@ def test_batches_past_the_cap_at_once_leave_a_count_that_never_understates(make_
     understates, and once more answers come the tenant is within its cap."""
     tenant = make_tenant()
 
-    async def store(numbers: range) -> None:
-        try:
-            await asyncio.gather(
-                *(
-                    engine.store(
-                        cache_key(
-                            tenant_id=tenant.pk,
-                            namespace="race",
-                            model_identity=("m",),
-                            body={"model": "m", "messages": [{"role": "user", "content": f"Race {i}"}]},
-                        ),
-                        tenant_id=tenant.pk,
-                        model="m",
-                        answer={"content": f"answer {i}", "finish_reason": "stop", "usage": {}, "model": "m"},
-                        cost_usd=Decimal("0.001"),
-                        ttl=3600,
-                        max_entries=40,
-                        semantic=True,
-                    )
-                    for i in numbers
-                )
-            )
-        finally:
-            await engine.close_pool()
+    def store(numbers: range) -> None:
+        store_at_once([(tenant, i) for i in numbers], namespace="race", caps={tenant.pk: 40})
 
     def state() -> tuple[int, int]:
         rows = CacheEntry.objects.filter(tenant=tenant).count()
         return rows, int(sync_redis().get(redis_keys.cache_tenant_count(tenant.pk)))
 
-    asyncio.run(store(range(200)))
+    store(range(200))
     rows, counted = state()
     assert 0 < rows <= counted, (rows, counted)
-    asyncio.run(store(range(200, 203)))
+    store(range(200, 203))
     rows, counted = state()
     assert rows <= counted and rows <= 40, (rows, counted)
