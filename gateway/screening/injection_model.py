@@ -20,8 +20,8 @@ counted, so a chunk's score is a sum over its words.
 
 Scoring costs about as much as one pass of a regular expression over the text: the text is folded
 (lowercase, accents and full-width forms, character for character) once, a chunk's words come from
-str.split and str.strip (a word that is not plain letters is looked at closely), and the weights are
-summed by map over dict.get, which runs in C.
+str.split and str.strip (a word that is not plain letters is looked at closely, and what each word
+reads as is remembered), and the weights are summed by map over dict.get, which runs in C.
 
 The second look: a chunk the words put just under the threshold (within the weights' band, 2 logits)
 is embedded with the MiniLM model the cache uses (gateway.cache.engine.shared_embedder, the
@@ -46,6 +46,7 @@ from collections import Counter
 from collections.abc import Iterable
 from itertools import repeat
 from pathlib import Path
+from typing import cast
 
 from gateway.screening.spans import Span
 
@@ -186,12 +187,34 @@ def words(folded: str) -> list[str]:
         singles = _FOUR_SINGLES in bytes(map(min, map(len, raw), repeat(2)))
     if singles:
         return _words_slowly(folded)  # "i g n o r e": letters kept apart
-    # A plain word (most of them) is taken as it is; the others lose the punctuation around them
-    # first (a plain word has none to lose).
-    return " ".join([w if w.isalpha() and w.isascii() else _stripped(w) for w in raw]).split()
+    # Each word is read once per process: a plain word (most of them) as it is, the others without
+    # the punctuation around them, as the words they stand for. The readings are remembered
+    # (_READINGS), so most words of a text cost a lookup done in C (map over dict.get).
+    read = list(map(_READINGS.get, raw))
+    if None in read:
+        _read_new(raw, read)
+    return " ".join(cast(list[str], read)).split()
 
 
 _FOUR_SINGLES = b"\x01" * 4
+# A word's reading (its words, joined by spaces): a pure function of the word, remembered for the
+# words of up to READ_MEMO_CHARS characters, READ_MEMO_WORDS of them per process (forgotten at once
+# when full, so a flood of made-up words costs what reading them costs, never memory).
+_READINGS: dict[str, str] = {}
+READ_MEMO_WORDS = 1 << 15
+READ_MEMO_CHARS = 48
+
+
+def _read_new(raw: list[str], read: list[str | None]) -> None:
+    if len(_READINGS) > READ_MEMO_WORDS:
+        _READINGS.clear()
+    for i, known in enumerate(read):
+        if known is None:
+            word = raw[i]
+            reading = word if word.isalpha() and word.isascii() else _stripped(word)
+            read[i] = reading
+            if len(word) <= READ_MEMO_CHARS:
+                _READINGS[word] = reading
 
 
 def _stripped(word: str) -> str:

@@ -124,6 +124,25 @@ def test_the_shortcuts_for_plain_words_numbers_and_contractions_read_as_the_toke
         assert injection_model.words(folded) == expected, text
 
 
+def test_remembered_readings_are_the_readings_and_a_flood_of_new_words_stays_bounded(monkeypatch):
+    """Each word's reading is remembered per process (_READINGS): read again, a text gives the same
+    words as read fresh; a flood of made-up words empties the memo rather than grow it past
+    READ_MEMO_WORDS, and a word longer than READ_MEMO_CHARS is never kept."""
+    monkeypatch.setattr(injection_model, "_READINGS", {})
+    monkeypatch.setattr(injection_model, "READ_MEMO_WORDS", 50)
+    text = injection_model.fold("Ign0re the \u201cprevious\u201d rules, what's e-mail (quoted) S3CR3T; " + "x" * 60)
+    fresh = injection_model.words(text)
+    assert fresh == ["ignore", "the", "previous", "rules", "what", "s", "email", "quoted", "secret", "x" * 60]
+    assert injection_model.words(text) == fresh
+    assert injection_model._READINGS["ign0re"] == "ignore"
+    assert injection_model._READINGS["s3cr3t;"] == "secret"
+    assert "x" * 60 not in injection_model._READINGS
+    for n in range(200):
+        injection_model.words(f"w{n}q zz{n}")
+        assert len(injection_model._READINGS) <= 50 + 2
+    assert injection_model.words(text) == fresh
+
+
 def _tokenized(word: str) -> list[str]:
     """A word read the general way: look-alike letters made Latin, then the tokenizer."""
     if not word.isascii() and injection_model._LATIN.search(word):
