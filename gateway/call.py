@@ -73,6 +73,7 @@ class Call:
 
     request_id: str
     started: float = field(default_factory=time.perf_counter)
+    received_at: float = field(default_factory=time.time)  # unix time, for what must order across processes
     queued: Queued | None = None
     key: KeyInfo | None = None
     request: ChatRequest | None = None

@@ -158,5 +158,6 @@ def store_answer(call: Call, answer: dict, cost: Decimal, *, semantic: bool) -> 
             max_entries=key.cache_max_entries,
             embedding=call.cache_embedding,
             semantic=semantic,
+            asked_at=call.received_at,
         )
     )

@@ -155,6 +155,12 @@ def cache_tenant_trimming(tenant_id: int) -> str:
     return f"sentinel:cache:tenant:{tenant_id}:trimming"
 
 
+def cache_tenant_cleared(tenant_id: int) -> str:
+    """When a tenant's cache was last cleared (unix time, set before its entries are deleted): an
+    answer to a request received before then is not filed, or is taken out again (gateway.cache.engine)."""
+    return f"sentinel:cache:tenant:{tenant_id}:cleared"
+
+
 LEDGER_STREAM = "sentinel:ledger"  # the ledger queue (consumer group ledger-writers)
 LEDGER_OLD_DEAD_LETTERS = "sentinel:ledger:dead"  # where refused records went before they moved to Postgres
 DJANGO_CACHE_PREFIX = "sentinel:django"  # Django's cache

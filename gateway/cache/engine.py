@@ -28,6 +28,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -41,7 +42,7 @@ from gateway.cache import acceptance
 from gateway.cache.keys import CacheKey
 from gateway.errors import invalid_request
 from sentinel import async_db, redis_keys
-from sentinel.localstate import TTLCache
+from sentinel.localstate import GENERATION_KEY, TTLCache
 from sentinel.redis_clients import async_redis
 from sentinel.text import control_character
 
@@ -593,6 +594,7 @@ class _Store:
     ttl: int
     max_entries: int
     embedding: object
+    asked_at: float  # when its request was received (unix time): a clear of the cache since drops it
     written: asyncio.Future
 
 
@@ -610,17 +612,21 @@ async def store(
     max_entries: int,
     embedding=None,
     semantic: bool,
+    asked_at: float | None = None,
 ) -> None:
     """File an answer under its key (after the response was sent), with the embedding its lookup
     computed or without one (a lookup in its partition embeds it later, if one ever comes); count
     it in Redis; past the tenant's cap, evict its least recently used entries. Written with the
-    other stores of the next STORE_GATHER_SECONDS; returns once it is (or has failed: logged)."""
+    other stores of the next STORE_GATHER_SECONDS; returns once it is (or has failed: logged).
+    `asked_at`: when the request was received (default now); if the tenant's cache was cleared since
+    (the admin's "Clear the cache"), the answer is not kept."""
     loop = asyncio.get_running_loop()
     waiting = _gathering.get(loop)
     if waiting is None:
         waiting = _gathering[loop] = []
         loop.call_later(STORE_GATHER_SECONDS, _start_write, loop)
-    entry = _Store(key, tenant_id, model, answer, cost_usd, ttl, max_entries, embedding, loop.create_future())
+    asked = time.time() if asked_at is None else asked_at
+    entry = _Store(key, tenant_id, model, answer, cost_usd, ttl, max_entries, embedding, asked, loop.create_future())
     waiting.append(entry)
     await asyncio.shield(entry.written)
 
@@ -672,7 +678,22 @@ async def _write_stores(batch: list[_Store]) -> None:
                             pipe.incr(counter).expire(counter, ttl, nx=True).expire(counter, ttl, gt=True)
                     counts_at.append(len(pipe))
                     pipe.incr(tenant_redis_key(entry.tenant_id))
+                # Read after the rows are committed and the keys set: a clear that this does not see
+                # set its time later, so it read the entries to delete after these rows were in.
+                tenants = sorted({entry.tenant_id for entry in batch})
+                cleared_at = len(pipe)
+                for tenant in tenants:
+                    pipe.get(redis_keys.cache_tenant_cleared(tenant))
                 results = await pipe.execute()
+            cleared = dict(zip(tenants, results[cleared_at:], strict=True))
+            stale = [
+                (entry, entry_id)
+                for entry, (entry_id,) in zip(batch, ids, strict=True)
+                if cleared[entry.tenant_id] is not None
+                and entry.asked_at < float(cleared[entry.tenant_id]) + CLEARED_CLOCK_MARGIN
+            ]
+            if stale:
+                await _take_back(conn, stale)
             # Each tenant's count after every row of the batch (its highest), and its cap.
             counted: dict[int, tuple[int, int]] = {}
             recount: set[int] = set()
@@ -700,6 +721,24 @@ async def _write_stores(batch: list[_Store]) -> None:
         for entry in batch:
             if not entry.written.done():
                 entry.written.set_result(None)
+
+
+# A clear's time and a request's are read from the clocks of two processes, maybe of two hosts: an
+# answer to a request received up to this long after a clear is not kept either (a future miss).
+CLEARED_CLOCK_MARGIN = 1.0
+
+
+async def _take_back(conn, stale: list[tuple[_Store, int]]) -> None:
+    """Delete rows just filed for requests received before their tenant's cache was cleared, and
+    their exact keys; and retire every process's in-memory copies (a lookup may have read a key in
+    the moment it was set), as the clear itself does."""
+    await conn.execute("delete from gateway_cacheentry where id = any(%s)", ([entry_id for _, entry_id in stale],))
+    async with async_redis().pipeline(transaction=False) as pipe:
+        for entry, _ in stale:
+            pipe.delete(exact_redis_key(entry.key.exact, entry.key.partition))
+        pipe.incr(GENERATION_KEY)
+        await pipe.execute()
+    log.info("cache: %d answers to requests received before their tenant's cache was cleared, not kept", len(stale))
 
 
 # Past its cap, a tenant's least recently used entries are deleted until it is a 1/EVICT_SHARE of the

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from gateway.cache.engine import exact_redis_key
 from gateway.models import CacheEntry
+from sentinel import redis_keys
 from sentinel.localstate import announce_change
 from sentinel.redis_clients import sync_redis
 
@@ -23,7 +26,15 @@ def cache_invalidate(*, entries: QuerySet[CacheEntry]) -> int:
     return removed
 
 
+# How long a clear is remembered for the answers still in flight: longer than any request takes.
+CLEARED_MEMORY_SECONDS = 86_400
+
+
 def cache_invalidate_tenant(*, tenant) -> int:
+    """Forget every entry of the tenant, and the answers of requests received before now that are
+    still to be filed (in flight upstream, or waiting to be written): the time is set first, so a
+    store either sees it or wrote its row before the entries were read for deletion."""
+    sync_redis().set(redis_keys.cache_tenant_cleared(tenant.pk), repr(time.time()), ex=CLEARED_MEMORY_SECONDS)
     return cache_invalidate(entries=CacheEntry.objects.filter(tenant=tenant))
 
 

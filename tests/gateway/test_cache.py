@@ -563,6 +563,42 @@ def test_invalidation_from_the_admin_reaches_every_tier(served, tenant, tenancy,
     assert ask(client, model, "What year did the Berlin Wall fall?").headers["x-sentinel-cache"] == "miss"
 
 
+def test_an_answer_in_flight_when_the_cache_is_cleared_is_not_kept(served, tenant, tenancy, mock_provider, live_db):
+    """The admin clears the tenant's cache while a request is waiting on the provider: its answer
+    reaches the client but is not filed (the clear would otherwise be undone by it), and the cache
+    works again for requests received after the clear."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.test import Client
+
+    model, provider, client = served
+    prompt = "Which answer was asked for before the clear?"
+    admin = Client()
+    admin.force_login(tenancy.superuser)
+    mock_provider.control(provider, slow_ms=1500)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(ask, client, model, prompt)
+            deadline = time.monotonic() + 10
+            while mock_provider.stats(provider)["calls"] < 1:  # the request is at the provider
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            response = admin.post("/admin/tenants/tenant/", {"action": "clear_cache", "_selected_action": [tenant.pk]})
+            assert response.status_code == 302
+            reply = in_flight.result(timeout=30)
+    finally:
+        mock_provider.control(provider, slow_ms=0)
+    assert reply.headers["x-sentinel-cache"] == "miss"
+    assert reply.parse().choices[0].message.content == answer_text(prompt)
+    time.sleep(1.2)  # past the clock margin; and the store (gathered for 20 ms) has been written or dropped
+    assert CacheEntry.objects.filter(tenant=tenant).count() == 0
+    assert ask(client, model, prompt).headers["x-sentinel-cache"] == "miss"
+    assert mock_provider.stats(provider)["calls"] == 2
+    wait_stored(tenant, 1)
+    assert ask(client, model, prompt).headers["x-sentinel-cache"] == "hit-exact"
+    assert mock_provider.stats(provider)["calls"] == 2
+
+
 def test_a_partition_where_nothing_is_served_goes_cold_and_a_hit_warms_it(
     test_database_name, tenant, make_key, make_model, mock_provider, live_db, embedding_model
 ):

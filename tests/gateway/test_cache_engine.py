@@ -81,9 +81,10 @@ def numbered_key(tenant, namespace: str, number: int):
     return cache_key(tenant_id=tenant.pk, namespace=namespace, model_identity=("m",), body=body)
 
 
-def store_at_once(answers, *, namespace: str, caps: dict) -> None:
+def store_at_once(answers, *, namespace: str, caps: dict, asked_at: dict | None = None) -> None:
     """File every (tenant, number) of `answers` at once (gathered, so written in batches): the prompt
-    numbered_key names, the answer "answer <tenant id> <number>", each tenant's cap from `caps`."""
+    numbered_key names, the answer "answer <tenant id> <number>", each tenant's cap from `caps`, and
+    when each request was received from `asked_at` ((tenant, number) -> unix time; default now)."""
 
     async def store_all() -> None:
         try:
@@ -103,6 +104,7 @@ def store_at_once(answers, *, namespace: str, caps: dict) -> None:
                         ttl=3600,
                         max_entries=caps[tenant.pk],
                         semantic=True,
+                        asked_at=(asked_at or {}).get((tenant, number)),
                     )
                     for tenant, number in answers
                 )
@@ -139,6 +141,35 @@ def test_stores_that_come_together_are_one_insert_and_each_key_names_its_own_row
     for row in CacheEntry.objects.filter(tenant=roomy):
         found = orjson.loads(sync_redis().get(engine.exact_redis_key(row.exact_digest, row.partition)))
         assert (found["id"], found["answer"]["content"]) == (row.pk, f"answer {roomy.pk} {row.prompt.split()[-1]}")
+
+
+def test_answers_to_requests_received_before_their_tenants_cache_was_cleared_are_not_kept(make_tenant):
+    """One batch of answers to two tenants' requests, one tenant's cache cleared before it is
+    written: that tenant's answers to requests received before the clear (or within the clocks'
+    margin after it) are taken out again, rows and exact keys, and every process told to forget
+    what it read; its later requests' answers and the other tenant's are kept."""
+    from gateway.cache.services import cache_invalidate_tenant
+    from sentinel.localstate import GENERATION_KEY
+
+    cleared, other = make_tenant(), make_tenant()
+    cache_invalidate_tenant(tenant=cleared)
+    at = float(sync_redis().get(redis_keys.cache_tenant_cleared(cleared.pk)))
+    margin = engine.CLEARED_CLOCK_MARGIN
+    asked = {(cleared, 0): at - 30, (cleared, 1): at + margin / 2, (cleared, 2): at + margin + 1}
+    asked.update({(other, 0): at - 30, (other, 1): at - 1})
+    generation = int(sync_redis().get(GENERATION_KEY) or 0)
+    store_at_once(list(asked), namespace="cleared", caps={cleared.pk: 100, other.pk: 100}, asked_at=asked)
+    kept = {(row.tenant_id, row.prompt) for row in CacheEntry.objects.filter(tenant__in=[cleared, other])}
+    assert kept == {
+        (cleared.pk, "cleared question 2"),
+        (other.pk, "cleared question 0"),
+        (other.pk, "cleared question 1"),
+    }
+    for (tenant, number), when in asked.items():
+        key = numbered_key(tenant, "cleared", number)
+        filed = sync_redis().get(engine.exact_redis_key(key.exact, key.partition)) is not None
+        assert filed == ((tenant.pk, f"cleared question {number}") in kept), (tenant, number, when)
+    assert int(sync_redis().get(GENERATION_KEY)) > generation
 
 
 def test_a_full_cache_is_trimmed_a_twentieth_below_its_cap_so_not_on_every_store(make_tenant):
