@@ -706,13 +706,21 @@ async def _write_stores(batch: list[_Store]) -> None:
                 # A new counter (Redis lost it, or the first entry) is set from the database; past the
                 # cap the database is counted and trimmed, by one process at a time (any other skips:
                 # the count it took is in the one trimming's).
-                trimming = redis_keys.cache_tenant_trimming(tenant)
-                if await async_redis().set(trimming, 1, nx=True, px=TRIM_LOCK_MS):
+                # redis-py's lock: released only by its holder (a trim that outlived the lock must
+                # not release the next one's), never waited for.
+                trimming = async_redis().lock(
+                    redis_keys.cache_tenant_trimming(tenant),
+                    timeout=TRIM_LOCK_MS / 1000,
+                    blocking=False,
+                    thread_local=False,
+                    raise_on_release_error=False,
+                )
+                if await trimming.acquire():
                     try:
                         count, max_entries = counted[tenant]
                         await _evict(conn, tenant, max_entries, count)
                     finally:
-                        await async_redis().delete(trimming)
+                        await trimming.release()
     except Exception as exc:  # noqa: BLE001 - a lost cache store costs a future miss, nothing more
         log.warning("cache store failed (%d answers): %s: %s", len(batch), type(exc).__name__, exc)
         for _ in batch:

@@ -197,6 +197,16 @@ def test_a_full_cache_is_trimmed_a_twentieth_below_its_cap_so_not_on_every_store
     assert sync_redis().get(engine.exact_redis_key(first.exact, first.partition)) is None
     store(range(41, 43))
     assert (kept(), counted()) == (list(range(3, 43)), 40)
+    # While another process holds the trim (its token in the lock's key), a store past the cap
+    # neither trims nor releases that process's hold.
+    hold = redis_keys.cache_tenant_trimming(tenant.pk)
+    sync_redis().set(hold, "another process", px=30_000)
+    store(range(43, 44))
+    assert (kept(), counted()) == (list(range(3, 44)), 41)
+    assert sync_redis().get(hold) == b"another process"
+    sync_redis().delete(hold)
+    store(range(44, 45))
+    assert (kept(), counted()) == (list(range(7, 45)), 38)
 
 
 def test_batches_past_the_cap_at_once_leave_a_count_that_never_understates(make_tenant):
