@@ -122,7 +122,8 @@ class Tenant(Limits):
     semantic_tightened_reason = models.CharField(max_length=300, blank=True, editable=False)
     cache_ttl_seconds = models.PositiveIntegerField(default=86_400, help_text="How long an answer stays cached.")
     cache_max_entries = models.PositiveIntegerField(
-        default=50_000, help_text="Above this, the least recently used entries are evicted."
+        default=50_000,
+        help_text="Above this, the least recently used entries are evicted, down to a twentieth below it.",
     )
     on_redis_outage = models.CharField(
         max_length=8,
