@@ -17,9 +17,16 @@ work: tens of microseconds on a typical prompt, a few milliseconds on thousands 
 Hyperscan pass first rules out the patterns that cannot match, and tells those whose matches are
 of bounded length where they can: gateway.screening.spans.Prefilter).
 A text's findings are remembered by digest (remembered_spans), so a conversation's earlier turns,
-sent again with every request, are not read again. Up to
-INLINE_CHARS they run inline; a request or an answer carrying more text is screened in a worker
-thread, so no request waits on the event loop behind another's screening. The outside services (a moderation provider
+sent again with every request, are not read again. Up to INLINE_CHARS of text in a request (or an
+answer) they run on the event loop, about a millisecond per 1,000 characters: in a worker thread, a
+4,000-character message that takes 3.5 ms alone took 0.3 to 17 s while the event loop was busy
+(each Hyperscan match hands the interpreter back to the thread, which then waits for the loop to let
+go of it; docs/screening.md). The second look of the injection check (a MiniLM pass over a chunk
+the words are unsure of) is not run on the loop: the checks note the chunks, the embedder's own
+thread embeds them (it lets go of the interpreter while it computes), and the checks run again with
+the vectors. A request with more text than INLINE_CHARS is screened in a worker thread, so it does
+not stop the loop for tens of milliseconds or more; on a saturated worker it waits long for its
+turns (docs/screening.md). The outside services (a moderation provider
 through litellm, the tenant's HTTP guardrail) run concurrently, on the already-redacted text, and
 only when no local check blocked. Their outages follow the tenant's settings: by default input that
 cannot be screened is refused (503 screening_unavailable) and an answer already generated is
@@ -50,7 +57,7 @@ from dataclasses import dataclass, field
 
 from gateway import metrics
 from gateway.errors import GatewayError
-from gateway.screening import credentials, guardrail, injection, moderation, personal_data, resources
+from gateway.screening import credentials, guardrail, injection, injection_model, moderation, personal_data, resources
 from gateway.screening.personal_data import Span
 from gateway.screening.policy import GUARDRAIL, INJECTION, MODERATION, Policy
 from gateway.screening.spans import reading
@@ -61,9 +68,9 @@ IN, OUT = "in", "out"
 SYSTEM_ROLES = frozenset({"system", "developer"})  # the tenant's own instructions: personal data only
 MODERATION_CATEGORIES = frozenset(moderation.CATEGORIES)
 CONTENT_FILTER = "content_filter"
-# Up to this many characters in a request (or an answer), the local checks run on the event loop
-# (under a millisecond: a thread hop would cost about as much); beyond, in a worker thread.
-INLINE_CHARS = 1_000
+# Up to this many characters of text in a request (or an answer), the local checks run on the event
+# loop (at most about 30 ms of it, for text dense with findings); beyond, in a worker thread.
+INLINE_CHARS = 32_000
 _LOCAL_CHECKS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="screening")
 
 
@@ -305,7 +312,10 @@ def remembered_spans(
         if known is not None:
             _spans_cache.move_to_end(key)
             return list(known)
+    unresolved = injection_model.deferred_count()
     spans = local_spans(text, kinds=kinds, injection_on=injection_on, moderation_on=moderation_on, region=region)
+    if injection_model.deferred_count() > unresolved:
+        return spans  # the second look is still to come: not remembered
     with _spans_cache_lock:
         _spans_cache[key] = tuple(spans)
         if len(_spans_cache) > SPANS_CACHE_SIZE:
@@ -364,33 +374,61 @@ async def screen_input(call) -> None:
     messages = call.body["messages"]
     texts = segments(messages)
     if sum(len(text.text) for text in texts) > INLINE_CHARS:
-        # Long text: the checks run in a worker thread, so the event loop goes on serving other
-        # requests meanwhile (the thread releases the interpreter between patterns).
-        blocks = await asyncio.get_running_loop().run_in_executor(
-            _LOCAL_CHECKS, _screen_locally, policy, record, messages, texts
-        )
+        found = await asyncio.get_running_loop().run_in_executor(_LOCAL_CHECKS, _findings, policy, texts)
     else:
-        blocks = _screen_locally(policy, record, messages, texts)
+        found = await _local_findings(policy, texts)
+    blocks = _act_locally(policy, record, messages, texts, found)
     if blocks:
         raise blocked([check for check, _ in blocks], blocks[0][1])
     await _screen_input_remotely(call, policy, record, texts, policy.action(MODERATION))
 
 
-def _screen_locally(policy: Policy, record: Screening, messages: list, texts: list[Text]) -> list[tuple[str, str]]:
-    """The local checks on every text: redactions written into the messages; the blocks returned
-    as (check, param)."""
+async def _local_findings(policy: Policy, texts: list[Text]) -> list[list[Span]]:
+    """Every local check's findings in each text, on this thread (the event loop). Chunks the
+    injection check's second look wants embedded are embedded by the embedder's thread, and the
+    texts are read again with their vectors (findings with an embedding still missing are never
+    remembered). If the embedder fails, the words alone decide, as in a process without it."""
+    ahead = injection_model.Embeddings()
+    with injection_model.deferring_second_look(ahead):
+        found = _findings(policy, texts)
+    if not ahead.wanted:
+        return found
+    from gateway.cache.engine import embed_many
+
+    wanted = list(dict.fromkeys(ahead.wanted))
+    try:
+        vectors = await embed_many(wanted)
+    except Exception as exc:  # noqa: BLE001 - a second look lost: the words have judged
+        log.warning("injection second look skipped: %s: %s", type(exc).__name__, exc)
+        return found
+    ahead.vectors.update(zip(wanted, vectors, strict=True))
+    ahead.wanted.clear()
+    with injection_model.deferring_second_look(ahead):
+        return _findings(policy, texts)
+
+
+def _findings(policy: Policy, texts: list[Text]) -> list[list[Span]]:
     kinds = policy.personal_data_kinds
     injection_action, moderation_action = policy.action(INJECTION), policy.action(MODERATION)
-    blocks: list[tuple[str, str]] = []
-    for text in texts:
-        screened = text.role not in SYSTEM_ROLES
-        spans = remembered_spans(
+    return [
+        remembered_spans(
             text.checked,
             kinds=kinds,
-            injection_on=injection_action != OFF and screened,
-            moderation_on=moderation_action != OFF and screened,
+            injection_on=injection_action != OFF and text.role not in SYSTEM_ROLES,
+            moderation_on=moderation_action != OFF and text.role not in SYSTEM_ROLES,
             region=policy.phone_region,
         )
+        for text in texts
+    ]
+
+
+def _act_locally(
+    policy: Policy, record: Screening, messages: list, texts: list[Text], found: list[list[Span]]
+) -> list[tuple[str, str]]:
+    """What the policy does with the local checks' findings: redactions written into the messages;
+    the blocks returned as (check, param)."""
+    blocks: list[tuple[str, str]] = []
+    for text, spans in zip(texts, found, strict=True):
         redact = []
         for span in spans:
             check = check_of(span)

@@ -35,15 +35,17 @@ SENTINEL_INJECTION_SECOND_LOOK is off.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import json
 import math
 import operator
 import re
 import string
+import threading
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import repeat
 from pathlib import Path
 from typing import cast
@@ -467,6 +469,38 @@ def second_look_features(embedding, z: float) -> list[float]:
     return [*map(float, embedding), z / 10.0]
 
 
+class Embeddings:
+    """Embeddings computed ahead for the second look (see deferring_second_look): texts to vectors,
+    and the texts a pass wanted but did not find."""
+
+    def __init__(self) -> None:
+        self.vectors: dict[str, object] = {}
+        self.wanted: list[str] = []
+
+
+_deferred = threading.local()
+
+
+@contextlib.contextmanager
+def deferring_second_look(embeddings: Embeddings) -> Iterator[None]:
+    """Within (in this thread): the second look embeds nothing; it reads the vectors in
+    `embeddings` and notes in `embeddings.wanted` the texts it has none for (judged by the words
+    alone this time). The caller embeds those off its thread and judges again: the request path runs
+    the checks on the event loop and has the embedder's own thread embed (gateway.screening.engine)."""
+    _deferred.embeddings = embeddings
+    try:
+        yield
+    finally:
+        _deferred.embeddings = None
+
+
+def deferred_count() -> int:
+    """How many texts the second look has noted for embedding in this thread so far (0 outside
+    deferring_second_look)."""
+    ahead: Embeddings | None = getattr(_deferred, "embeddings", None)
+    return 0 if ahead is None else len(ahead.wanted)
+
+
 def _confirmed(texts: list[str], zs: list[float], look: tuple[float, float, float, list[float]]) -> list[bool]:
     """The second look at texts the word model was unsure of: MiniLM embeddings (the cache's own
     embedder, gateway.cache.engine.shared_embedder) and the word model's logit, through a logistic
@@ -477,7 +511,15 @@ def _confirmed(texts: list[str], zs: list[float], look: tuple[float, float, floa
     if not embedder_ready():
         return [False] * len(texts)
     _, logit, bias, weights = look
-    vectors = shared_embedder().embed(texts)
+    ahead: Embeddings | None = getattr(_deferred, "embeddings", None)
+    if ahead is not None:
+        missing = [text for text in texts if text not in ahead.vectors]
+        if missing:
+            ahead.wanted.extend(missing)
+            return [False] * len(texts)
+        vectors = [ahead.vectors[text] for text in texts]
+    else:
+        vectors = shared_embedder().embed(texts)
     return [
         bias + sum(map(operator.mul, weights, second_look_features(vector, z))) >= logit
         for vector, z in zip(vectors, zs, strict=True)
