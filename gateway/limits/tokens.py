@@ -20,16 +20,18 @@ A reservation is a worst case, so every figure here errs high, never low:
 
 The exact count costs time (about 0.4 µs a character of CJK text, 0.04 of English), so it is spent
 only where it decides something: admission asks for it when a hard budget or a tokens-per-minute
-limit applies, counts at most EXACT_BYTES of text exactly (the rest by bytes), off the event loop
-past INLINE_BYTES, and remembers the counts of long strings that come back (system prompts, tool
-schemas). Written here because litellm's token_counter fits none of this: it fetches image URLs to
-size them, downloads Hugging Face tokenizers for some models, and counts Claude 3+ prompts with
-Claude 2's tokenizer, which undercounts them.
+limit applies, counts at most EXACT_BYTES of text exactly (the rest by bytes: at most about 4 ms of
+CJK, 1.3 ms of English), on the event loop, and remembers the counts of long strings that come back
+(system prompts, tool schemas). Until 2026-12-06 text past 4 KB was counted on a worker thread: on a
+busy event loop the hop alone cost 0.3 to 1.5 s (9 KB of English, 0.2 ms inline), the thread waiting
+for the interpreter each time the tokenizer handed it back. Written here because litellm's
+token_counter fits none of this: it fetches image URLs to size them, downloads Hugging Face
+tokenizers for some models, and counts Claude 3+ prompts with Claude 2's tokenizer, which
+undercounts them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import importlib.util
 import logging
@@ -37,7 +39,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
@@ -47,7 +48,6 @@ import orjson
 log = logging.getLogger(__name__)
 
 EXACT_BYTES = 32 * 1024  # text counted with the tokenizer per request; past it, one token per byte
-INLINE_BYTES = 4 * 1024  # more text than this is counted on a worker thread (tiktoken releases the GIL)
 REMEMBERED_BYTES = (1024, 16 * 1024)  # strings this long are remembered with their counts ...
 REMEMBERED = 256  # ... this many, most recent first: system prompts and tool schemas come back
 MESSAGE_FRAMING = 4  # per message, besides its role's and name's own tokens (OpenAI: 3, name +1)
@@ -59,9 +59,6 @@ UNKNOWN_IMAGE_TOKENS = 48_169  # the largest per-image figure litellm knows (gpt
 UNKNOWN_CONTEXT_TOKENS = 2_000_000  # a model whose context window litellm does not know
 TIKTOKEN_FAMILIES = ("openai", "azure", "text-completion-openai")
 ENCODINGS = ("o200k_base", "cl100k_base")
-
-_counting_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="token-count")
-
 
 # --- tokenizers --------------------------------------------------------------------------------
 
@@ -309,17 +306,8 @@ def prompt_bound(body: dict, litellm_models: Iterable[str], *, exact: bool = Tru
 
 
 async def aprompt_bound(body: dict, litellm_models: Iterable[str], *, exact: bool = True) -> int:
-    """prompt_bound for the request path: on a worker thread when there is much text to count exactly,
-    so the event loop keeps serving other requests meanwhile."""
-    prompt = gather(body)
-    countings = {counting_for(model) for model in litellm_models}
-
-    def bound() -> int:
-        return max((bound_for(prompt, counting, exact=exact) for counting in countings), default=0)
-
-    if exact and any(c.openai for c in countings) and prompt.text_bytes() > INLINE_BYTES:
-        return await asyncio.get_running_loop().run_in_executor(_counting_pool, bound)
-    return bound()
+    """prompt_bound for the request path (see the module: counted on the event loop)."""
+    return prompt_bound(body, litellm_models, exact=exact)
 
 
 # The encoding that stands in for a model whose tokenizer is not public (Anthropic's, Gemini's): the
