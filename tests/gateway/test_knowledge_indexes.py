@@ -123,7 +123,10 @@ def test_several_stores_are_searched_in_one_statement_each_by_its_own_ranking(st
     # The small store's first chunk: first of its store's nearest, and of its full-text matches
     # (every chunk there holds both words, ranked alike, then by id).
     vector = small_vectors[0]
-    nearest_big = big_ids[int(np.argmax(big_vectors @ vector))]
+    # The big store's chunks nearest the query, exactly. Its side is read through its HNSW index, which
+    # is approximate: with a query near none of its chunks the top few are close to a tie, and the full
+    # run of 2026-12-06 got the second or third (10573 for 6448) once. Any of the ten heads the side.
+    nearest_big = [big_ids[row] for row in np.argsort(-(big_vectors @ vector))[:10]]
 
     with CaptureQueriesContext(connection) as queries:
         hits = services.search(stores=[big, small], query="zebrafish husbandry", vector=vector, limit=60)
@@ -135,7 +138,7 @@ def test_several_stores_are_searched_in_one_statement_each_by_its_own_ranking(st
     # chunk of the small store (on both of its sides: 0.61 at worst).
     ids = [hit.chunk_id for hit in hits]
     assert len(ids) == 60 and ids[0] == small_ids[0] and hits[0].score == pytest.approx(1.0)
-    assert set(ids[:40]) == set(small_ids) and ids[40] == nearest_big
+    assert set(ids[:40]) == set(small_ids) and ids[40] in nearest_big
     assert hits[40].score == pytest.approx(0.5)
     assert {hit.filename for hit in hits} == {"big.md", "small.md"}
 
