@@ -150,8 +150,8 @@ def cache_tenant_count(tenant_id: int) -> str:
 
 
 def cache_tenant_trimming(tenant_id: int) -> str:
-    """Held (SET NX, expiring) by the one process counting and trimming a tenant's cache: two at once
-    would each take what they deleted off the count, and it would understate."""
+    """Held (redis-py's lock: a token, expiring) by the one process counting and trimming a tenant's
+    cache: two at once would each take what they deleted off the count, and it would understate."""
     return f"sentinel:cache:tenant:{tenant_id}:trimming"
 
 

@@ -494,10 +494,15 @@ def deferring_second_look(embeddings: Embeddings) -> Iterator[None]:
         _deferred.embeddings = None
 
 
+def _ahead() -> Embeddings | None:
+    """The embeddings of this thread's deferring_second_look, if it is in one."""
+    return getattr(_deferred, "embeddings", None)
+
+
 def deferred_count() -> int:
     """How many texts the second look has noted for embedding in this thread so far (0 outside
     deferring_second_look)."""
-    ahead: Embeddings | None = getattr(_deferred, "embeddings", None)
+    ahead = _ahead()
     return 0 if ahead is None else len(ahead.wanted)
 
 
@@ -511,7 +516,7 @@ def _confirmed(texts: list[str], zs: list[float], look: tuple[float, float, floa
     if not embedder_ready():
         return [False] * len(texts)
     _, logit, bias, weights = look
-    ahead: Embeddings | None = getattr(_deferred, "embeddings", None)
+    ahead = _ahead()
     if ahead is not None:
         missing = [text for text in texts if text not in ahead.vectors]
         if missing:

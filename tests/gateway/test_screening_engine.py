@@ -767,6 +767,22 @@ def test_input_redaction_leaves_nothing_in_any_field(data):
 # --- long texts are screened off the event loop --------------------------------------------------
 
 
+def turns_of_the_loop_while(coro) -> int:
+    """Run `coro` as a task beside another request's work, one step per turn of the event loop: how
+    many turns the loop made before it was done (1: it finished in its first step)."""
+
+    async def main() -> int:
+        ticks = 0
+        task = asyncio.create_task(coro)
+        while not task.done():
+            ticks += 1
+            await asyncio.sleep(0)
+        await task
+        return ticks
+
+    return run(main())
+
+
 @pytest.mark.slow  # screens a long request
 def test_a_very_long_request_is_screened_while_the_event_loop_goes_on():
     """Issue 25: a long message's local checks ran on the event loop, so every other request
@@ -775,17 +791,7 @@ def test_a_very_long_request_is_screened_while_the_event_loop_goes_on():
     text = "Mail jo@example.org about card 4111 1111 1111 1111, thanks. " * 2_000  # 120,000 characters
     assert len(text) > engine.INLINE_CHARS
     call = call_with(Policy(input=(("email", "redact"), ("payment_card", "redact"))), {"role": "user", "content": text})
-    ticks = 0
-
-    async def main():
-        nonlocal ticks
-        screening = asyncio.create_task(screen_input(call))
-        while not screening.done():  # another request's work, one step per turn of the loop
-            ticks += 1
-            await asyncio.sleep(0)
-        await screening
-
-    run(main())
+    ticks = turns_of_the_loop_while(screen_input(call))
     assert ticks >= 2  # the loop kept turning while the checks ran
     assert call.body["messages"][0]["content"] == "Mail [EMAIL] about card [PAYMENT_CARD], thanks. " * 2_000
 
@@ -802,17 +808,7 @@ def test_the_second_look_embeds_in_the_embedders_thread_while_the_event_loop_goe
     assert waiting.wanted == [text]
     engine.forget_spans()
     call = call_with(Policy(input=(("injection", "log"),)), {"role": "user", "content": text})
-    ticks = 0
-
-    async def main():
-        nonlocal ticks
-        screening = asyncio.create_task(screen_input(call))
-        while not screening.done():  # another request's work, one step per turn of the loop
-            ticks += 1
-            await asyncio.sleep(0)
-        await screening
-
-    run(main())
+    ticks = turns_of_the_loop_while(screen_input(call))
     assert ticks >= 2  # the loop kept turning while the chunk was embedded
     assert call.screening.fired == {("injection", "in"): "log"}
     ahead = injection_model.Embeddings()
