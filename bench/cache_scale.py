@@ -225,7 +225,12 @@ def build_indexes(conn: psycopg.Connection, table: str, index_rows: int) -> dict
     conn.execute(f"vacuum (analyze) {table}")
     started = time.monotonic()
     outcome = index_partitions(
-        rows=index_rows, table=table, prefix=partition_prefix(table), concurrently=False, using=conn
+        rows=index_rows,
+        table=table,
+        prefix=partition_prefix(table),
+        vector="embedding",  # the twin is searched by its MiniLM vectors (this scenario's own SQL)
+        concurrently=False,
+        using=conn,
     )
     figures["partition_hnsw_build_s"] = round(time.monotonic() - started, 1)
     figures["partition_indexes"] = len(outcome.created)
@@ -240,9 +245,9 @@ def build_global_index(conn: psycopg.Connection, table: str) -> float:
     conn.execute("set maintenance_work_mem = '1GB'")
     conn.execute("set max_parallel_maintenance_workers = 2")
     started = time.monotonic()
-    from gateway.cache.indexes import HNSW_METHOD
+    from gateway.cache.indexes import hnsw_method
 
-    conn.execute(f"create index if not exists {global_index(table)} on {table} {HNSW_METHOD}")
+    conn.execute(f"create index if not exists {global_index(table)} on {table} {hnsw_method('embedding')}")
     conn.execute(f"analyze {table}")
     return round(time.monotonic() - started, 1)
 

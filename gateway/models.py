@@ -415,7 +415,10 @@ class CacheEntry(models.Model):
     exact_digest = models.CharField(max_length=64, db_index=True)
     model = models.CharField(max_length=200)
     prompt = models.TextField(help_text="The prompt (last user message) as normalized for matching.")
+    # MiniLM's vector of the prompt, computed only when a lookup needed it (gateway/cache/static.py).
     embedding = VectorField(dimensions=384, null=True)
+    # The static first stage's vector: what the semantic tier searches (null only for old rows).
+    static_embedding = VectorField(dimensions=256, null=True)
     answer = models.JSONField(help_text="content, finish_reason, usage, model as served")
     cost_usd = models.DecimalField(max_digits=20, decimal_places=10, help_text="What the answer cost upstream.")
     created_at = models.DateTimeField(auto_now_add=True)

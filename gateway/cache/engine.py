@@ -8,15 +8,15 @@ A miss must cost little, since most traffic is misses (docs/performance.md, docs
   entry (every new conversation's turn is one) is neither embedded nor searched;
 - it also counts the answers stored there since either tier last served one: past
   SENTINEL_CACHE_COLD_AFTER the partition is cold (nothing in it is ever asked again) and only one
-  lookup in SENTINEL_CACHE_COLD_PROBE (fewer still as the count grows) embeds and searches; a hit
+  lookup in SENTINEL_CACHE_COLD_PROBE (fewer still as the count grows) searches; a hit
   in it warms it again;
-- an answer is stored after the response with the embedding its lookup computed, or, when there was
-  none (an empty partition), without one: a later lookup in that partition embeds those prompts with
-  its own (one model run for its prompt, one for theirs, found by its search), so a partition that is
-  never asked again never costs an embedding;
+- the partition is searched by a static first stage (gateway/cache/static.py, hundredths of a
+  millisecond a prompt), and MiniLM embeds the prompt only when the verifier would accept an entry
+  found at the highest cosine MiniLM could give it (docs/decisions.md, 15); an answer is stored with
+  its static vector, and MiniLM's when its lookup computed it;
 - a tenant's entries are counted in Redis; the database is counted and trimmed only past the cap;
 - the stores of the next STORE_GATHER_SECONDS are filed together: one INSERT, one Redis pipeline;
-- prompts are embedded in one thread, in batches of whatever requests are waiting.
+- MiniLM embeds in one thread, in batches of whatever requests are waiting.
 """
 
 from __future__ import annotations
@@ -48,9 +48,18 @@ from sentinel.text import control_character
 
 log = logging.getLogger(__name__)
 
+# The first stage: the partition's STATIC_CANDIDATES nearest entries by the static model; an entry
+# goes on to MiniLM only if the verifier would accept it at the highest MiniLM cosine it could have,
+# its static cosine plus STATIC_SLACK (capped at 1). Over every pair of the 2,310 labeled prompts,
+# MiniLM's cosine exceeded the static one by 0.475 at most and by 0.40 at the 99.9th percentile among
+# pairs at or above the 0.75 floor. Streaming each topic's prompts into one partition (2,370
+# lookups), the gate with 0.4 loses none of the 202 hits MiniLM's own top five give with 5 or 8
+# candidates, 3 with 4; 6 leaves a margin (docs/decisions.md, 15).
+STATIC_CANDIDATES = 6
+STATIC_SLACK = 0.4
 CANDIDATES = 5
-DEFERRED_INLINE = 4  # entries stored without an embedding that a lookup embeds and weighs itself
-DEFERRED_BATCH = 8  # ... and how many at a time a background backfill embeds beyond those
+DEFERRED_INLINE = 4  # entries filed without a static vector that a lookup embeds and weighs itself
+DEFERRED_BATCH = 64  # ... and how many at a time a background backfill embeds beyond those
 # Prompts embedded together at most (what is waiting when the thread is free). CPU per prompt here:
 # 9.4 ms alone, 5.2 in fours, 4.2 in eights, 3.9 in 16s and 32s; every request of a batch waits for
 # the whole batch, so beyond 8 the latency grows for little (on a loaded host a batch of 24 outlasted
@@ -61,6 +70,7 @@ _batcher: _Batcher | None = None  # made on first use (importing starts no threa
 _backfilling: set[str] = set()  # partitions this process is embedding deferred entries of
 _backfills: set[asyncio.Task] = set()
 _embedder = None
+_static = None
 _embedder_lock = threading.Lock()
 _cold_lookups = itertools.count()  # which lookups in cold partitions probe (every COLD_PROBE-th)
 _seen_cold = TTLCache(ttl=60.0, maxsize=20_000)  # partitions found cold: a local exact hit warms them
@@ -152,14 +162,25 @@ def warm_up() -> None:
 
 def shared_embedder():
     """The process's one embedder (built once, under a lock: the warm-up thread and the first
-    requests may ask at the same time)."""
-    global _embedder
+    requests may ask at the same time), and beside it the static first stage distilled from it
+    (gateway/cache/static.py: distilled on the very first run, then read from the models folder)."""
+    global _embedder, _static
     with _embedder_lock:
         if _embedder is None:
             from gateway.cache.embedder import Embedder
+            from gateway.cache.static import StaticEmbedder
 
-            _embedder = Embedder(cache_dir=settings.DATA_DIR / "models", threads=settings.EMBEDDER_THREADS)
+            models = settings.DATA_DIR / "models"
+            embedder = Embedder(cache_dir=models, threads=settings.EMBEDDER_THREADS)
+            _static = StaticEmbedder(embedder, models)
+            _embedder = embedder
     return _embedder
+
+
+def shared_static():
+    """The static first-stage model (loaded with the embedder)."""
+    shared_embedder()
+    return _static
 
 
 def embedder_ready() -> bool:
@@ -316,21 +337,18 @@ async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: fl
         if found.hit is None and wants_semantic and embedder_ready():
             if not part.entries:
                 # Nothing stored in this partition: nothing to find, so nothing to embed or search.
-                # The answer is stored without an embedding; a later lookup here embeds it.
                 _metrics().cache_semantic("skipped_empty")
                 return found
             if part.cold:
                 _seen_cold.set(key.partition, True)
                 if next(_cold_lookups) % part.probe_every:
-                    # Nothing served here for COLD_AFTER answers: this one is stored unembedded too.
+                    # Nothing served here for COLD_AFTER answers: not even the first stage is searched.
                     _metrics().cache_semantic("skipped_cold")
                     return found
             _metrics().cache_semantic("searched")
             async with asyncio.timeout(settings.CACHE_LOOKUP_TIMEOUT_MS / 1000):
-                found.embedding = await embed(key.prompt)
-                _metrics().cache_embedded("query")
-                found.hit = await _semantic(
-                    key, tenant_id, found.embedding, threshold or acceptance.DEFAULT_THRESHOLD, cold=part.cold
+                found.hit, found.embedding = await _semantic(
+                    key, tenant_id, threshold or acceptance.DEFAULT_THRESHOLD, cold=part.cold
                 )
         if found.hit is not None and wants_semantic:
             _warm(key.partition, part)
@@ -401,31 +419,69 @@ def _expired(stored: dict) -> bool:
     return stored["expires"] <= datetime.now(UTC).timestamp()
 
 
-async def _semantic(key: CacheKey, tenant_id: int, embedding, threshold: float, *, cold: bool) -> Hit | None:
+@dataclass(slots=True)
+class _Candidate:
+    entry_id: int
+    prompt: str
+    answer: dict
+    cost_usd: Decimal
+    embedding: object  # MiniLM's vector, if a lookup has computed it before
+    similarity: float  # the static first stage's cosine to the prompt asked
+
+
+async def _semantic(key: CacheKey, tenant_id: int, threshold: float, *, cold: bool) -> tuple[Hit | None, object]:
+    """The partition's nearest entries by the static first stage; MiniLM only for those the
+    verifier could serve. Returns the hit (or None) and MiniLM's vector of the prompt, if computed."""
+    static = shared_static().embed_one(key.prompt)
     # The lookup's time limit cancels this coroutine, never the search: a task cancelled inside its
     # pipeline can hand its connection back still in pipeline mode (async_db then closes it). The
     # search ends on its own, bounded by the connection's statement_timeout; a late answer is dropped.
-    search = asyncio.get_running_loop().create_task(_search(key.partition, embedding, deferred=not cold))
+    search = asyncio.get_running_loop().create_task(_search(key.partition, static, deferred=not cold))
     _backfills.add(search)
     search.add_done_callback(_search_done)
-    rows, pending = await asyncio.shield(search)
-    # Embedding happens with the connection back in the pool: holding connections while waiting
-    # for the embedder starved the other lookups of them. (A cold partition's unembedded answers are
-    # not asked for: they stay so, and a probe searches the probes' answers, until a hit warms it.)
+    candidates, pending = await asyncio.shield(search)
     if len(pending) > DEFERRED_INLINE:
-        # Many first answers of a partition stored at once, or stores whose lookups failed open
-        # (an overloaded host): more work on the request path would feed that, so all of them are
-        # embedded in the background, once per process.
+        # Entries filed before the first stage existed: their vectors are written in the background.
         _start_backfill(key.partition)
     elif pending:
-        rows += await _embed_deferred(pending, embedding)
-    for entry_id, prompt, answer, cost, similarity in sorted(rows, key=lambda r: -r[4]):
+        candidates += _static_deferred(pending, static)
+    # The gate. The pair model's probability rises with the cosine (its one feature that depends on
+    # it, with a positive weight), so an entry the verifier rejects at the highest cosine MiniLM could
+    # give it, it rejects at any: only the others are worth MiniLM's 3-10 ms. A miss whose entries all
+    # differ in a number, a quoted text, a language, ... costs no embedding at all.
+    possible = []
+    for candidate in sorted(candidates, key=lambda c: -c.similarity):
+        ceiling = min(1.0, candidate.similarity + STATIC_SLACK)
+        if ceiling >= threshold and acceptance.verify(candidate.prompt, key.prompt, ceiling).accepted:
+            possible.append(candidate)
+            if len(possible) == CANDIDATES:
+                break
+    if not possible:
+        return None, None
+    # Embedding happens with the connection back in the pool: holding connections while waiting
+    # for the embedder starved the other lookups of them.
+    unembedded = [candidate for candidate in possible if candidate.embedding is None]
+    vectors = await embed_many([key.prompt, *(candidate.prompt for candidate in unembedded)])
+    embedding = vectors[0]
+    _metrics().cache_embedded("query")
+    if unembedded:
+        _metrics().cache_embedded("deferred", len(unembedded))
+        for candidate, vector in zip(unembedded, vectors[1:], strict=True):
+            candidate.embedding = vector
+        _in_background(_write_vectors("embedding", [c.entry_id for c in unembedded], vectors[1:]))
+    scored = [(float(_array(c.embedding) @ embedding), c) for c in possible]
+    for similarity, candidate in sorted(scored, key=lambda pair: -pair[0]):
         if similarity < threshold:
             break
-        verdict = acceptance.verify(prompt, key.prompt, similarity)
+        verdict = acceptance.verify(candidate.prompt, key.prompt, similarity)
         if verdict.accepted:
-            return Hit("hit-semantic", answer, entry_id, cost, float(similarity))
-    return None
+            return Hit("hit-semantic", candidate.answer, candidate.entry_id, candidate.cost_usd, similarity), embedding
+    return None, embedding
+
+
+def _array(vector) -> np.ndarray:
+    """A vector as the search returned it (pgvector's Vector when read in binary) or as embedded."""
+    return vector.to_numpy() if hasattr(vector, "to_numpy") else np.asarray(vector, dtype=np.float32)
 
 
 def _search_done(search: asyncio.Task) -> None:
@@ -434,49 +490,56 @@ def _search_done(search: asyncio.Task) -> None:
         search.exception()  # retrieved: a search whose lookup gave up already counted as failed open
 
 
-async def _search(partition: str, embedding, *, deferred: bool) -> tuple[list, list]:
-    """The partition's nearest entries, and (if asked) up to DEFERRED_INLINE + 1 stored without an
-    embedding."""
+async def _search(partition: str, static, *, deferred: bool) -> tuple[list[_Candidate], list]:
+    """The partition's nearest entries by the static first stage, and (if asked) up to
+    DEFERRED_INLINE + 1 filed without a static vector."""
     async with (await pool()).connection() as conn:
         async with conn.pipeline():
             searched = await conn.execute(
-                "select id, prompt, answer, cost_usd, 1 - (embedding <=> %s) as similarity "
-                "from gateway_cacheentry where partition = %s and expires_at > now() and embedding is not null "
-                "order by embedding <=> %s limit %s",
-                (embedding, partition, embedding, CANDIDATES),
+                "select id, prompt, answer, cost_usd, embedding, 1 - (static_embedding <=> %s) as similarity "
+                "from gateway_cacheentry where partition = %s and expires_at > now() "
+                "and static_embedding is not null order by static_embedding <=> %s limit %s",
+                (static, partition, static, STATIC_CANDIDATES),
             )
             pending = (
                 await conn.execute(
-                    "select id, prompt, answer, cost_usd from gateway_cacheentry "
-                    "where partition = %s and expires_at > now() and embedding is null limit %s",
+                    "select id, prompt, answer, cost_usd, embedding from gateway_cacheentry "
+                    "where partition = %s and expires_at > now() and static_embedding is null limit %s",
                     (partition, DEFERRED_INLINE + 1),
                 )
                 if deferred
                 else None
             )
-        return await searched.fetchall(), (await pending.fetchall() if pending else [])
+        rows = await searched.fetchall()
+        candidates = [
+            _Candidate(i, prompt, answer, cost, vector, float(sim)) for i, prompt, answer, cost, vector, sim in rows
+        ]
+        return candidates, (await pending.fetchall() if pending else [])
 
 
-async def _embed_deferred(pending: list, embedding) -> list:
-    """Entries stored without an embedding (their partition was empty then): embed them now that
-    their partition is asked again, write the vectors after this request, and return them as
-    candidates with their cosine to the prompt asked."""
-    vectors = await embed_many([prompt for _, prompt, _, _ in pending])
-    _metrics().cache_embedded("deferred", len(pending))
-    _in_background(_write_vectors([row[0] for row in pending], vectors))
-    similarities = vectors @ np.asarray(embedding, dtype=np.float32)
-    return [(*row, float(similarity)) for row, similarity in zip(pending, similarities, strict=True)]
+def _static_deferred(pending: list, static) -> list[_Candidate]:
+    """Entries filed without a static vector: embed them now (a few hundredths of a millisecond
+    each), write the vectors after this request, and return them with their cosine to the prompt."""
+    vectors = shared_static().embed([row[1] for row in pending])
+    _in_background(_write_vectors("static_embedding", [row[0] for row in pending], vectors))
+    similarities = vectors @ static
+    return [
+        _Candidate(entry_id, prompt, answer, cost, vector, float(similarity))
+        for (entry_id, prompt, answer, cost, vector), similarity in zip(pending, similarities, strict=True)
+    ]
 
 
-async def _write_vectors(ids: list[int], vectors) -> None:
+async def _write_vectors(column: str, ids: list[int], vectors) -> None:
+    statement = {
+        "embedding": "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
+        "static_embedding": "update gateway_cacheentry set static_embedding = %s "
+        "where id = %s and static_embedding is null",
+    }[column]
     try:
         async with (await pool()).connection() as conn, conn.cursor() as cursor:
-            await cursor.executemany(
-                "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
-                [(vector, entry_id) for vector, entry_id in zip(vectors, ids, strict=True)],
-            )
-    except Exception as exc:  # noqa: BLE001 - left deferred: the next lookup or backfill embeds them
-        log.warning("cache deferred embeddings not written: %s: %s", type(exc).__name__, exc)
+            await cursor.executemany(statement, [(v, entry_id) for v, entry_id in zip(vectors, ids, strict=True)])
+    except Exception as exc:  # noqa: BLE001 - left as they were: a later lookup computes them again
+        log.warning("cache vectors not written: %s: %s", type(exc).__name__, exc)
 
 
 def _start_backfill(partition: str) -> None:
@@ -494,26 +557,22 @@ def _in_background(work) -> None:
 
 
 async def _backfill(partition: str) -> None:
-    """Embed a partition's deferred entries, DEFERRED_BATCH at a time, off any request."""
+    """Give a partition's entries filed without a static vector theirs, DEFERRED_BATCH at a time."""
     try:
         while True:
             async with (await pool()).connection() as conn:
                 pending = await (
                     await conn.execute(
                         "select id, prompt from gateway_cacheentry "
-                        "where partition = %s and expires_at > now() and embedding is null limit %s",
+                        "where partition = %s and expires_at > now() and static_embedding is null limit %s",
                         (partition, DEFERRED_BATCH),
                     )
                 ).fetchall()
             if not pending:
                 return
-            vectors = await embed_many([prompt for _, prompt in pending])
-            _metrics().cache_embedded("deferred", len(pending))
-            async with (await pool()).connection() as conn, conn.cursor() as cursor:
-                await cursor.executemany(
-                    "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
-                    [(vector, row[0]) for vector, row in zip(vectors, pending, strict=True)],
-                )
+            vectors = shared_static().embed([prompt for _, prompt in pending])
+            await _write_vectors("static_embedding", [row[0] for row in pending], vectors)
+            await asyncio.sleep(0)  # other requests between batches
     except Exception as exc:  # noqa: BLE001 - the next lookup in the partition starts it again
         log.warning("cache backfill failed: %s: %s", type(exc).__name__, exc)
     finally:
@@ -577,10 +636,10 @@ STORE_BATCH = 64  # rows in one INSERT at most
 def _insert(rows: int) -> sql.Composed:
     """The INSERT of `rows` cache entries, returning their ids in the order of its VALUES list (as
     PostgreSQL does, and Django's bulk_create relies on)."""
-    row = sql.SQL("(%s, %s, %s, %s, %s, %s, %s, %s, now(), %s, 0)")
+    row = sql.SQL("(%s, %s, %s, %s, %s, %s, %s, %s, %s, now(), %s, 0)")
     return sql.SQL(
-        "insert into gateway_cacheentry (tenant_id, partition, exact_digest, model, prompt, embedding, answer, "
-        "cost_usd, created_at, expires_at, hits) values {} returning id"
+        "insert into gateway_cacheentry (tenant_id, partition, exact_digest, model, prompt, embedding, "
+        "static_embedding, answer, cost_usd, created_at, expires_at, hits) values {} returning id"
     ).format(sql.SQL(", ").join([row] * rows))
 
 
@@ -644,6 +703,11 @@ async def _write_stores(batch: list[_Store]) -> None:
     try:
         now = datetime.now(UTC)
         expiries = [now + timedelta(seconds=entry.ttl) for entry in batch]
+        # Every answer the semantic tier may serve gets its static vector (the first stage searches
+        # them; a few hundredths of a millisecond each); MiniLM's only if its lookup computed it.
+        semantic = [entry for entry in batch if entry.key.semantic]
+        vectors = shared_static().embed([entry.key.prompt for entry in semantic]) if semantic else []
+        statics = {id(entry): vector for entry, vector in zip(semantic, vectors, strict=True)}
         params = [
             value
             for entry, expires in zip(batch, expiries, strict=True)
@@ -654,6 +718,7 @@ async def _write_stores(batch: list[_Store]) -> None:
                 entry.model,
                 entry.key.prompt,
                 entry.embedding,
+                statics.get(id(entry)),
                 orjson.dumps(entry.answer).decode(),
                 entry.cost_usd,
                 expires,

@@ -35,8 +35,15 @@ PREFIX = "cache_hnsw_p"
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _LOCK = 0x5E17_CAC7  # pg_advisory_lock key: one run at a time
 _PREFIX_CHARS = 40  # of the partition digest in the index name (63 characters at most)
-# How every semantic-cache HNSW index is built (bench/cache_scale.py builds its comparison one alike).
-HNSW_METHOD = "using hnsw (embedding vector_cosine_ops) with (m = 16, ef_construction = 64)"
+# The column the semantic tier searches: the static first stage's vectors (gateway/cache/static.py).
+VECTOR = "static_embedding"
+
+
+def hnsw_method(vector: str = VECTOR) -> str:
+    """How every HNSW index here is built (bench/cache_scale.py builds its comparison one alike)."""
+    if vector not in ("static_embedding", "embedding"):
+        raise ValueError(f"not a vector column: {vector!r}")
+    return f"using hnsw ({vector} vector_cosine_ops) with (m = 16, ef_construction = 64)"
 
 
 @dataclass
@@ -67,6 +74,7 @@ def create_index_sql(
     table: str = TABLE,
     prefix: str = PREFIX,
     column: str = "partition",
+    vector: str = VECTOR,
     concurrently: bool = True,
 ) -> str:
     # The partition goes into SQL as a literal: a digest or an integer id, never anything else.
@@ -78,7 +86,7 @@ def create_index_sql(
         raise ValueError(f"not a partition digest or id: {partition!r}")
     return (
         f"create index {'concurrently ' if concurrently else ''}if not exists {index_name(partition, prefix=prefix)} "
-        f"on {table} {HNSW_METHOD} where {column} = {literal}"
+        f"on {table} {hnsw_method(vector)} where {column} = {literal}"
     )
 
 
@@ -88,6 +96,7 @@ def index_partitions(
     table: str = TABLE,
     prefix: str = PREFIX,
     column: str = "partition",
+    vector: str = VECTOR,
     lock: int = _LOCK,
     concurrently: bool = True,
     using=None,
@@ -105,7 +114,7 @@ def index_partitions(
         try:
             # An index-only scan of the partition btree; only partitions that matter either way.
             cursor.execute(
-                f"select {column}, count(*) from {table} where embedding is not null "  # noqa: S608 - our table
+                f"select {column}, count(*) from {table} where {vector} is not null "  # noqa: S608 - our table
                 f"group by {column} having count(*) >= %s",
                 [max(1, threshold // 2)],
             )
@@ -124,7 +133,12 @@ def index_partitions(
                 try:
                     cursor.execute(
                         create_index_sql(
-                            partition, table=table, prefix=prefix, column=column, concurrently=concurrently
+                            partition,
+                            table=table,
+                            prefix=prefix,
+                            column=column,
+                            vector=vector,
+                            concurrently=concurrently,
                         )
                     )
                     outcome.created.append(name)

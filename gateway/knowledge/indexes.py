@@ -25,6 +25,7 @@ def index_stores(*, rows: int | None = None, concurrently: bool = True) -> Outco
         table=TABLE,
         prefix=PREFIX,
         column="store_id",
+        vector="embedding",
         lock=_LOCK,
         concurrently=concurrently,
     )

@@ -83,7 +83,9 @@ def test_quick_overhead_run_writes_its_results_and_stops_everything(tmp_path, te
     for load in WARM:
         warm = rows[(load, "sentinel-warm")]["semantic_lookups"]
         assert warm["searched"] > 0 and warm["skipped_cold"] == 0, warm
-        assert 0 < warm["embed_runs"] <= warm["embedded"], warm  # a model run embeds one prompt or more
+        # Its prompts differ from every entry by a number or a word: the static first stage's gate
+        # spares MiniLM for most or all of them; a model run embeds one prompt or more.
+        assert warm["embed_runs"] <= warm["embedded"] < warm["searched"], warm
     assert set(rows[("c32-nonstream", "sentinel")]["semantic_lookups"]) == {
         "searched",
         "skipped_empty",

@@ -1,6 +1,5 @@
-"""The cache engine in process (gateway/cache/engine.py), against the real PostgreSQL and Valkey: what
-happens to answers stored without an embedding when their partition is asked again, and how
-stores that come together are written."""
+"""The cache engine in process (gateway/cache/engine.py), against the real PostgreSQL and Valkey: the
+static first stage and when MiniLM runs behind it, and how stores that come together are written."""
 
 from __future__ import annotations
 
@@ -17,52 +16,133 @@ from sentinel import redis_keys
 from sentinel.redis_clients import sync_redis
 
 
-def test_deferred_entries_beyond_what_a_lookup_embeds_are_embedded_in_the_background(tenant, live_db, embedding_model):
-    """Seven answers filed at once in a new partition (none had anything to find, so none was
-    embedded): the next lookup embeds a few itself and the rest in the background, and afterwards
-    every entry has its vector."""
+def _llama_key(tenant, prompt: str, namespace: str):
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}]}
+    return cache_key(tenant_id=tenant.pk, namespace=namespace, model_identity=("m",), body=body)
 
-    def key(prompt: str):
-        body = {"model": "m", "messages": [{"role": "user", "content": prompt}]}
-        return cache_key(tenant_id=tenant.pk, namespace="deferred", model_identity=("m",), body=body)
+
+async def _store(tenant, key, answer: str) -> None:
+    await engine.store(
+        key,
+        tenant_id=tenant.pk,
+        model="m",
+        answer={"content": answer, "finish_reason": "stop", "usage": {}, "model": "m"},
+        cost_usd=Decimal("0.001"),
+        ttl=3600,
+        max_entries=1000,
+        semantic=True,
+    )
+
+
+def _embed_runs() -> float:
+    from gateway import metrics
+
+    return metrics.CACHE_EMBED_RUNS._value.get()
+
+
+def test_entries_filed_without_a_static_vector_get_one_from_the_next_lookup_and_the_background(
+    tenant, live_db, embedding_model
+):
+    """Seven answers filed before the first stage existed (no vector of either kind, as the
+    migration leaves old rows): the next lookup gives a few their static vector itself and the rest
+    in the background; none is put through MiniLM, since none could be served for the prompt asked."""
+    partition = _llama_key(tenant, "any", "deferred").partition
 
     async def store_seven() -> None:
         engine.shared_embedder()
         try:
             for i in range(7):
-                await engine.store(
-                    key(f"Question {i} about llamas"),
-                    tenant_id=tenant.pk,
-                    model="m",
-                    answer={"content": f"answer {i}", "finish_reason": "stop", "usage": {}, "model": "m"},
-                    cost_usd=Decimal("0.001"),
-                    ttl=3600,
-                    max_entries=1000,
-                    semantic=True,
-                )
+                await _store(tenant, _llama_key(tenant, f"Question {i} about llamas", "deferred"), f"answer {i}")
         finally:
             await engine.close_pool()
 
     async def look_up() -> None:
         try:
             found = await engine.lookup(
-                key("Tell me about alpacas"), tenant_id=tenant.pk, semantic=True, threshold=None
+                _llama_key(tenant, "Tell me about alpacas", "deferred"),
+                tenant_id=tenant.pk,
+                semantic=True,
+                threshold=None,
             )
-            assert found.hit is None and found.embedding is not None
+            assert found.hit is None and found.embedding is None
             await asyncio.gather(*engine._backfills)
         finally:
             await engine.close_pool()
 
-    partition = key("any").partition
-
-    def pending() -> int:
-        return CacheEntry.objects.filter(partition=partition, embedding__isnull=True).count()
+    def unsearchable() -> int:
+        return CacheEntry.objects.filter(partition=partition, static_embedding__isnull=True).count()
 
     asyncio.run(store_seven())
-    assert pending() == 7
+    assert unsearchable() == 0  # filed now: each has its static vector and no MiniLM one
+    assert CacheEntry.objects.filter(partition=partition, embedding__isnull=True).count() == 7
+    CacheEntry.objects.filter(partition=partition).update(static_embedding=None)  # as rows filed before
+    assert unsearchable() == 7
+    runs = _embed_runs()
     asyncio.run(look_up())
-    assert pending() == 0
+    assert unsearchable() == 0
+    assert _embed_runs() == runs
+    assert CacheEntry.objects.filter(partition=partition, embedding__isnull=True).count() == 7
     assert CacheEntry.objects.filter(partition=partition).count() == 7
+
+
+def test_minilm_runs_only_for_entries_the_verifier_could_serve(tenant, live_db, embedding_model):
+    """In a partition with entries, a prompt that no entry could answer (another number, another
+    animal) is not embedded by MiniLM at all; a paraphrase of an entry is, with that entry (filed
+    without MiniLM's vector), and is served; the entry's MiniLM vector is written for next time."""
+    namespace = "gate"
+    stored_prompt = "How many legs does a spider have?"
+
+    async def run() -> tuple:
+        engine.shared_embedder()
+        try:
+            await _store(tenant, _llama_key(tenant, stored_prompt, namespace), "Eight.")
+            for i in range(3):
+                await _store(
+                    tenant, _llama_key(tenant, f"How many legs does a spider have in picture {i}?", namespace), "?"
+                )
+            before = _embed_runs()
+            others = [
+                await engine.lookup(
+                    _llama_key(tenant, prompt, namespace), tenant_id=tenant.pk, semantic=True, threshold=None
+                )
+                for prompt in ("How many legs does an ant have?", "How many legs does a spider have in picture 7?")
+            ]
+            after_others = _embed_runs()
+            paraphrase = await engine.lookup(
+                _llama_key(tenant, "How many legs does a spider have", namespace),
+                tenant_id=tenant.pk,
+                semantic=True,
+                threshold=None,
+            )
+            await asyncio.gather(*engine._backfills)
+            after_paraphrase = _embed_runs()
+            # Again, now that the entry has its MiniLM vector (read back from the database): only the
+            # prompt is embedded.
+            again = await engine.lookup(
+                _llama_key(tenant, "how many legs does a spider have?", namespace),
+                tenant_id=tenant.pk,
+                semantic=True,
+                threshold=None,
+            )
+            return before, others, after_others, paraphrase, after_paraphrase, again, _embed_runs()
+        finally:
+            await engine.close_pool()
+
+    before, others, after_others, paraphrase, after, again, last = asyncio.run(run())
+    assert [found.hit for found in others] == [None, None]
+    assert [found.embedding for found in others] == [None, None]
+    assert after_others == before  # neither was worth an embedding
+    assert paraphrase.hit is not None and paraphrase.hit.answer["content"] == "Eight."
+    assert paraphrase.hit.tier == "hit-semantic" and paraphrase.hit.similarity > 0.9
+    assert after == before + 1  # the prompt and the entry, in one run of the model
+    assert again.hit is not None and again.hit.answer["content"] == "Eight." and again.hit.similarity > 0.9
+    assert last == after + 1
+    entry = CacheEntry.objects.get(
+        partition=_llama_key(tenant, stored_prompt, namespace).partition, prompt=stored_prompt
+    )
+    assert entry.embedding is not None and len(entry.embedding) == 384
+    others_stored = CacheEntry.objects.filter(prompt__contains="in picture")
+    assert others_stored.count() == 3 and not others_stored.filter(embedding__isnull=False).exists()
 
 
 def test_a_cold_partition_probes_less_often_the_longer_nothing_is_served(settings):

@@ -18,10 +18,11 @@ from gateway.tasks import index_cache_partitions
 
 # The lookup exactly as gateway/cache's semantic tier sends it.
 LOOKUP = (
-    "select id, prompt, answer, cost_usd, 1 - (embedding <=> %s::vector) as similarity "
-    "from gateway_cacheentry where partition = %s and expires_at > now() and embedding is not null "
-    "order by embedding <=> %s::vector limit 3"
+    "select id, prompt, answer, cost_usd, embedding, 1 - (static_embedding <=> %s::vector) as similarity "
+    "from gateway_cacheentry where partition = %s and expires_at > now() "
+    "and static_embedding is not null order by static_embedding <=> %s::vector limit 8"
 )
+DIMENSION = 256  # the static first stage's vectors (gateway/cache/static.py), which lookups search
 
 
 def digest(label: str) -> str:
@@ -38,8 +39,8 @@ def fill(tenant, partition: str, vectors: np.ndarray) -> list[int]:
         ids = []
         for vector in vectors:
             cursor.execute(
-                "insert into gateway_cacheentry (tenant_id, partition, exact_digest, model, prompt, embedding, "
-                "answer, cost_usd, created_at, expires_at, hits) "
+                "insert into gateway_cacheentry (tenant_id, partition, exact_digest, model, prompt, "
+                "static_embedding, answer, cost_usd, created_at, expires_at, hits) "
                 "values (%s, %s, %s, 'm', 'p', %s::vector, '{}', 0, now(), %s, 0) returning id",
                 [tenant.pk, partition, digest(str(vector[:4])), "[" + ",".join(map(str, vector)) + "]", expires],
             )
@@ -86,9 +87,9 @@ def partitions(tenant):
 def test_a_large_partition_gets_its_own_index_and_its_lookups_use_it(tenant, partitions):
     big, small = partitions
     rng = np.random.default_rng(7)
-    big_vectors = unit(rng.normal(size=(2000, 384)).astype(np.float32))
+    big_vectors = unit(rng.normal(size=(2000, DIMENSION)).astype(np.float32))
     big_ids = fill(tenant, big, big_vectors)
-    fill(tenant, small, unit(rng.normal(size=(50, 384)).astype(np.float32)))
+    fill(tenant, small, unit(rng.normal(size=(50, DIMENSION)).astype(np.float32)))
     with connection.cursor() as cursor:
         cursor.execute("analyze gateway_cacheentry")
 
@@ -98,15 +99,15 @@ def test_a_large_partition_gets_its_own_index_and_its_lookups_use_it(tenant, par
     with connection.cursor() as cursor:
         cursor.execute("select indexdef from pg_indexes where indexname = %s", [index_name(big)])
         (definition,) = cursor.fetchone()
-    assert "USING hnsw (embedding vector_cosine_ops)" in definition
+    assert "USING hnsw (static_embedding vector_cosine_ops)" in definition
     assert f"WHERE ((partition)::text = '{big}'::text)" in definition
     # The planner takes the partition's own index for it, and the btree (exact search) for the other.
-    probe = unit(big_vectors[:1] + 0.01 * rng.normal(size=(1, 384)).astype(np.float32))[0]
+    probe = unit(big_vectors[:1] + 0.01 * rng.normal(size=(1, DIMENSION)).astype(np.float32))[0]
     assert index_name(big) in plan(big, probe)
     assert "cache_hnsw_p" not in plan(small, probe) and "gateway_cacheentry_partition" in plan(small, probe)
     # And finds the true nearest entry: 20 near-copies of stored entries, each found.
     for row in range(20):
-        query = unit(big_vectors[row : row + 1] + 0.02 * rng.normal(size=(1, 384)).astype(np.float32))[0]
+        query = unit(big_vectors[row : row + 1] + 0.02 * rng.normal(size=(1, DIMENSION)).astype(np.float32))[0]
         assert nearest(big, query) == big_ids[row]
 
     # A second run changes nothing.
@@ -117,7 +118,7 @@ def test_a_large_partition_gets_its_own_index_and_its_lookups_use_it(tenant, par
 def test_a_shrunk_partition_loses_its_index_below_half_the_threshold(tenant, partitions):
     big, _ = partitions
     rng = np.random.default_rng(8)
-    ids = fill(tenant, big, unit(rng.normal(size=(120, 384)).astype(np.float32)))
+    ids = fill(tenant, big, unit(rng.normal(size=(120, DIMENSION)).astype(np.float32)))
     assert ours(index_partitions(rows=100).created) == {index_name(big)}
 
     with connection.cursor() as cursor:  # 70 left: under the threshold, over half of it; kept
@@ -136,7 +137,7 @@ def test_a_shrunk_partition_loses_its_index_below_half_the_threshold(tenant, par
 def test_an_index_left_invalid_is_built_again(tenant, partitions):
     big, _ = partitions
     rng = np.random.default_rng(9)
-    fill(tenant, big, unit(rng.normal(size=(30, 384)).astype(np.float32)))
+    fill(tenant, big, unit(rng.normal(size=(30, DIMENSION)).astype(np.float32)))
     # What an interrupted concurrent build leaves: an invalid index under the partition's name.
     with connection.cursor() as cursor, pytest.raises(Exception, match="could not create unique index"):
         cursor.execute(

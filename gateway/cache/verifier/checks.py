@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gateway.cache.verifier.text import (
     LANGUAGE_ALIASES,
@@ -81,6 +82,7 @@ def _show(items) -> str:
     return "{" + ", ".join(sorted(str(i).removeprefix("#ord").lstrip("#") for i in items)) + "}"
 
 
+@lru_cache(maxsize=4096)
 def in_english(text: str) -> bool:
     """Written in English (or too short to tell): letters outside ASCII outside quotes, or more
     function words of other languages than of English, say it is not."""
