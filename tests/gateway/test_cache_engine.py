@@ -92,6 +92,11 @@ def test_minilm_runs_only_for_entries_the_verifier_could_serve(tenant, live_db, 
     namespace = "gate"
     stored_prompt = "How many legs does a spider have?"
 
+    async def ask(prompt: str):
+        return await engine.lookup(
+            _llama_key(tenant, prompt, namespace), tenant_id=tenant.pk, semantic=True, threshold=None
+        )
+
     async def run() -> tuple:
         engine.shared_embedder()
         try:
@@ -102,28 +107,16 @@ def test_minilm_runs_only_for_entries_the_verifier_could_serve(tenant, live_db, 
                 )
             before = _embed_runs()
             others = [
-                await engine.lookup(
-                    _llama_key(tenant, prompt, namespace), tenant_id=tenant.pk, semantic=True, threshold=None
-                )
+                await ask(prompt)
                 for prompt in ("How many legs does an ant have?", "How many legs does a spider have in picture 7?")
             ]
             after_others = _embed_runs()
-            paraphrase = await engine.lookup(
-                _llama_key(tenant, "How many legs does a spider have", namespace),
-                tenant_id=tenant.pk,
-                semantic=True,
-                threshold=None,
-            )
+            paraphrase = await ask("How many legs does a spider have")
             await asyncio.gather(*engine._backfills)
             after_paraphrase = _embed_runs()
             # Again, now that the entry has its MiniLM vector (read back from the database): only the
             # prompt is embedded.
-            again = await engine.lookup(
-                _llama_key(tenant, "how many legs does a spider have?", namespace),
-                tenant_id=tenant.pk,
-                semantic=True,
-                threshold=None,
-            )
+            again = await ask("how many legs does a spider have?")
             return before, others, after_others, paraphrase, after_paraphrase, again, _embed_runs()
         finally:
             await engine.close_pool()
