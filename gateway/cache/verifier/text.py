@@ -133,6 +133,7 @@ class Token:
 Tokens = tuple[Token, ...]
 
 
+@lru_cache(maxsize=65536)  # a pure function of one word: words recur from prompt to prompt
 def stem(word: str) -> str:
     """Light suffix stripping: inflections only (plural, -ed, -ing, -ly), never -er/-est."""
     word = _IRREGULAR.get(word, word)
@@ -208,6 +209,7 @@ _RAW_TOKEN_RE = re.compile(
 )
 
 
+@lru_cache(maxsize=65536)  # a pure function of one word: words recur from prompt to prompt
 def _unit(word: str) -> str | None:
     """The unit a word names, in the singular or the plural ("tablespoons", "inches")."""
     return UNITS.get(word) or (UNITS.get(stem(word)) if len(word) > 3 else None)
@@ -218,6 +220,7 @@ def _number_value(text: str) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
+@lru_cache(maxsize=65536)  # a pure function of one word: words recur from prompt to prompt
 def _is_identifier(raw: str) -> bool:
     """Code-ish tokens match only exactly: `List<String>`, `useState`, `SUMIFS`."""
     return bool(re.search(r"[0-9_.@/#+<\[]", raw) or re.search(r"[a-z][A-Z]", raw) or (len(raw) >= 2 and raw.isupper()))
