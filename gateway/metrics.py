@@ -105,7 +105,8 @@ CACHE_FAILURES = Counter(
 )
 CACHE_SEMANTIC = Counter(
     "sentinel_cache_semantic_lookups",
-    "Semantic-tier lookups after an exact miss: searched; skipped_empty, the partition held no entry "
+    "Semantic-tier lookups after an exact miss: searched (by the static first stage; MiniLM runs only "
+    "where a hit is possible: sentinel_cache_embedded_prompts); skipped_empty, the partition held no entry "
     "(nothing to find, so the prompt was neither embedded nor searched); skipped_cold, the partition is "
     "cold (SENTINEL_CACHE_COLD_AFTER answers stored there with no hit; one lookup in "
     "SENTINEL_CACHE_COLD_PROBE still searches).",
@@ -113,8 +114,8 @@ CACHE_SEMANTIC = Counter(
 )
 CACHE_EMBEDDED = Counter(
     "sentinel_cache_embedded_prompts",
-    "Prompts embedded for the semantic tier: query (a lookup in a partition that has entries) or "
-    "deferred (an entry stored without its embedding, embedded when its partition was next asked).",
+    "Prompts MiniLM embedded for the semantic tier: query (a lookup that found an entry the verifier could "
+    "accept) or deferred (such an entry, stored without MiniLM's vector, embedded beside it).",
     ("kind",),
 )
 CACHE_EMBED_RUNS = Counter(
