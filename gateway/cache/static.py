@@ -12,8 +12,10 @@ are centred and reduced by PCA, and each row is weighted down by how common its 
 (smooth inverse frequency over the vocabulary's rank, which for this tokenizer follows frequency).
 model2vec's own `distill` cannot be installed beside this project's transformers (it pins
 transformers < 5.4), so the few steps are done here with the ONNX export the embedder already has.
-The table is written once under the models directory (about 31 MB), keyed by the weights' digest,
-and shared by every process.
+The table is written once under the models directory (about 31 MB), keyed by the weights' digest
+and VERSION, and shared by every process. Rows keep the vectors of the table that filed them: a
+change to the distillation (a new VERSION) needs a migration that clears `static_embedding`, after
+which lookups give each partition's rows new ones (gateway/cache/engine.py, _static_deferred).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from gateway.cache import embedder as minilm
 log = logging.getLogger(__name__)
 
 DIMENSION = 256
-VERSION = 1  # bump when the distillation changes, so an old table is not reused
+VERSION = 2  # bump when the distillation changes, so an old table is not reused
 _SIF = 1e-4  # smooth inverse frequency coefficient (model2vec's default)
 _FIRST_WORD_PIECE = 999  # BERT's vocabulary: [PAD], [unused*], [CLS]/[SEP]/[MASK] come first
 _BATCH = 2048
@@ -59,7 +61,11 @@ def distill(embedder: minilm.Embedder) -> np.ndarray:
     words = rows[_FIRST_WORD_PIECE:]
     centred = words - words.mean(axis=0)
     _, _, components = np.linalg.svd(centred, full_matrices=False)
-    reduced = centred @ components[:DIMENSION].T
+    components = components[:DIMENSION]
+    # An axis's sign is arbitrary: fixed (its largest coordinate positive, as scikit-learn's svd_flip
+    # does), so processes on hosts that distil their own table file vectors the others can search.
+    components *= np.sign(components[np.arange(DIMENSION), np.abs(components).argmax(axis=1)])[:, None]
+    reduced = centred @ components.T
     rank = np.arange(1, len(reduced) + 1, dtype=np.float64)
     frequency = 1.0 / (rank * np.log(len(reduced)))  # Zipf's law over the vocabulary's order
     weighted = reduced * (_SIF / (_SIF + frequency))[:, None]
