@@ -155,7 +155,11 @@ def warm_up() -> None:
     """Load the embedding model (exporting it on the very first run) and embed once, so the first
     request does not pay for it. Called in a thread when a web process starts."""
     try:
-        shared_embedder().embed_one("warm up")
+        embedder = shared_embedder()
+        embedder.embed_one("warm up")
+        # A batch as a busy lookup sends (the prompt and the entries it could be served from): a
+        # process's first runs of a new shape are slower, and a lookup has 500 ms in all.
+        embedder.embed([f"warm up the embedder for prompts of about {n} words " * n for n in range(1, EMBED_BATCH + 1)])
     except Exception:
         log.exception("embedder warm-up failed")
 

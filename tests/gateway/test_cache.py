@@ -614,9 +614,14 @@ def test_a_partition_where_nothing_is_served_goes_cold_and_a_hit_warms_it(
     from gateway.cache.engine import partition_misses_redis_key
     from sentinel.redis_clients import sync_redis
 
-    gateway = start_gateway(
-        test_database_name, env={"SENTINEL_CACHE_COLD_AFTER": "3", "SENTINEL_CACHE_COLD_PROBE": "2"}
-    )
+    # The lookup's 500 ms bound is not what this test is about: on a loaded host a new process's first
+    # MiniLM runs (the prompt and two entries, at the end) took longer, and the lookup failed open.
+    env = {
+        "SENTINEL_CACHE_COLD_AFTER": "3",
+        "SENTINEL_CACHE_COLD_PROBE": "2",
+        "SENTINEL_CACHE_LOOKUP_TIMEOUT_MS": "10000",
+    }
+    gateway = start_gateway(test_database_name, env=env)
     try:
         wait_semantic_ready(gateway)
         model, (provider,) = make_model()
