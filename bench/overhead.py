@@ -38,7 +38,8 @@ SERVER = {
     "portkey": "portkey",
 }
 # A warm partition: one request in WARM_EVERY asks a prompt answered WARM_BACK requests before it again
-# (an exact hit), so the partition never goes cold and every other request is a miss that embeds.
+# (an exact hit), so the partition never goes cold and every other request is a miss that is searched
+# (by the static first stage; MiniLM runs only where an entry could be served: docs/decisions.md, 15).
 WARM_EVERY, WARM_BACK = 50, 40
 LABELS = {
     "direct": "direct to mock",
