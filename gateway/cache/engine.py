@@ -534,11 +534,10 @@ def _static_deferred(pending: list, static) -> list[_Candidate]:
 
 
 async def _write_vectors(column: str, ids: list[int], vectors) -> None:
-    statement = {
-        "embedding": "update gateway_cacheentry set embedding = %s where id = %s and embedding is null",
-        "static_embedding": "update gateway_cacheentry set static_embedding = %s "
-        "where id = %s and static_embedding is null",
-    }[column]
+    """Write vectors computed at a lookup into `column` of rows that had none."""
+    statement = sql.SQL("update gateway_cacheentry set {0} = %s where id = %s and {0} is null").format(
+        sql.Identifier(column)
+    )
     try:
         async with (await pool()).connection() as conn, conn.cursor() as cursor:
             await cursor.executemany(statement, [(v, entry_id) for v, entry_id in zip(vectors, ids, strict=True)])

@@ -74,6 +74,11 @@ def distill(embedder: minilm.Embedder) -> np.ndarray:
     return table
 
 
+def _save(path: Path, table: np.ndarray) -> None:
+    with path.open("wb") as file:  # a file, not a name: np.save would add ".npy" to the temporary's
+        np.save(file, table)
+
+
 class StaticEmbedder:
     """Embeds prompts into L2-normalised DIMENSION-wide float32 vectors from the distilled table."""
 
@@ -84,7 +89,7 @@ class StaticEmbedder:
         if not path.exists():
             log.info("distilling the static first-stage model to %s", path)
             table = distill(embedder)
-            minilm._write_atomically(path, lambda tmp: np.save(tmp.open("wb"), table))
+            minilm._write_atomically(path, lambda tmp: _save(tmp, table))
         self.table = np.load(path)
         self.tokenizer = Tokenizer.from_file(str(embedder.model_dir / "tokenizer.json"))
         self.tokenizer.no_padding()
