@@ -35,6 +35,11 @@ VERSION = 2  # bump when the distillation changes, so an old table is not reused
 _SIF = 1e-4  # smooth inverse frequency coefficient (model2vec's default)
 _FIRST_WORD_PIECE = 999  # BERT's vocabulary: [PAD], [unused*], [CLS]/[SEP]/[MASK] come first
 _BATCH = 2048
+# What of a prompt is read: MiniLM reads its first MAX_TOKENS word pieces ([CLS] and [SEP] among them),
+# so the first stage reads those too; and the tokenizer is handed a prefix that holds them (a word
+# piece is at most 18 characters here), never a request body of megabytes (4 MB took seconds).
+READ_PIECES = minilm.MAX_TOKENS - 2
+READ_CHARS = 8 * 1024
 
 
 def table_path(cache_dir: Path, model_dir: Path) -> Path:
@@ -93,12 +98,12 @@ class StaticEmbedder:
         self.table = np.load(path)
         self.tokenizer = Tokenizer.from_file(str(embedder.model_dir / "tokenizer.json"))
         self.tokenizer.no_padding()
-        self.tokenizer.no_truncation()
+        self.tokenizer.enable_truncation(max_length=READ_PIECES)
         self._lock = threading.Lock()  # a tokenizers.Tokenizer is not documented as thread-safe
 
     def embed(self, texts: list[str]) -> np.ndarray:
         with self._lock:
-            encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+            encodings = self.tokenizer.encode_batch([text[:READ_CHARS] for text in texts], add_special_tokens=False)
         vectors = np.zeros((len(texts), DIMENSION), dtype=np.float32)
         for row, encoding in enumerate(encodings):
             if encoding.ids:

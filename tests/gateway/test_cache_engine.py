@@ -302,3 +302,30 @@ def test_batches_past_the_cap_at_once_leave_a_count_that_never_understates(make_
     store(range(200, 203))
     rows, counted = state()
     assert rows <= counted and rows <= 40, (rows, counted)
+
+
+def test_the_first_stage_reads_what_minilm_reads_of_a_prompt_of_megabytes(embedding_model):
+    """A 4 MB prompt (a hostile body): the static model is handed its first READ_CHARS characters and
+    reads the word pieces MiniLM reads (its first 254, besides [CLS] and [SEP]), not the body."""
+    from gateway.cache import static
+
+    model = engine.shared_static()
+    prompt = "Summarize the quarterly report for the board. " + "Revenue grew in every region. " * 140_000
+    handed: list[int] = []
+    tokenizer = model.tokenizer
+
+    class Counting:
+        def encode_batch(self, texts, **options):
+            handed.extend(len(text) for text in texts)
+            return tokenizer.encode_batch(texts, **options)
+
+    model.tokenizer = Counting()
+    try:
+        vector = model.embed_one(prompt)
+    finally:
+        model.tokenizer = tokenizer
+    assert len(prompt) > 4_000_000 and handed == [static.READ_CHARS]
+    pieces = tokenizer.encode(prompt[: static.READ_CHARS], add_special_tokens=False).ids
+    assert len(pieces) == static.READ_PIECES == 254
+    expected = model.table[pieces].mean(axis=0)
+    assert abs(float(vector @ (expected / (expected @ expected) ** 0.5)) - 1.0) < 1e-6
