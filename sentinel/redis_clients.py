@@ -100,13 +100,22 @@ def async_redis() -> aioredis.Redis:
         options = {
             "socket_timeout": max(SOCKET_TIMEOUT, timeout),
             "socket_connect_timeout": max(CONNECT_TIMEOUT, timeout),
-            "max_connections": 512,  # per node, on a cluster
+            "max_connections": 512,
         }
         if is_cluster():
             # The cluster client retries a command on a connection error after refreshing its map of
             # the slots (a failed-over primary's replica took its slots); GuardedRedisCluster bounds
             # the whole of it by the request path's timeout all the same.
-            client = GuardedRedisCluster.from_url(plain_url(settings.REDIS_URL), **options)
+            # A connection released while marked for reconnect is closed in a background task and
+            # still counts meanwhile: room for those beside the commands in flight.
+            options["max_connections"] = 2 * GuardedRedisCluster.IN_FLIGHT
+            client = GuardedRedisCluster.from_url(
+                plain_url(settings.REDIS_URL),
+                **options,
+                # A MOVED reply moves its slot in the client's map; redis-py's default also drops
+                # every connection on every fifth one (GuardedRedisCluster says why not).
+                reinitialize_steps=0,
+            )
         else:
             client = GuardedRedis.from_url(
                 settings.REDIS_URL,
@@ -213,7 +222,17 @@ class GuardedRedisCluster(_Guarded, aioredis.RedisCluster):
     slots), failing the other commands in flight, some with AttributeError from a connection closed
     under them. So commands in flight are bounded by a semaphore (each holds one connection at most),
     and an AttributeError from a connection closed under a command is what it means: the connection
-    was lost (ConnectionError), which callers already handle."""
+    was lost (ConnectionError), which callers already handle.
+
+    And a burst must not make the client drop its connections. redis-py picks a command's node before
+    it learns the slots: a command issued while it has no map (a process's first burst, or just after
+    the map was dropped) goes to a random node and is MOVED; by default every fifth MOVED drops the
+    map and closes every connection, those in use included ("Connection closed by server"), so the
+    commands issued meanwhile go to random nodes again. 2,000 admissions at once on four processes
+    kept this up past the client's three retries (a 503). So the map is learnt before a command is
+    routed, a MOVED only moves its slot (reinitialize_steps=0; a failover is a connection error,
+    which re-learns the map), and an idle connection is closed by the command that next takes it
+    (_disconnect_free_connections)."""
 
     IN_FLIGHT = 512
 
@@ -223,6 +242,8 @@ class GuardedRedisCluster(_Guarded, aioredis.RedisCluster):
             semaphore = self.__dict__["_in_flight"] = asyncio.Semaphore(self.IN_FLIGHT)
         async with semaphore:
             try:
+                if self._initialize:
+                    await self.initialize()  # (below)
                 return await super().execute_command(*args, **options)
             except (redis.exceptions.RedisClusterException, redis.exceptions.ClusterDownError) as error:
                 # No node reachable, a slot no live node serves, a failover under way: for the
@@ -235,6 +256,22 @@ class GuardedRedisCluster(_Guarded, aioredis.RedisCluster):
             return await super()._execute_command(target_node, *args, **kwargs)
         except AttributeError as error:
             raise redis.exceptions.ConnectionError(f"connection closed under the command ({error})") from error
+
+
+async def _disconnect_free_connections(self: aioredis.cluster.ClusterNode) -> None:
+    """redis-py's ClusterNode.disconnect_free_connections without its race. After a connection error
+    on a node, redis-py disconnects the node's idle connections: it starts one task per connection
+    and awaits them, leaving the connections in the free list meanwhile, so a command that takes one
+    before its task runs has it closed under it ("'NoneType' object has no attribute 'writelines'",
+    "Connection lost"). Each such failure disconnects the free connections again: under a burst (2,000
+    admissions at once on four processes) the cascade outlasts the client's three retries and a
+    request fails with 503. Marked for reconnect instead, an idle connection is closed by the command
+    that next takes it, before it sends (as redis-py already does for the connections in use)."""
+    for connection in self._free:
+        connection.mark_for_reconnect()
+
+
+aioredis.cluster.ClusterNode.disconnect_free_connections = _disconnect_free_connections
 
 
 async def within(seconds: float, awaitable, outage: Outage):

@@ -382,6 +382,63 @@ def test_django_s_cache_on_the_cluster_reads_and_writes_keys_of_many_slots(on_cl
     assert cache.get_many(names) == {name: i for i, name in enumerate(names) if i >= 10}
 
 
+def moved_replies(cluster: ValkeyCluster) -> int:
+    """MOVED redirections the cluster's nodes have answered, all told (INFO errorstats)."""
+    return sum(node.client().info("errorstats").get("errorstat_MOVED", {}).get("count", 0) for node in cluster.nodes)
+
+
+def test_a_first_burst_and_one_after_the_map_is_dropped_go_straight_to_each_key_s_node(on_cluster):
+    """redis-py routes a command before it learns the slots: unfixed, a process's first burst (and any
+    after its map is dropped) went to random nodes, each MOVED, and every fifth MOVED dropped the map
+    and closed every connection, those in use included, so a burst of admissions could keep it up
+    past the client's retries (a 503 in CI). Here 300 commands on 30 keys of every primary are sent
+    at once by a new client, then again once it has dropped its map: every answer is right and no
+    node answers MOVED."""
+    from sentinel.redis_clients import async_redis
+
+    keys = [f"{{t{tenant}}}:burst" for tenant in range(30)]
+    assert len({on_cluster.node_for(key).port for key in keys}) == 3  # the keys are on every primary
+    cluster_client(on_cluster).mset_nonatomic({key: key for key in keys})
+    moved = moved_replies(on_cluster)
+
+    async def burst() -> list:
+        client = async_redis()
+        first = await asyncio.gather(*(client.get(keys[i % 30]) for i in range(300)))
+        await client.aclose()  # the map dropped (as a ClusterDownError does)
+        again = await asyncio.gather(*(client.get(keys[i % 30]) for i in range(300)))
+        return first + again
+
+    answers = asyncio.run(burst())
+    assert answers == [keys[i % 30].encode() for i in range(300)] * 2
+    assert moved_replies(on_cluster) == moved
+
+
+def test_a_node_s_idle_connections_are_not_closed_under_a_command_that_takes_one(on_cluster):
+    """After a connection error redis-py drops a node's idle connections: unfixed, it scheduled their
+    closing and left them free meanwhile, so a command that took one had it closed under it
+    ("Connection closed by server"). Now they are marked, and the command that takes one reconnects
+    it before it sends."""
+    from sentinel.redis_clients import async_redis
+
+    key = "{t77}:idle"
+    cluster_client(on_cluster).set(key, "here")
+
+    async def scenario() -> tuple:
+        client = async_redis()
+        assert await client.get(key) == b"here"  # one connection to the key's node, now idle
+        node = client.get_node_from_key(key)
+        (idle,) = node._free
+        closing = asyncio.create_task(node.disconnect_free_connections())
+        await asyncio.sleep(0)  # it has run up to its await: any closing it schedules has not run
+        answer = await node.execute_command("GET", key)  # the node itself: no retry to hide a failure
+        await closing
+        return answer, list(node._connections), idle.is_connected
+
+    answer, connections, connected = asyncio.run(scenario())
+    assert answer == b"here"
+    assert len(connections) == 1 and connected  # the one connection, reconnected before the GET
+
+
 def test_a_tenant_step_sent_twice_takes_nothing_twice_and_a_voided_one_takes_nothing(on_cluster):
     """The cluster client resends a command whose connection failed: a step that ran but whose
     answer was lost runs again. The tenant's step answers as before and takes nothing twice (with a
