@@ -502,7 +502,19 @@ def test_the_injection_model_is_trained_from_a_labeled_set(tmp_path):
     call_command("injection_train", str(DATA / "injection_train.jsonl"), "--out", str(out), stdout=StringIO())
     trained = json.loads(out.read_text())
     shipped = json.loads((Path(injection.__file__).parent / "injection_model.json").read_text())
-    assert trained == shipped  # the shipped weights are what the command makes of the shipped set
+    # The shipped weights are what the command makes of the shipped set: the word model's exactly; the
+    # second look's to five units of their fifth decimal, as it is fitted on MiniLM's float32 vectors,
+    # which move in their last bits between ONNX exports and hosts (a clean CI run's and a fresh
+    # export's here differed by 0.00001 in some of the 385 weights, 12 here).
+    trained_look, shipped_look = trained.pop("second_look"), shipped.pop("second_look")
+    assert trained == shipped
+    assert {k: v for k, v in trained_look.items() if k not in ("bias", "weights")} == {
+        k: v for k, v in shipped_look.items() if k not in ("bias", "weights")
+    }
+    assert len(trained_look["weights"]) == len(shipped_look["weights"]) == 385
+    assert [trained_look["bias"], *trained_look["weights"]] == pytest.approx(
+        [shipped_look["bias"], *shipped_look["weights"]], abs=5e-5
+    )
 
 
 def test_other_countries_numbers_after_a_phone_word_and_the_00_prefix():
