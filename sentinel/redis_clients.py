@@ -200,12 +200,16 @@ class _Guarded:
     async def _timed(self, args, options):
         timeout = settings.REDIS_TIMEOUT_MS / 1000
         try:
-            result = await within(timeout, super().execute_command(*args, **options), self.outage)
+            result = await within(timeout, self._command(args, options), self.outage)
         except UNREACHABLE as error:
             self.outage.silent(error)
             raise
         self.outage.answered()
         return result
+
+    def _command(self, args, options):
+        """The command as the client itself sends it (unguarded)."""
+        return super().execute_command(*args, **options)
 
 
 class GuardedRedis(_Guarded, aioredis.Redis):
@@ -242,14 +246,17 @@ class GuardedRedisCluster(_Guarded, aioredis.RedisCluster):
             semaphore = self.__dict__["_in_flight"] = asyncio.Semaphore(self.IN_FLIGHT)
         async with semaphore:
             try:
-                if self._initialize:
-                    await self.initialize()  # (below)
                 return await super().execute_command(*args, **options)
             except (redis.exceptions.RedisClusterException, redis.exceptions.ClusterDownError) as error:
                 # No node reachable, a slot no live node serves, a failover under way: for the
                 # request path as for a single Redis that does not answer.
                 self.outage.silent(error)
                 raise redis.exceptions.ConnectionError(f"{type(error).__name__}: {error}") from error
+
+    async def _command(self, args, options):
+        if self._initialize:  # the map first (see above), within the request path's timeout
+            await self.initialize()
+        return await super()._command(args, options)
 
     async def _execute_command(self, target_node, *args, **kwargs):
         try:
