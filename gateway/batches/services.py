@@ -62,7 +62,12 @@ def file_delete(*, file: BatchFile) -> None:
     goes whole, and with it its place in every store and every chunk made of it (on_delete CASCADE):
     nothing of a deleted document stays searchable."""
     if file.purpose == BatchFile.Purpose.ASSISTANTS:
-        BatchFile.objects.filter(pk=file.pk).delete()
+        from gateway.knowledge.models import VectorStoreFile
+        from gateway.knowledge.services import waited_for_ingestion
+
+        with transaction.atomic():
+            waited_for_ingestion(VectorStoreFile.objects.filter(file=file))
+            BatchFile.objects.filter(pk=file.pk).delete()
         return
     BatchFile.objects.filter(pk=file.pk, deleted_at=None).update(deleted_at=timezone.now(), content=b"", bytes=0)
 

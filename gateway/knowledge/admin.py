@@ -136,6 +136,10 @@ class VectorStoreAdmin(TenantScopedAdmin):
     def delete_model(self, request, obj):
         services.store_delete(store=obj)
 
+    def delete_queryset(self, request, queryset):  # the list's "delete selected": each as one delete
+        for store in queryset:
+            services.store_delete(store=store)
+
     @admin.action(
         description="Re-index selected stores (every document read and embedded again)", permissions=["change"]
     )

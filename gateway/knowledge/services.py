@@ -42,7 +42,18 @@ def store_create(*, tenant_id: int, name: str, metadata: dict, description: str 
 
 
 def store_delete(*, store: VectorStore) -> None:
-    store.delete()  # its files' entries and chunks with it; the uploaded files stay
+    with transaction.atomic():
+        waited_for_ingestion(VectorStoreFile.objects.filter(store=store))
+        store.delete()  # its files' entries and chunks with it; the uploaded files stay
+
+
+def waited_for_ingestion(entries) -> None:
+    """Lock the store-file entries about to be deleted (call inside the deleting transaction). An
+    ingestion writes an entry's chunks holding its row locked (ingest); without this a delete could
+    remove the chunks it saw, wait for the row, and find at its commit the chunks committed meanwhile
+    still pointing at the entry (a foreign-key error, a 500). Locked first, the delete sees them; an
+    ingestion that starts after finds the entry gone and writes nothing."""
+    list(entries.select_for_update().order_by("pk").values_list("pk", flat=True))
 
 
 class QuotaExceeded(ValueError):
@@ -85,7 +96,9 @@ def file_add(*, store: VectorStore, file: BatchFile, attributes: dict) -> Vector
 
 
 def file_remove(*, entry: VectorStoreFile) -> None:
-    entry.delete()  # every chunk of it in the same statement (on_delete CASCADE)
+    with transaction.atomic():
+        waited_for_ingestion(VectorStoreFile.objects.filter(pk=entry.pk))
+        entry.delete()  # every chunk of it with it (on_delete CASCADE)
 
 
 def ingest(entry_id: int) -> None:

@@ -200,3 +200,64 @@ def test_beat_runs_it(live_db):
     entry = settings.CELERY_BEAT_SCHEDULE["index-knowledge-stores"]
     assert entry["task"] == "gateway.tasks.index_knowledge_stores" and entry["schedule"] == 300.0
     assert set(index_knowledge_stores()) == {"created", "dropped", "indexed"}
+
+
+@pytest.mark.parametrize("deleting", ["a file from its store", "the store", "the uploaded file"])
+def test_a_delete_during_an_ingestion_waits_for_its_chunks_and_takes_them(live_db, tenant, deleting):
+    """An ingestion writes an entry's chunks holding the entry's row (services.ingest); a delete that
+    came meanwhile removed the chunks it could see, waited for the row, and at its commit found the
+    chunks committed meanwhile still pointing at the entry: a foreign-key error, a 500 in a full CI
+    run (a file taken out of a store while its ingestion ran). Now the delete waits for the ingestion
+    first, and takes its chunks with the entry."""
+    import threading
+    import time
+
+    from django.db import connection as thread_connection
+
+    from gateway.batches import services as file_services
+
+    store = services.store_create(tenant_id=tenant.pk, name="race", metadata={})
+    file = BatchFile.objects.create(tenant=tenant, purpose="assistants", filename="f.md", bytes=1, content=b"x")
+    entry = VectorStoreFile.objects.create(store=store, file=file)
+    wrote, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def ingesting() -> None:  # services.ingest's transaction, held open after its chunks are written
+        try:
+            with transaction.atomic():
+                assert VectorStoreFile.objects.select_for_update().filter(pk=entry.pk).exists()
+                Chunk.objects.create(store=store, store_file=entry, position=0, text="t", embedding=[0.05] * 384)
+                wrote.set()
+                release.wait(30)
+        finally:
+            thread_connection.close()
+
+    def delete() -> None:
+        try:
+            if deleting == "a file from its store":
+                services.file_remove(entry=entry)
+            elif deleting == "the store":
+                services.store_delete(store=store)
+            else:
+                file_services.file_delete(file=file)
+        except BaseException as exc:  # noqa: BLE001 - the test's verdict
+            errors.append(exc)
+        finally:
+            thread_connection.close()
+
+    ingestion = threading.Thread(target=ingesting)
+    ingestion.start()
+    try:
+        assert wrote.wait(30)
+        deletion = threading.Thread(target=delete)
+        deletion.start()
+        time.sleep(0.5)  # the delete is under way (unfixed: its chunks deleted, waiting for the entry's row)
+    finally:
+        release.set()
+        ingestion.join(30)
+    deletion.join(30)
+    assert errors == []
+    assert not VectorStoreFile.objects.filter(pk=entry.pk).exists()
+    assert not Chunk.objects.filter(store_file_id=entry.pk).exists()
+    VectorStore.objects.filter(pk=store.pk).delete()
+    BatchFile.objects.filter(pk=file.pk).delete()
