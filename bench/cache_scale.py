@@ -503,6 +503,7 @@ def measure_hits(args, rounds: int) -> dict:
     timings: dict[str, list[float]] = {"direct": [], "miss": [], "exact_first": [], "exact": [], "semantic": []}
     tiers: dict[str, dict[str, int]] = {"exact": {}, "semantic": {}}
     wrong = 0
+    missed: list[dict] = []  # paraphrases the gateway did not serve from the semantic tier, and how long each took
     with running_stack(
         out_dir=args.out, data_dir=args.data_dir, workers=args.workers, cache="miss", ledger_worker=not args.quick
     ) as stack:
@@ -545,6 +546,10 @@ def measure_hits(args, rounds: int) -> dict:
                         # A hit must carry the stored prompt's answer; a miss, the provider's answer
                         # to the prompt asked (a miss is counted in the tiers, not as wrong).
                         wrong += content != answer_text(stored if tier.startswith("hit") else prompt)
+                        if kind == "semantic" and tier != "hit-semantic":
+                            missed.append(
+                                {"round": round_number, "asked": prompt, "tier": tier, "ms": round(spent * 1000, 1)}
+                            )
                         tiers[kind][tier] = tiers[kind].get(tier, 0) + 1
                         if kind == "exact" and round_number == 0:
                             timings["exact_first"].append(spent)
@@ -588,6 +593,7 @@ def measure_hits(args, rounds: int) -> dict:
         "rounds": rounds,
         "tiers": tiers,
         "wrong_answers": wrong,
+        "semantic_missed": missed,
         **{f"{kind}_p50_ms": pct(values, 50) for kind, values in timings.items()},
         **{f"{kind}_p99_ms": pct(values, 99) for kind, values in timings.items()},
         "requests": {kind: len(values) for kind, values in timings.items()},

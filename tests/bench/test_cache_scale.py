@@ -55,7 +55,13 @@ def test_small_cache_scale_run_measures_every_strategy_and_cleans_up(tmp_path, t
 
     out = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env.update(DATABASE_URL=database_url_for(test_database_name), REDIS_URL=bench_redis_url)
+    # A semantic lookup slower than the default 500 ms fails open (a miss, as it should); this test
+    # checks that paraphrases are served, not that timeout, on a host busy with the rest of the suite.
+    env.update(
+        DATABASE_URL=database_url_for(test_database_name),
+        REDIS_URL=bench_redis_url,
+        SENTINEL_CACHE_LOOKUP_TIMEOUT_MS="10000",
+    )
     run = subprocess.run(
         [
             sys.executable,
@@ -128,7 +134,8 @@ def test_small_cache_scale_run_measures_every_strategy_and_cleans_up(tmp_path, t
     assert all(r["p50_ms"] > 0 for r in runners.values())
 
     hits = result["hits"]
-    assert hits["wrong_answers"] == 0
+    assert hits["wrong_answers"] == 0, hits
+    assert hits["semantic_missed"] == [], hits
     # The pairs the verifier serves are the ones measured: since the pair model (issue #17: 1% wrong
     # on unseen topics) it serves 2 of these 16 plain paraphrases, so recall is reported, not held.
     assert hits["pairs_used"] + len(hits["pairs_refused"]) == 16 and hits["pairs_used"] >= 1
