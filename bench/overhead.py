@@ -164,6 +164,7 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
     workers_before = stack.cpu_of(workers)
     semantic_before = semantic_lookups(stack) if target in ("sentinel", "sentinel-warm") else {}
     cpu_before = stack.cpu_seconds(SERVER[target])
+    storage_before = stack.storage_cpu_seconds() if target.startswith("sentinel") else None
     result = loadgen.run(
         loadgen.run_load(
             url,
@@ -177,6 +178,11 @@ def measure(stack: Stack, load: Load, target: str, run_id: str) -> tuple[loadgen
     )
     cpu = stack.cpu_seconds(SERVER[target]) - cpu_before
     extra = {"server_cpu_ms_per_request": round(cpu * 1000 / result.ok, 3) if result.ok else None}
+    if storage_before is not None and result.ok:
+        # PostgreSQL's and Valkey's CPU beside the web workers' (cache stores, the ledger, admission):
+        # context for the web column, which is what a gateway process costs; the peers keep no state.
+        storage = (stack.storage_cpu_seconds() or storage_before) - storage_before
+        extra["storage_cpu_ms_per_request"] = round(storage * 1000 / result.ok, 3)
     if workers:
         spent = [after - before for after, before in zip(stack.cpu_of(workers), workers_before, strict=True)]
         extra["web_worker_cpu_share"] = [round(s / sum(spent), 2) if sum(spent) else None for s in spent]
@@ -523,7 +529,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"{summary['rps']:>9,.1f} rps  p50 {report.fmt(summary['p50_ms'], 2):>8} ms"
                     f"  1st token p50 {report.fmt(summary['ttft_p50_ms'], 2):>8} ms"
-                    f"  cpu/request {report.fmt(cpu_ms, 2):>6} ms  errors {summary['errors']}"
+                    f"  cpu/request {report.fmt(cpu_ms, 2):>6} ms"
+                    + (
+                        f" (+ storage {report.fmt(extra['storage_cpu_ms_per_request'], 2)})"
+                        if "storage_cpu_ms_per_request" in extra
+                        else ""
+                    )
+                    + f"  errors {summary['errors']}"
                     + (
                         f"  workers' CPU split {extra['web_worker_cpu_share']}"
                         if "web_worker_cpu_share" in extra

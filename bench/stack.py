@@ -287,6 +287,18 @@ class Stack:
                 trees.extend([root, *root.children(recursive=True)])
         return sum(self.cpu_of(trees))
 
+    def storage_cpu_seconds(self) -> float | None:
+        """CPU time the embedded PostgreSQL (every backend) and Valkey have used so far, or None when
+        this run uses external servers (their CPU is not this host's to read)."""
+        pids = self.storage_pids()
+        if set(pids) != {"postgres", "valkey"}:
+            return None
+        trees = []
+        for pid in pids.values():
+            root = psutil.Process(pid)
+            trees.extend([root, *root.children(recursive=True)])
+        return sum(self.cpu_of(trees))
+
     def processes(self) -> dict[int, tuple[str, psutil.Process]]:
         """Every process of the run by pid, with a readable name: each child's tree (descendants
         named `<child>:<pid>`), and the embedded storage servers when this run uses them."""
