@@ -158,6 +158,7 @@ def store_answer(call: Call, answer: dict, cost: Decimal, *, semantic: bool) -> 
             max_entries=key.cache_max_entries,
             embedding=call.cache_embedding,
             semantic=semantic,
+            cold=call.cache_cold,
             asked_at=call.received_at,
         )
     )

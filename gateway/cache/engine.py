@@ -13,7 +13,8 @@ A miss must cost little, since most traffic is misses (docs/performance.md, docs
 - the partition is searched by a static first stage (gateway/cache/static.py, hundredths of a
   millisecond a prompt), and MiniLM embeds the prompt only when the verifier would accept an entry
   found at the highest cosine MiniLM could give it (docs/decisions.md, 15); an answer is stored with
-  its static vector, and MiniLM's when its lookup computed it;
+  its static vector (in a cold partition only a probe's: probes search only entries that have one,
+  and a partition that warms gives the others theirs), and MiniLM's when its lookup computed it;
 - a tenant's entries are counted in Redis; the database is counted and trimmed only past the cap;
 - the stores of the next STORE_GATHER_SECONDS are filed together: one INSERT, one Redis pipeline;
 - MiniLM embeds in one thread, in batches of whatever requests are waiting.
@@ -303,6 +304,7 @@ class Hit:
 class Lookup:
     hit: Hit | None
     embedding: object = None  # computed for the semantic tier; reused when the answer is stored
+    cold: bool = False  # the partition is cold and this lookup no probe: stored without a static vector
 
 
 @dataclass
@@ -346,8 +348,11 @@ async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: fl
             if part.cold:
                 _seen_cold.set(key.partition, True)
                 if next(_cold_lookups) % part.probe_every:
-                    # Nothing served here for COLD_AFTER answers: not even the first stage is searched.
+                    # Nothing served here for COLD_AFTER answers: not even the first stage is searched,
+                    # and the answer is stored without a static vector (only probes search, and
+                    # they search only entries that have one).
                     _metrics().cache_semantic("skipped_cold")
+                    found.cold = True
                     return found
             _metrics().cache_semantic("searched")
             async with asyncio.timeout(settings.CACHE_LOOKUP_TIMEOUT_MS / 1000):
@@ -656,6 +661,7 @@ class _Store:
     ttl: int
     max_entries: int
     embedding: object
+    cold: bool  # a cold partition's lookup that was no probe: no static vector (probes do not search such entries)
     asked_at: float  # when its request was received (unix time): a clear of the cache since drops it
     written: asyncio.Future
 
@@ -674,12 +680,18 @@ async def store(
     max_entries: int,
     embedding=None,
     semantic: bool,
+    cold: bool = False,
     asked_at: float | None = None,
 ) -> None:
     """File an answer under its key (after the response was sent), with the embedding its lookup
     computed or without one (a lookup in its partition embeds it later, if one ever comes); count
     it in Redis; past the tenant's cap, evict its least recently used entries. Written with the
     other stores of the next STORE_GATHER_SECONDS; returns once it is (or has failed: logged).
+    `cold`: its lookup found the partition cold and was no probe; the answer is filed without a
+    static vector, so neither the web process nor PostgreSQL (the partition's HNSW index) pays for
+    one that the cold partition's probes do not search (a probe's answer gets one: a paraphrase of
+    it can be found by a later probe); if the partition warms, its lookups give such entries theirs
+    (_static_deferred, _backfill).
     `asked_at`: when the request was received (default now); if the tenant's cache was cleared since
     (the admin's "Clear the cache"), the answer is not kept."""
     loop = asyncio.get_running_loop()
@@ -688,7 +700,9 @@ async def store(
         waiting = _gathering[loop] = []
         loop.call_later(STORE_GATHER_SECONDS, _start_write, loop)
     asked = time.time() if asked_at is None else asked_at
-    entry = _Store(key, tenant_id, model, answer, cost_usd, ttl, max_entries, embedding, asked, loop.create_future())
+    entry = _Store(
+        key, tenant_id, model, answer, cost_usd, ttl, max_entries, embedding, cold, asked, loop.create_future()
+    )
     waiting.append(entry)
     await asyncio.shield(entry.written)
 
@@ -707,8 +721,9 @@ async def _write_stores(batch: list[_Store]) -> None:
         now = datetime.now(UTC)
         expiries = [now + timedelta(seconds=entry.ttl) for entry in batch]
         # Every answer the semantic tier may serve gets its static vector (the first stage searches
-        # them; a few hundredths of a millisecond each); MiniLM's only if its lookup computed it.
-        semantic = [entry for entry in batch if entry.key.semantic]
+        # them; a few hundredths of a millisecond each), unless its partition is cold; MiniLM's only
+        # if its lookup computed it.
+        semantic = [entry for entry in batch if entry.key.semantic and not entry.cold]
         vectors = shared_static().embed([entry.key.prompt for entry in semantic]) if semantic else []
         statics = {id(entry): vector for entry, vector in zip(semantic, vectors, strict=True)}
         params = [
