@@ -19,6 +19,7 @@ _SOURCES = {
     "pace": ("pace",),
     "void": ("void",),
     "claim": ("breakers", "deployments", "claim"),
+    "cache_store": ("cache_store",),
 }
 
 
@@ -37,7 +38,8 @@ class Script:
             return await client.eval(self.source, len(keys), *keys, *args)
 
     def queue(self, pipe, keys: list, args: list) -> None:
-        """Add to a pipeline; run `ensure_loaded` first (the pipeline cannot recover from NOSCRIPT)."""
+        """Add to a pipeline. A NOSCRIPT reply in its results means nothing of it ran: call the script
+        for it then (EVAL loads it), or run `ensure_loaded` before the pipeline."""
         pipe.evalsha(self.sha, len(keys), *keys, *args)
 
     async def ensure_loaded(self) -> None:
@@ -53,3 +55,4 @@ reserve = Script("reserve")
 pace = Script("pace")
 void = Script("void")
 claim = Script("claim")
+cache_store = Script("cache_store")

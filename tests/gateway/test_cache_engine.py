@@ -216,6 +216,29 @@ def test_stores_that_come_together_are_one_insert_and_each_key_names_its_own_row
         assert (found["id"], found["answer"]["content"]) == (row.pk, f"answer {roomy.pk} {row.prompt.split()[-1]}")
 
 
+def test_a_batch_is_filed_whole_after_redis_forgot_the_store_script(make_tenant):
+    """Redis restarted (SCRIPT FLUSH: the store script is unknown, and each answer's EVALSHA in the
+    batch's pipeline is answered NOSCRIPT, nothing of it run): every answer is still filed, once: its
+    exact key, its partition's two counts (with the entries' TTL) and its tenant's count."""
+    tenant = make_tenant()
+    redis = sync_redis()
+    counted_before = int(redis.get(redis_keys.cache_tenant_count(tenant.pk)) or 0)
+    redis.script_flush()
+    store_at_once([(tenant, i) for i in range(6)], namespace="noscript", caps={tenant.pk: 1000})
+
+    partition = numbered_key(tenant, "noscript", 0).partition
+    counts = (engine.partition_redis_key(partition), engine.partition_misses_redis_key(partition))
+    assert [int(redis.get(count)) for count in counts] == [6, 6]
+    assert all(3500 < redis.ttl(count) <= 3600 for count in counts)
+    assert int(redis.get(redis_keys.cache_tenant_count(tenant.pk))) == counted_before + 6
+    assert CacheEntry.objects.filter(tenant=tenant).count() == 6
+    for i in range(6):
+        key = numbered_key(tenant, "noscript", i)
+        found = orjson.loads(redis.get(engine.exact_redis_key(key.exact, key.partition)))
+        assert found["answer"]["content"] == f"answer {tenant.pk} {i}"
+        assert 3500 < redis.ttl(engine.exact_redis_key(key.exact, key.partition)) <= 3600
+
+
 def test_answers_to_requests_received_before_their_tenants_cache_was_cleared_are_not_kept(make_tenant):
     """One batch of answers to two tenants' requests, one tenant's cache cleared before it is
     written: that tenant's answers to requests received before the clear (or within the clocks'
