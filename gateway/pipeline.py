@@ -280,7 +280,7 @@ async def consult_cache(call: Call, route: ModelRoute) -> cache.Hit | None:
     )
     call.cache_tier = "miss"
     call.cache_embedding = found.embedding
-    call.cache_cold = found.cold
+    call.cache_static, call.cache_deferred = found.static, found.deferred
     return found.hit
 
 

@@ -158,7 +158,8 @@ def store_answer(call: Call, answer: dict, cost: Decimal, *, semantic: bool) -> 
             max_entries=key.cache_max_entries,
             embedding=call.cache_embedding,
             semantic=semantic,
-            cold=call.cache_cold,
+            static=call.cache_static,
+            deferred=call.cache_deferred,
             asked_at=call.received_at,
         )
     )

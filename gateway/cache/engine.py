@@ -13,8 +13,9 @@ A miss must cost little, since most traffic is misses (docs/performance.md, docs
 - the partition is searched by a static first stage (gateway/cache/static.py, hundredths of a
   millisecond a prompt), and MiniLM embeds the prompt only when the verifier would accept an entry
   found at the highest cosine MiniLM could give it (docs/decisions.md, 15); an answer is stored with
-  its static vector (in a cold partition only a probe's: probes search only entries that have one,
-  and a partition that warms gives the others theirs), and MiniLM's when its lookup computed it;
+  its static vector (its lookup's, if it searched; none in a cold partition but a probe's: probes
+  search only entries that have one, and a partition that warms gives the others theirs), and
+  MiniLM's when its lookup computed it;
 - a tenant's entries are counted in Redis; the database is counted and trimmed only past the cap;
 - the stores of the next STORE_GATHER_SECONDS are filed together: one INSERT, one Redis pipeline;
 - MiniLM embeds in one thread, in batches of whatever requests are waiting.
@@ -306,7 +307,10 @@ class Hit:
 class Lookup:
     hit: Hit | None
     embedding: object = None  # computed for the semantic tier; reused when the answer is stored
-    cold: bool = False  # the partition is cold and this lookup no probe: stored without a static vector
+    static: object = None  # the static first stage's vector of the prompt, if the lookup searched
+    # The partition is cold and this lookup no probe: the answer is filed without a static vector (a
+    # later lookup there gives it one if the partition warms: _static_deferred, _backfill).
+    deferred: bool = False
 
 
 @dataclass
@@ -352,14 +356,16 @@ async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: fl
                 if next(_cold_lookups) % part.probe_every:
                     # Nothing served here for COLD_AFTER answers: not even the first stage is searched,
                     # and the answer is stored without a static vector (only probes search, and
-                    # they search only entries that have one).
+                    # they search only entries that have one: its partition's HNSW index would take
+                    # it in for lookups that do not come).
                     _metrics().cache_semantic("skipped_cold")
-                    found.cold = True
+                    found.deferred = True
                     return found
             _metrics().cache_semantic("searched")
+            found.static = shared_static().embed_one(key.prompt)
             async with asyncio.timeout(settings.CACHE_LOOKUP_TIMEOUT_MS / 1000):
                 found.hit, found.embedding = await _semantic(
-                    key, tenant_id, threshold or acceptance.DEFAULT_THRESHOLD, cold=part.cold
+                    key, tenant_id, threshold or acceptance.DEFAULT_THRESHOLD, found.static, cold=part.cold
                 )
         if found.hit is not None and wants_semantic:
             _warm(key.partition, part)
@@ -440,10 +446,12 @@ class _Candidate:
     similarity: float  # the static first stage's cosine to the prompt asked
 
 
-async def _semantic(key: CacheKey, tenant_id: int, threshold: float, *, cold: bool) -> tuple[Hit | None, object]:
-    """The partition's nearest entries by the static first stage; MiniLM only for those the
-    verifier could serve. Returns the hit (or None) and MiniLM's vector of the prompt, if computed."""
-    static = shared_static().embed_one(key.prompt)
+async def _semantic(
+    key: CacheKey, tenant_id: int, threshold: float, static, *, cold: bool
+) -> tuple[Hit | None, object]:
+    """The partition's nearest entries to `static` (the prompt's static vector) by the first stage;
+    MiniLM only for those the verifier could serve. Returns the hit (or None) and MiniLM's vector of
+    the prompt, if computed."""
     # The lookup's time limit cancels this coroutine, never the search: a task cancelled inside its
     # pipeline can hand its connection back still in pipeline mode (async_db then closes it). The
     # search ends on its own, bounded by the connection's statement_timeout; a late answer is dropped.
@@ -663,7 +671,8 @@ class _Store:
     ttl: int
     max_entries: int
     embedding: object
-    cold: bool  # a cold partition's lookup that was no probe: no static vector (probes do not search such entries)
+    static: object  # the static vector its lookup computed, or None
+    deferred: bool  # filed without a static vector (Lookup.deferred)
     asked_at: float  # when its request was received (unix time): a clear of the cache since drops it
     written: asyncio.Future
 
@@ -682,18 +691,20 @@ async def store(
     max_entries: int,
     embedding=None,
     semantic: bool,
-    cold: bool = False,
+    static=None,
+    deferred: bool = False,
     asked_at: float | None = None,
 ) -> None:
     """File an answer under its key (after the response was sent), with the embedding its lookup
     computed or without one (a lookup in its partition embeds it later, if one ever comes); count
     it in Redis; past the tenant's cap, evict its least recently used entries. Written with the
     other stores of the next STORE_GATHER_SECONDS; returns once it is (or has failed: logged).
-    `cold`: its lookup found the partition cold and was no probe; the answer is filed without a
-    static vector, so neither the web process nor PostgreSQL (the partition's HNSW index) pays for
-    one that the cold partition's probes do not search (a probe's answer gets one: a paraphrase of
-    it can be found by a later probe); if the partition warms, its lookups give such entries theirs
-    (_static_deferred, _backfill).
+    `static`: the static first stage's vector its lookup computed (else it is computed here, unless
+    `deferred`: its lookup found the partition cold and was no probe; then the answer is filed
+    without one, and neither the web process nor PostgreSQL (the partition's HNSW index) pays for a
+    vector that the cold partition's probes do not search; a probe's answer has one, so a later
+    probe can find its paraphrase; if the partition warms, its lookups give the others theirs:
+    _static_deferred, _backfill).
     `asked_at`: when the request was received (default now); if the tenant's cache was cleared since
     (the admin's "Clear the cache"), the answer is not kept."""
     loop = asyncio.get_running_loop()
@@ -703,7 +714,18 @@ async def store(
         loop.call_later(STORE_GATHER_SECONDS, _start_write, loop)
     asked = time.time() if asked_at is None else asked_at
     entry = _Store(
-        key, tenant_id, model, answer, cost_usd, ttl, max_entries, embedding, cold, asked, loop.create_future()
+        key,
+        tenant_id,
+        model,
+        answer,
+        cost_usd,
+        ttl,
+        max_entries,
+        embedding,
+        static,
+        deferred,
+        asked,
+        loop.create_future(),
     )
     waiting.append(entry)
     await asyncio.shield(entry.written)
@@ -722,12 +744,12 @@ async def _write_stores(batch: list[_Store]) -> None:
     try:
         now = datetime.now(UTC)
         expiries = [now + timedelta(seconds=entry.ttl) for entry in batch]
-        # Every answer the semantic tier may serve gets its static vector (the first stage searches
-        # them; a few hundredths of a millisecond each), unless its partition is cold; MiniLM's only
-        # if its lookup computed it.
-        semantic = [entry for entry in batch if entry.key.semantic and not entry.cold]
-        vectors = shared_static().embed([entry.key.prompt for entry in semantic]) if semantic else []
-        statics = {id(entry): vector for entry, vector in zip(semantic, vectors, strict=True)}
+        # An answer the semantic tier may serve is filed with its static vector (the first stage
+        # searches them): its lookup's, or computed here (a few hundredths of a millisecond each),
+        # unless deferred. MiniLM's only if its lookup computed it.
+        missing = [e for e in batch if e.key.semantic and e.static is None and not e.deferred]
+        vectors = shared_static().embed([entry.key.prompt for entry in missing]) if missing else []
+        statics = {id(entry): vector for entry, vector in zip(missing, vectors, strict=True)}
         params = [
             value
             for entry, expires in zip(batch, expiries, strict=True)
@@ -738,7 +760,7 @@ async def _write_stores(batch: list[_Store]) -> None:
                 entry.model,
                 entry.key.prompt,
                 entry.embedding,
-                statics.get(id(entry)),
+                entry.static if entry.static is not None else statics.get(id(entry)),
                 orjson.dumps(entry.answer).decode(),
                 entry.cost_usd,
                 expires,
