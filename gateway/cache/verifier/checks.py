@@ -356,7 +356,7 @@ def question(ta: Tokens, tb: Tokens) -> str | None:
 _TASKS = {
     stem(word): task
     for task, words in {
-        "write": "write draft compose create generate",
+        "write": "write draft compose create generate give show",
         "explain": "explain describe define",
         "translate": "translate",
         "summarize": "summarize summarise",

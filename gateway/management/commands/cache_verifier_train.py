@@ -43,6 +43,27 @@ def prompt_vectors(pairs: list[dict], embedder) -> dict[str, np.ndarray]:
     return dict(zip(texts, vectors, strict=True))
 
 
+def reworded_negatives(pairs: list[dict]) -> list[dict]:
+    """Hard negatives in other words: for each prompt, every labeled paraphrase of it against every
+    hard negative of it (b means what a means, c does not: b and c differ). The labeled hard
+    negatives change one thing of a prompt in its own words, so without these the model learns
+    that a rewording with a word left over is a paraphrase ("Explain how rainbows are formed." /
+    "How does a double rainbow form?"). Training only: every figure is on the labeled pairs."""
+    groups: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
+    for pair in pairs:
+        paraphrases, negatives = groups.setdefault((pair["domain"], normalize_prompt(pair["a"])), ([], []))
+        if pair["same"]:
+            paraphrases.append(pair["b"])
+        elif pair.get("kind") == "hard_negative":
+            negatives.append(pair["b"])
+    return [
+        {"a": b, "b": c, "same": False, "kind": "reworded_hard_negative", "domain": domain}
+        for (domain, _), (paraphrases, negatives) in groups.items()
+        for b in paraphrases
+        for c in negatives
+    ]
+
+
 def rows_for(pairs: list[dict], vectors: dict[str, np.ndarray]) -> list[tuple[dict, list[float] | None]]:
     """(pair, features) with features None where the cache would never ask the model."""
     out = []
@@ -79,14 +100,17 @@ class Command(BaseCommand):
         from gateway.cache.embedder import Embedder
 
         pairs = labeled_pairs()
+        reworded = reworded_negatives(pairs)
         embedder = Embedder(cache_dir=settings.DATA_DIR / "models", threads=settings.EMBEDDER_THREADS)
-        rows = rows_for(pairs, prompt_vectors(pairs, embedder))
+        vectors = prompt_vectors(pairs + reworded, embedder)
+        rows = rows_for(pairs, vectors)
         candidates = [(p, x) for p, x in rows if x is not None]
+        extra = [(p, x) for p, x in rows_for(reworded, vectors) if x is not None]
         topics = sorted({p["domain"] for p, _ in rows})
 
         held_out: dict[int, float] = {}
         for topic in topics:
-            train = [(p, x) for p, x in candidates if p["domain"] != topic]
+            train = [(p, x) for p, x in candidates + extra if p["domain"] != topic]
             test = [(p, x) for p, x in candidates if p["domain"] == topic]
             if test:
                 model = fit(np.array([x for _, x in train]), np.array([p["same"] for p, _ in train]))
@@ -99,7 +123,8 @@ class Command(BaseCommand):
                 threshold = held_out[id(pair)]
         report = self.report(rows, held_out, threshold, topics)
 
-        model = fit(np.array([x for _, x in candidates]), np.array([p["same"] for p, _ in candidates]))
+        everything = candidates + extra
+        model = fit(np.array([x for _, x in everything]), np.array([p["same"] for p, _ in everything]))
         scaler, regression = model[0], model[1]
         weights = {
             "features": list(features.NAMES),
@@ -108,7 +133,7 @@ class Command(BaseCommand):
             "coef": regression.coef_[0].round(6).tolist(),
             "intercept": round(float(regression.intercept_[0]), 6),
             "threshold": round(threshold, 6),
-            "trained_on": list(SOURCES),
+            "trained_on": [*SOURCES, "reworded hard negatives built from them (reworded_negatives)"],
             "target_wrong_hit_share": target,
             "leave_one_topic_out": report,
         }
