@@ -35,9 +35,12 @@ def on_cluster(valkey_cluster) -> Iterator[ValkeyCluster]:
     reset_clients()
     with override_settings(
         REDIS_URL=url,
-        # A cluster client's first command learns the slots first; on this two-core test host, busy
-        # with six Valkeys, that can take longer than the request path's 100 ms.
-        REDIS_TIMEOUT_MS=3000,
+        # A cluster client's first command learns the slots first, inside the command's time limit;
+        # on this two-core test host, busy with six Valkeys and the rest of the suite, that took
+        # longer than the request path's 100 ms, and once (a full CI run) longer than 3 s: the
+        # admission failed closed (503). These tests are about what is taken, not about that limit
+        # (the outage tests set their own).
+        REDIS_TIMEOUT_MS=10_000,
         CHANNEL_LAYERS=channel_layers(url, "sentinel:channels"),
         CACHES=caches(url, "sentinel:django"),
     ):
