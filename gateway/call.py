@@ -90,9 +90,8 @@ class Call:
     cache_controls: cache.Controls = field(default_factory=cache.Controls)
     cache_key: CacheKey | None = None
     cache_tier: str = "bypass"
-    cache_embedding: object = None
-    cache_static: object = None  # the lookup's static vector of the prompt, reused when the answer is stored
-    cache_deferred: bool = False  # stored without a static vector (gateway/cache/engine.py, Lookup.deferred)
+    # What the cache's lookup computed (its vectors of the prompt), reused when the answer is stored.
+    cache_lookup: cache.Lookup = field(default_factory=lambda: cache.Lookup(None))
     upstream_seconds: float = 0.0  # waiting on providers (calls, backoff); the rest is the gateway's
     paid: dict[int, Decimal] = field(default_factory=dict)  # provider id → cost, for its daily spend cap
     escalated_from: Target | None = None  # the deployment whose refusal went to the smart model

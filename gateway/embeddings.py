@@ -270,7 +270,7 @@ def remember(call: Call, response: dict, cost: Decimal) -> None:
         return
     if len(orjson.dumps(response)) > MAX_CACHED_BYTES:
         return
-    store_answer(call, response, cost, semantic=False)  # exact only: call.cache_embedding stays None
+    store_answer(call, response, cost, semantic=False)  # exact only: the lookup computed no vector
 
 
 # --- the provider call and the answer ------------------------------------------------------------

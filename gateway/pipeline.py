@@ -279,8 +279,7 @@ async def consult_cache(call: Call, route: ModelRoute) -> cache.Hit | None:
         threshold=key.semantic_threshold,
     )
     call.cache_tier = "miss"
-    call.cache_embedding = found.embedding
-    call.cache_static, call.cache_deferred = found.static, found.deferred
+    call.cache_lookup = found
     return found.hit
 
 

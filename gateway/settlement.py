@@ -156,10 +156,10 @@ def store_answer(call: Call, answer: dict, cost: Decimal, *, semantic: bool) -> 
             cost_usd=cost,
             ttl=call.cache_controls.ttl or key.cache_ttl_seconds,
             max_entries=key.cache_max_entries,
-            embedding=call.cache_embedding,
+            embedding=call.cache_lookup.embedding,
             semantic=semantic,
-            static=call.cache_static,
-            deferred=call.cache_deferred,
+            static=call.cache_lookup.static,
+            deferred=call.cache_lookup.deferred,
             asked_at=call.received_at,
         )
     )
