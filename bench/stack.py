@@ -279,22 +279,23 @@ class Stack:
         """CPU time (user + system) the process trees of the children called `name` (or `name-<n>`)
         have used so far. Per request, it tells a process's own cost even when other work on the
         machine slows every clock down."""
-        trees = []
-        for c in self.children:
-            mine = c.name == name or c.name.startswith(name + "-")
-            if mine and c.process is not None and c.process.poll() is None:
-                root = psutil.Process(c.process.pid)
-                trees.extend([root, *root.children(recursive=True)])
-        return sum(self.cpu_of(trees))
+        pids = [
+            c.process.pid
+            for c in self.children
+            if (c.name == name or c.name.startswith(name + "-")) and c.process is not None and c.process.poll() is None
+        ]
+        return self._trees_cpu(pids)
 
     def storage_cpu_seconds(self) -> float | None:
         """CPU time the embedded PostgreSQL (every backend) and Valkey have used so far, or None when
         this run uses external servers (their CPU is not this host's to read)."""
         pids = self.storage_pids()
-        if set(pids) != {"postgres", "valkey"}:
-            return None
+        return self._trees_cpu(list(pids.values())) if set(pids) == {"postgres", "valkey"} else None
+
+    def _trees_cpu(self, pids: list[int]) -> float:
+        """CPU time of the processes `pids` and all their descendants."""
         trees = []
-        for pid in pids.values():
+        for pid in pids:
             root = psutil.Process(pid)
             trees.extend([root, *root.children(recursive=True)])
         return sum(self.cpu_of(trees))
