@@ -11,8 +11,9 @@ above the cosine floor is served only if, in this order:
 3. no explicit check finds a difference that changes the answer (verifier/checks.py: numbers,
    units and their order, operators, negation, opposites, named languages, one vs several, the
    kind of question, the task, the direction of "X to Y");
-4. the pair model (verifier/model.py, trained on labeled pairs: verifier/features.py) rates the
-   two as the same request with at least its threshold's probability.
+4. the pair model (verifier/model.py, trained on labeled pairs) rates the two as the same request
+   with at least its threshold's probability, from their words (verifier/features.py) and from
+   how their word pieces align in MiniLM's fourth layer (verifier/context.py).
 
 Serving a wrong answer costs far more than a miss, so every step errs towards a miss.
 """
@@ -21,10 +22,12 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.cache.verifier import checks, features
-from gateway.cache.verifier.model import pair_model
+from gateway.cache.verifier import context as verifier_context
+from gateway.cache.verifier.context import Encoded
+from gateway.cache.verifier.model import context_cuts, gate_model, pair_model
 from gateway.cache.verifier.text import split_payload, tokens
 
 # Cosine (all-MiniLM-L6-v2, normalised vectors) below which a cached prompt is not even verified.
@@ -37,6 +40,8 @@ numbers_in = checks.numbers_in
 class Verdict:
     accepted: bool
     reason: str
+    # False for the gate's acceptance (passes_gate): the pair model has still to decide.
+    final: bool = field(default=True, compare=False)
 
 
 _FENCE_RE = re.compile(r"(```.*?```)", re.DOTALL)
@@ -55,30 +60,81 @@ def normalize_prompt(text: str) -> str:
     ).strip()
 
 
-def verify(a: str, b: str, similarity: float, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
+def verify(
+    a: str,
+    b: str,
+    similarity: float,
+    threshold: float = DEFAULT_THRESHOLD,
+    *,
+    context: tuple[Encoded, Encoded] | None = None,
+) -> Verdict:
     """May the cached answer to prompt `a` be served for prompt `b`? `similarity` is the cosine of
-    the two prompt embeddings (the cache has it from the vector search). Deterministic and
+    the two prompt embeddings (the cache has it from the vector search); `context` their
+    fourth-layer encodings (verifier/context.py), computed here if not given. Deterministic and
     symmetric; a rejection says what differed."""
+    verdict, rows = _verdict(a, b, similarity, threshold)
+    if rows is None:
+        return verdict
+    if context is None:
+        context = _encode(a, b)
+    model = pair_model()
+    x = rows + verifier_context.context_features(*context, context_cuts())
+    probability = model.probability(x)
+    if probability < model.threshold:
+        return Verdict(False, f"pair model: {probability:.3f} below {model.threshold:.3f}")
+    return Verdict(True, f"cosine {similarity:.3f}, pair model {probability:.3f}")
+
+
+def passes_gate(a: str, b: str, similarity: float, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
+    """Every step of verify but the last, with the gate (verifier/model.py) in the pair model's
+    place: what the cache asks before it spends an embedding on a candidate. A rejection here is a
+    rejection by verify; an acceptance is a candidate worth embedding."""
+    verdict, rows = _verdict(a, b, similarity, threshold)
+    if rows is None:
+        return verdict
+    gate = gate_model()
+    probability = gate.probability(rows)
+    if probability < gate.threshold:
+        return Verdict(False, f"gate: {probability:.3f} below {gate.threshold:.3f}")
+    return Verdict(True, f"cosine {similarity:.3f}, gate {probability:.3f}", final=False)
+
+
+def pair_rows(a: str, b: str, similarity: float) -> list[float] | None:
+    """The lexical features verify would give the pair models, or None where it decides before them."""
+    return _verdict(a, b, similarity, DEFAULT_THRESHOLD)[1]
+
+
+def _verdict(a: str, b: str, similarity: float, threshold: float) -> tuple[Verdict, list[float] | None]:
+    """The steps before the pair models: a verdict, or (a placeholder and) the lexical features."""
     if similarity < threshold:
-        return Verdict(False, f"cosine {similarity:.3f} below {threshold:.2f}")
+        return Verdict(False, f"cosine {similarity:.3f} below {threshold:.2f}"), None
     if normalize_prompt(a) == normalize_prompt(b):
-        return Verdict(True, "same prompt")
+        return Verdict(True, "same prompt"), None
     if checks.same_words(tokens(a), tokens(b)):
-        return Verdict(True, "the same words")
+        return Verdict(True, "the same words"), None
     if not (checks.in_english(a) and checks.in_english(b)):
-        return Verdict(False, "not in English: served only for the same words")
+        return Verdict(False, "not in English: served only for the same words"), None
     payloads_a, instruction_a = split_payload(a)
     payloads_b, instruction_b = split_payload(b)
     pasted = bool(payloads_a and payloads_b)
     if pasted and payloads_a != payloads_b:
-        return Verdict(False, "pasted or quoted text differs")
+        return Verdict(False, "pasted or quoted text differs"), None
     # With the same text pasted, only the instructions around it can differ.
     ta, tb = (tokens(instruction_a), tokens(instruction_b)) if pasted else (tokens(a), tokens(b))
     reason = checks.first_difference(ta, tb)
     if reason:
-        return Verdict(False, reason)
-    model = pair_model()
-    probability = model.probability(features.pair_features(ta, tb, similarity, pasted=pasted))
-    if probability < model.threshold:
-        return Verdict(False, f"pair model: {probability:.3f} below {model.threshold:.3f}")
-    return Verdict(True, f"cosine {similarity:.3f}, pair model {probability:.3f}")
+        return Verdict(False, reason), None
+    return _UNDECIDED, features.pair_features(ta, tb, similarity, pasted=pasted)
+
+
+_UNDECIDED = Verdict(False, "undecided")
+
+
+def context_texts(a: str, b: str) -> tuple[str, str]:
+    """What the fourth layer reads of each prompt: the prompt as the cache normalizes it."""
+    return normalize_prompt(a), normalize_prompt(b)
+
+
+def _encode(a: str, b: str) -> tuple[Encoded, Encoded]:
+    first, second = verifier_context.shared_encoder().encode(context_texts(a, b))
+    return first, second

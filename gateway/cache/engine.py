@@ -31,6 +31,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -43,6 +44,8 @@ from redis import exceptions as redis_errors
 
 from gateway.cache import acceptance
 from gateway.cache.keys import CacheKey
+from gateway.cache.verifier import context as verifier_context
+from gateway.cache.verifier.context import Encoded
 from gateway.errors import invalid_request
 from gateway.lua import scripts
 from sentinel import async_db, redis_keys
@@ -164,6 +167,7 @@ def warm_up() -> None:
         # A batch as a busy lookup sends (the prompt and the entries it could be served from): a
         # process's first runs of a new shape are slower, and a lookup has 500 ms in all.
         embedder.embed([f"warm up the embedder for prompts of about {n} words " * n for n in range(1, EMBED_BATCH + 1)])
+        verifier_context.shared_encoder().encode(["warm up the verifier", "and its second prompt"])
     except Exception:
         log.exception("embedder warm-up failed")
 
@@ -198,16 +202,18 @@ def embedder_ready() -> bool:
 class _Batcher:
     """One thread embedding prompts in batches: each run takes everything waiting (up to
     EMBED_BATCH), so under load many prompts share one model call (`sentinel_cache_embed_runs_total`
-    counts the calls)."""
+    counts the calls). The verifier's fourth-layer encodings (verifier/context.py) are computed in
+    the same thread, never on an event loop."""
 
     def __init__(self) -> None:
         self.waiting: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._run, name="embed-batcher", daemon=True).start()
 
-    def submit(self, texts: list[str]) -> asyncio.Future:
+    def submit(self, texts: list[str], *, encode: bool = False) -> asyncio.Future:
+        """The texts' embeddings, or with encode=True their fourth-layer encodings."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.waiting.put((texts, future, loop))
+        self.waiting.put((texts, future, loop, encode))
         return future
 
     def _run(self) -> None:
@@ -223,20 +229,27 @@ class _Batcher:
                 size += len(job[0])
             # A request that stopped waiting (its lookup timed out) needs nothing embedded any more.
             jobs = [job for job in jobs if not job[1].done()]
-            if not jobs:
-                continue
-            try:
-                vectors = shared_embedder().embed([text for texts, _, _ in jobs for text in texts])
+            for encode in (False, True):
+                if kind := [job for job in jobs if job[3] is encode]:
+                    self._serve(kind, encode=encode)
+
+    def _serve(self, jobs: list, *, encode: bool) -> None:
+        try:
+            texts = [text for texts, _, _, _ in jobs for text in texts]
+            if encode:
+                results = verifier_context.shared_encoder().encode(texts)
+            else:
+                results = shared_embedder().embed(texts)
                 _metrics().cache_embed_run()
-                outcome, start = [], 0
-                for texts, _, _ in jobs:
-                    outcome.append((vectors[start : start + len(texts)], None))
-                    start += len(texts)
-            except Exception as exc:  # noqa: BLE001 - handed to every waiting request, which fails open
-                outcome = [(None, exc)] * len(jobs)
-            for (_, future, loop), (result, error) in zip(jobs, outcome, strict=True):
-                with contextlib.suppress(RuntimeError):  # that request's event loop has closed meanwhile
-                    loop.call_soon_threadsafe(_settle, future, result, error)
+            outcome, start = [], 0
+            for texts, _, _, _ in jobs:
+                outcome.append((results[start : start + len(texts)], None))
+                start += len(texts)
+        except Exception as exc:  # noqa: BLE001 - handed to every waiting request, which fails open
+            outcome = [(None, exc)] * len(jobs)
+        for (_, future, loop, _), (result, error) in zip(jobs, outcome, strict=True):
+            with contextlib.suppress(RuntimeError):  # that request's event loop has closed meanwhile
+                loop.call_soon_threadsafe(_settle, future, result, error)
 
 
 def _settle(future: asyncio.Future, result, error) -> None:
@@ -262,6 +275,38 @@ async def embed_many(texts: list[str]) -> np.ndarray:
 
 async def embed(text: str):
     return (await embed_many([text]))[0]
+
+
+# The fourth-layer encodings of entries' prompts the verifier has read lately, by the text encoded (a
+# pure function of it): a popular entry is encoded once per process, not once per paraphrase asked.
+_encoded_entries: OrderedDict[str, Encoded] = OrderedDict()
+ENCODED_ENTRIES = 2048
+
+
+async def _verified(candidate: _Candidate, prompt: str, similarity: float, asked: list) -> acceptance.Verdict:
+    """verify()'s verdict on serving the candidate for `prompt`: the gate's steps first, then (only
+    if they leave it to the pair model) both prompts' fourth-layer encodings, from the embedder's
+    thread, kept on the candidate. `asked` keeps the prompt's encoding for the lookup's next
+    candidate."""
+    if candidate.encoded is not None and asked:
+        return acceptance.verify(candidate.prompt, prompt, similarity, context=(candidate.encoded, asked[0]))
+    verdict = acceptance.passes_gate(candidate.prompt, prompt, similarity)
+    if not verdict.accepted or verdict.final:
+        return verdict
+    asked_text, entry_text = acceptance.context_texts(prompt, candidate.prompt)
+    cached = _encoded_entries.get(entry_text)
+    missing = ([] if asked else [asked_text]) + ([entry_text] if cached is None else [])
+    if missing:
+        encoded = list(await batcher().submit(missing, encode=True))
+        if not asked:
+            asked.append(encoded.pop(0))
+        if cached is None:
+            cached = encoded.pop(0)
+    _encoded_entries[entry_text] = candidate.encoded = cached
+    _encoded_entries.move_to_end(entry_text)
+    while len(_encoded_entries) > ENCODED_ENTRIES:
+        _encoded_entries.popitem(last=False)
+    return acceptance.verify(candidate.prompt, prompt, similarity, context=(cached, asked[0]))
 
 
 async def _configure(connection) -> None:
@@ -444,6 +489,7 @@ class _Candidate:
     cost_usd: Decimal
     embedding: object  # MiniLM's vector, if a lookup has computed it before
     similarity: float  # the static first stage's cosine to the prompt asked
+    encoded: Encoded | None = None  # its prompt's fourth-layer encoding, once the verifier has read it
 
 
 async def _semantic(
@@ -467,11 +513,13 @@ async def _semantic(
     # The gate. The pair model's probability rises with the cosine (its one feature that depends on
     # it, with a positive weight), so an entry the verifier rejects at the highest cosine MiniLM could
     # give it, it rejects at any: only the others are worth MiniLM's 3-10 ms. A miss whose entries all
-    # differ in a number, a quoted text, a language, ... costs no embedding at all.
+    # differ in a number, a quoted text, a language, ... costs no embedding at all, and one the
+    # lexical gate lets through costs the fourth layer's encoding (about 2 ms), not MiniLM's.
     possible = []
+    asked: list = []
     for candidate in sorted(candidates, key=lambda c: -c.similarity):
         ceiling = min(1.0, candidate.similarity + STATIC_SLACK)
-        if ceiling >= threshold and acceptance.verify(candidate.prompt, key.prompt, ceiling).accepted:
+        if ceiling >= threshold and (await _verified(candidate, key.prompt, ceiling, asked)).accepted:
             possible.append(candidate)
             if len(possible) == CANDIDATES:
                 break
@@ -492,7 +540,7 @@ async def _semantic(
     for similarity, candidate in sorted(scored, key=lambda pair: -pair[0]):
         if similarity < threshold:
             break
-        verdict = acceptance.verify(candidate.prompt, key.prompt, similarity)
+        verdict = await _verified(candidate, key.prompt, similarity, asked)
         if verdict.accepted:
             return Hit("hit-semantic", candidate.answer, candidate.entry_id, candidate.cost_usd, similarity), embedding
     return None, embedding

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cache.acceptance import DEFAULT_THRESHOLD, Verdict, normalize_prompt, verify
+from gateway.cache.acceptance import DEFAULT_THRESHOLD, Verdict, context_texts, normalize_prompt, verify
 from gateway.cache.verifier.features import NAMES
 from gateway.cache.verifier.model import pair_model
 
@@ -105,19 +105,39 @@ def test_other_languages_are_served_for_the_same_words() -> None:
     ],
 )
 def test_the_pair_model_rates_a_rewording_above_a_one_word_change(a: str, rewording: str, near_miss: str) -> None:
-    """At the same cosine, a word-for-word rewording scores higher than a changed subject."""
+    """At the same cosine, a word-for-word rewording scores higher than a changed subject, by the
+    gate (words alone) and by the pair model (words and the fourth layer's alignment)."""
+    from gateway.cache.verifier.context import context_features, shared_encoder
     from gateway.cache.verifier.features import pair_features
+    from gateway.cache.verifier.model import context_cuts, gate_model
     from gateway.cache.verifier.text import tokens
 
-    model = pair_model()
-    same = model.probability(pair_features(tokens(a), tokens(rewording), 0.97))
-    other = model.probability(pair_features(tokens(a), tokens(near_miss), 0.97))
-    assert same > other
+    def both(x: str, y: str) -> tuple[float, float]:
+        lexical = pair_features(tokens(x), tokens(y), 0.97)
+        encoded = shared_encoder().encode(context_texts(x, y))
+        full = lexical + context_features(encoded[0], encoded[1], context_cuts())
+        return gate_model().probability(lexical), pair_model().probability(full)
+
+    same, other = both(a, rewording), both(a, near_miss)
+    assert same[0] > other[0]
+    assert same[1] > other[1]
     assert not verify(a, near_miss, 0.97).accepted
 
 
-def test_the_shipped_model_matches_the_features() -> None:
-    model = pair_model()
-    assert model.names == NAMES
-    assert len(model.coef) == len(model.mean) == len(model.scale) == len(NAMES)
+def test_the_shipped_models_match_the_features() -> None:
+    from gateway.cache.verifier import context
+    from gateway.cache.verifier.model import context_cuts, gate_model
+
+    model, gate = pair_model(), gate_model()
+    assert model.names == (*NAMES, *context.NAMES)
+    assert len(model.coef) == len(model.mean) == len(model.scale) == len(NAMES) + len(context.NAMES)
+    assert gate.names == NAMES
+    assert len(gate.coef) == len(gate.mean) == len(gate.scale) == len(NAMES)
     assert 0.5 <= model.threshold < 1.0
+    # The gate only turns away what the pair model would: its threshold is far lower.
+    assert 0.0 < gate.threshold < model.threshold
+    # The cache judges a candidate at the highest cosine MiniLM could give it before embedding it:
+    # sound only while both models' probability rises with the cosine.
+    assert model.coef[model.names.index("cosine")] > 0 and gate.coef[gate.names.index("cosine")] > 0
+    low, mid, high = context_cuts()
+    assert 0.0 < low <= mid <= high < 1.0

@@ -1,6 +1,12 @@
-"""The pair model: logistic regression over features.py's features, its coefficients in
-weights.json beside this file (`manage.py cache_verifier_train` rebuilds them from the labeled
-pairs in the repository; docs/cache.md says how). Scoring is a dot product: no library at run time.
+"""The pair models: logistic regressions whose coefficients are in weights.json beside this file
+(`manage.py cache_verifier_train` rebuilds them from the labeled pairs in the repository;
+docs/cache.md says how). Scoring is a dot product: no library at run time.
+
+- the pair model decides: over features.py's lexical features and context.py's fourth-layer
+  alignment of the two prompts;
+- the gate, over the lexical features alone, runs before anything is embedded: a candidate it
+  rejects is not worth MiniLM's time. Its threshold is low (every pair the pair model accepted
+  out of fold passes it), so it turns away only what the pair model would.
 """
 
 from __future__ import annotations
@@ -30,9 +36,7 @@ class PairModel:
         return 1 / (1 + math.exp(-z))
 
 
-@lru_cache(maxsize=1)
-def pair_model() -> PairModel:
-    data = json.loads(WEIGHTS.read_text("utf-8"))
+def _model(data: dict) -> PairModel:
     return PairModel(
         names=tuple(data["features"]),
         mean=tuple(data["mean"]),
@@ -41,3 +45,24 @@ def pair_model() -> PairModel:
         intercept=data["intercept"],
         threshold=data["threshold"],
     )
+
+
+@lru_cache(maxsize=1)
+def _weights() -> dict:
+    return json.loads(WEIGHTS.read_text("utf-8"))
+
+
+@lru_cache(maxsize=1)
+def pair_model() -> PairModel:
+    return _model(_weights())
+
+
+@lru_cache(maxsize=1)
+def gate_model() -> PairModel:
+    return _model(_weights()["gate"])
+
+
+@lru_cache(maxsize=1)
+def context_cuts() -> tuple[float, float, float]:
+    cuts = _weights()["context_cuts"]
+    return (cuts[0], cuts[1], cuts[2])

@@ -1,17 +1,22 @@
-"""Rebuild the cache verifier's pair model (gateway/cache/verifier/weights.json) from labeled pairs.
+"""Rebuild the cache verifier's pair models (gateway/cache/verifier/weights.json) from labeled pairs.
 
-Every pair that reaches the model in the cache (cosine at least the floor, no explicit check
-against it) is one training row: features.py's features, label `same`. The threshold is chosen by
-leave-one-topic-out validation: for each topic, a model trained on the other topics scores it; the
-lowest probability at which the pooled held-out hits keep their wrong share within --target is the
-threshold, so the figure it reports predicts topics the model never saw. Then one model is fitted
-on every pair and written with that threshold. Prints the validation per topic; the last line is
-JSON. Needs scikit-learn (requirements.in); the request path reads only the coefficients.
+Every pair that reaches the models in the cache (cosine at least the floor, no explicit check
+against it) is one training row: features.py's lexical features and context.py's fourth-layer
+alignment, label `same`. The pair model's threshold is chosen by leave-one-topic-out validation:
+for each topic, a model trained on the other topics scores it; the lowest probability at which the
+pooled held-out hits keep their wrong share within --target is the threshold, so the figure it
+reports predicts topics the model never saw. The gate (the lexical features alone, asked before
+anything is embedded) is validated the same way, and its threshold is the lowest held-out
+probability it gave a pair the pair model accepted held out: it turns away none of them. Then both
+are fitted on every pair and written with those thresholds. Prints the validation per topic; the
+last line is JSON. Needs scikit-learn (requirements.in); the request path reads only the
+coefficients.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +25,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from gateway.cache.acceptance import DEFAULT_THRESHOLD, normalize_prompt
-from gateway.cache.verifier import checks, features
+from gateway.cache.verifier import checks, context, features
 from gateway.cache.verifier.model import WEIGHTS
 from gateway.cache.verifier.text import split_payload, tokens
 from gateway.management.commands.cache_eval import load_pairs
@@ -89,8 +94,52 @@ def fit(x: np.ndarray, y: np.ndarray):
     return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=5000)).fit(x, y)
 
 
+def context_cuts(rows: list[tuple[dict, list[float]]], encoded: dict) -> tuple[float, float, float]:
+    """The below_* counts' three cuts: the 10th, 25th and 50th percentiles of the worst-aligned
+    content word's match over the candidates (no label read, so no fold learns another's)."""
+    worst = [context.context_features(*_pair_encoded(p, encoded), (0, 0, 0))[5] for p, _ in rows]
+    low, mid, high = (float(np.percentile(worst, q)) for q in (10, 25, 50))
+    return low, mid, high
+
+
+def _pair_encoded(pair: dict, encoded: dict) -> tuple[context.Encoded, context.Encoded]:
+    return encoded[normalize_prompt(pair["a"])], encoded[normalize_prompt(pair["b"])]
+
+
+def with_context(rows: list[tuple[dict, list[float]]], encoded: dict, cuts) -> list[tuple[dict, list[float]]]:
+    return [(p, x + context.context_features(*_pair_encoded(p, encoded), cuts)) for p, x in rows]
+
+
+def leave_one_topic_out(candidates: list, extra: list, topics: list[str]) -> dict[int, float]:
+    """Each topic's pairs scored by a model fitted on the other topics' (and their extra rows)."""
+    held_out: dict[int, float] = {}
+    for topic in topics:
+        test = [(p, x) for p, x in candidates if p["domain"] == topic]
+        if test:
+            model = fit_rows([(p, x) for p, x in candidates + extra if p["domain"] != topic])
+            scores = model.predict_proba(np.array([x for _, x in test]))[:, 1]
+            held_out.update({id(p): float(s) for (p, _), s in zip(test, scores, strict=True)})
+    return held_out
+
+
+def fit_rows(rows: list):
+    return fit(np.array([x for _, x in rows]), np.array([p["same"] for p, _ in rows]))
+
+
+def coefficients(model, names: list[str], threshold: float) -> dict:
+    scaler, regression = model[0], model[1]
+    return {
+        "features": names,
+        "mean": scaler.mean_.round(6).tolist(),
+        "scale": scaler.scale_.round(6).tolist(),
+        "coef": regression.coef_[0].round(6).tolist(),
+        "intercept": round(float(regression.intercept_[0]), 6),
+        "threshold": round(threshold, 6),
+    }
+
+
 class Command(BaseCommand):
-    help = "Train the semantic cache's pair model and choose its threshold by leave-one-topic-out validation."
+    help = "Train the semantic cache's pair model and gate; choose their thresholds by leave-one-topic-out validation."
 
     def add_arguments(self, parser):
         parser.add_argument("--target", type=float, default=0.01, help="Largest share of wrong hits (default 0.01).")
@@ -103,36 +152,35 @@ class Command(BaseCommand):
         reworded = reworded_negatives(pairs)
         embedder = Embedder(cache_dir=settings.DATA_DIR / "models", threads=settings.EMBEDDER_THREADS)
         vectors = prompt_vectors(pairs + reworded, embedder)
+        encoder = context.ContextEncoder(settings.DATA_DIR / "models", threads=settings.EMBEDDER_THREADS)
+        encoded = dict(zip(vectors, encoder.encode(list(vectors)), strict=True))
         rows = rows_for(pairs, vectors)
-        candidates = [(p, x) for p, x in rows if x is not None]
-        extra = [(p, x) for p, x in rows_for(reworded, vectors) if x is not None]
+        lexical = [(p, x) for p, x in rows if x is not None]
+        lexical_extra = [(p, x) for p, x in rows_for(reworded, vectors) if x is not None]
+        cuts = context_cuts(lexical, encoded)
+        candidates = with_context(lexical, encoded, cuts)
+        extra = with_context(lexical_extra, encoded, cuts)
         topics = sorted({p["domain"] for p, _ in rows})
 
-        held_out: dict[int, float] = {}
-        for topic in topics:
-            train = [(p, x) for p, x in candidates + extra if p["domain"] != topic]
-            test = [(p, x) for p, x in candidates if p["domain"] == topic]
-            if test:
-                model = fit(np.array([x for _, x in train]), np.array([p["same"] for p, _ in train]))
-                scores = model.predict_proba(np.array([x for _, x in test]))[:, 1]
-                held_out.update({id(p): float(s) for (p, _), s in zip(test, scores, strict=True)})
+        held_out = leave_one_topic_out(candidates, extra, topics)
         threshold, wrong = 1.0, 0
         for hits, (pair, _) in enumerate(sorted(candidates, key=lambda c: -held_out[id(c[0])]), 1):
             wrong += not pair["same"]
             if wrong / hits <= target:
                 threshold = held_out[id(pair)]
+        gate_held_out = leave_one_topic_out(lexical, lexical_extra, topics)
+        accepted = [p for p, _ in candidates if held_out[id(p)] >= threshold]
+        # Rounded down: the pair that sets it must still pass with the six decimals written.
+        gate_threshold = math.floor(min((gate_held_out[id(p)] for p in accepted), default=0.5) * 1e6) / 1e6
         report = self.report(rows, held_out, threshold, topics)
+        gate_passed = sum(gate_held_out[id(p)] >= gate_threshold for p, _ in lexical)
+        report["gate"] = {"candidates": len(lexical), "passed": gate_passed}
+        self.stdout.write(f"gate: {gate_passed} of {len(lexical)} candidates pass (threshold {gate_threshold:.4f})")
 
-        everything = candidates + extra
-        model = fit(np.array([x for _, x in everything]), np.array([p["same"] for p, _ in everything]))
-        scaler, regression = model[0], model[1]
         weights = {
-            "features": list(features.NAMES),
-            "mean": scaler.mean_.round(6).tolist(),
-            "scale": scaler.scale_.round(6).tolist(),
-            "coef": regression.coef_[0].round(6).tolist(),
-            "intercept": round(float(regression.intercept_[0]), 6),
-            "threshold": round(threshold, 6),
+            **coefficients(fit_rows(candidates + extra), [*features.NAMES, *context.NAMES], threshold),
+            "context_cuts": [round(c, 6) for c in cuts],
+            "gate": coefficients(fit_rows(lexical + lexical_extra), list(features.NAMES), gate_threshold),
             "trained_on": [*SOURCES, "reworded hard negatives built from them (reworded_negatives)"],
             "target_wrong_hit_share": target,
             "leave_one_topic_out": report,

@@ -1,0 +1,250 @@
+"""The pair model's contextual features: how well two prompts' word pieces align in MiniLM's fourth
+layer (BERTScore-like: each piece's best match in the other prompt).
+
+The lexical features (features.py) see words and their input embeddings, so "kitchen" and
+"bathroom" look as alike as "repair" and "fix"; the last hidden state, the one the cache's embedding
+pools, is as blind. The middle layers keep a word's identity and add its context: measured
+offline (bench/verifier_context.py, docs/cache.md), layer 4 served about half as many paraphrases
+again at the same 1% of wrong hits on topics the model never saw.
+
+The states come from the transformer cut after its fourth layer (the packaged weights, exported
+once to ONNX beside the embedder's export and run with onnxruntime: about 1 ms for two short
+prompts), run only for a candidate that has passed every other step, in the embedder's thread.
+Every feature is symmetric.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gateway.cache.embedder import MAX_TOKENS, _write_atomically, default_model_dir, weights_digest
+from gateway.cache.verifier.text import LIGHT_WORDS, STOPWORDS
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+logger = logging.getLogger(__name__)
+
+LAYER = 4
+EXPORT_VERSION = 1
+NAMES = (
+    "ctx_piece_f",  # BERTScore F over all word pieces
+    "ctx_piece_min_pr",  # the smaller of its precision and recall
+    "ctx_piece_idf_f",  # the same, pieces weighted by rarity (log of the word-piece rank)
+    "ctx_content_mean",  # mean best match of content words (both sides)
+    "ctx_content_idf_mean",  # rarity-weighted
+    "ctx_worst",  # the worst-aligned content word's best match
+    "ctx_second_worst",
+    "ctx_worst_gap",  # how far apart the two sides' worst-aligned content words are
+    "ctx_below_a",  # content words whose best match is below the three cuts (both sides)
+    "ctx_below_b",
+    "ctx_below_c",
+    "ctx_worst_rarity",  # rarity of the worst-aligned content word
+    "ctx_worst_x_rarity",  # (1 - worst) * rarity
+    "ctx_mutual_share",  # content words whose best match has them as its best match too
+    "ctx_content_f",  # F over content words only, against the other side's content words
+)
+_SKIP = STOPWORDS | LIGHT_WORDS
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """One prompt in the fourth layer: word pieces (without [CLS] and [SEP]) and words (a word's
+    vector is the mean of its pieces'), unit vectors."""
+
+    ids: np.ndarray
+    pieces: np.ndarray
+    words: np.ndarray
+    word_rank: np.ndarray  # rarity of each word: log(1 + its rarest piece's rank)
+    content: np.ndarray  # bool per word: not a stop word or a light word, letters and digits only
+
+
+def onnx_path(cache_dir: Path, model_dir: Path) -> Path:
+    return cache_dir / f"all-MiniLM-L6-v2-{weights_digest(model_dir)}-layer{LAYER}-v{EXPORT_VERSION}.onnx"
+
+
+def export_onnx(model_dir: Path, target: Path) -> None:
+    """The embeddings and the first LAYER transformer layers as one ONNX graph; its output is the
+    hidden state after them (transformers' hidden_states[LAYER])."""
+    import torch
+    from transformers import AutoModel
+
+    bert = AutoModel.from_pretrained(str(model_dir)).eval()
+    bert.encoder.layer = bert.encoder.layer[:LAYER]
+
+    class _Cut(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=torch.zeros_like(input_ids)
+            ).last_hidden_state
+
+    sample = torch.ones((2, 16), dtype=torch.int64)
+
+    def write(tmp: Path) -> None:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                _Cut().eval(),
+                (sample, torch.ones_like(sample)),
+                str(tmp),
+                input_names=["input_ids", "attention_mask"],
+                output_names=["hidden"],
+                dynamic_axes={
+                    "input_ids": {0: "batch", 1: "tokens"},
+                    "attention_mask": {0: "batch", 1: "tokens"},
+                    "hidden": {0: "batch", 1: "tokens"},
+                },
+                opset_version=17,
+                dynamo=False,
+            )
+
+    _write_atomically(target, write)
+
+
+class ContextEncoder:
+    """Runs the cut transformer on prompts. `cache_dir` holds the export (written on first use)."""
+
+    def __init__(self, cache_dir: Path, *, threads: int = 1) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        model_dir = default_model_dir()
+        path = onnx_path(cache_dir, model_dir)
+        if not path.exists():
+            logger.info("exporting the first %d layers of %s to %s", LAYER, model_dir, path)
+            export_onnx(model_dir, path)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=MAX_TOKENS)
+
+    def encode(self, texts: Sequence[str]) -> list[Encoded]:
+        out: list[Encoded] = []
+        for start in range(0, len(texts), 32):
+            batch = list(texts[start : start + 32])
+            encodings = self.tokenizer.encode_batch(batch)
+            width = max(len(e.ids) for e in encodings)
+            ids = np.zeros((len(batch), width), dtype=np.int64)
+            mask = np.zeros_like(ids)
+            for row, e in enumerate(encodings):
+                ids[row, : len(e.ids)] = e.ids
+                mask[row, : len(e.ids)] = 1
+            (hidden,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
+            for row, (text, e) in enumerate(zip(batch, encodings, strict=True)):
+                out.append(_encoded(text, e, hidden[row, : len(e.ids)]))
+        return out
+
+
+def _encoded(text: str, e, hidden: np.ndarray) -> Encoded:
+    inner = slice(1, len(e.ids) - 1)  # drop [CLS] and [SEP]
+    ids = np.array(e.ids[inner], dtype=np.int64)
+    spans = e.offsets[inner]
+    groups: dict[int, list[int]] = {}
+    for i, word in enumerate(e.word_ids[inner]):
+        groups.setdefault(word, []).append(i)
+    order = sorted(groups)
+    content, rank = [], []
+    for word in order:
+        members = groups[word]
+        surface = text[spans[members[0]][0] : spans[members[-1]][1]].lower()
+        content.append(surface.isalnum() and surface not in _SKIP)
+        rank.append(math.log(1 + max(int(ids[i]) for i in members)))
+    pieces = hidden[inner].astype(np.float32)
+    words = np.stack([pieces[groups[g]].mean(axis=0) for g in order]) if order else np.zeros((0, pieces.shape[1]))
+    # float16, as the experiment measured them (and as an entry would store them).
+    return Encoded(
+        ids,
+        _unit(pieces).astype(np.float16).astype(np.float32),
+        _unit(words).astype(np.float16).astype(np.float32),
+        np.array(rank, dtype=np.float32),
+        np.array(content, dtype=bool),
+    )
+
+
+def _unit(m: np.ndarray) -> np.ndarray:
+    return m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-6)
+
+
+def context_features(a: Encoded, b: Encoded, cuts: Sequence[float]) -> list[float]:
+    """BERTScore-like alignment of two prompts' fourth-layer vectors; every feature symmetric.
+    `cuts` are the three thresholds the below_* counts use (weights.json: label-free percentiles of
+    the worst-aligned word's match over the training pairs)."""
+    pa, pb = a.pieces, b.pieces
+    if not len(pa) or not len(pb):
+        return [0.0] * len(NAMES)
+    s = pa @ pb.T
+    best_a, best_b = s.max(axis=1), s.max(axis=0)
+    precision, recall = float(best_a.mean()), float(best_b.mean())
+    f = 2 * precision * recall / max(precision + recall, 1e-6)
+    wa, wb = np.log1p(a.ids.astype(np.float32)), np.log1p(b.ids.astype(np.float32))
+    ip, ir = float(best_a @ wa / wa.sum()), float(best_b @ wb / wb.sum())
+    idf_f = 2 * ip * ir / max(ip + ir, 1e-6)
+
+    w = a.words @ b.words.T
+    best_wa, best_wb = w.max(axis=1), w.max(axis=0)
+    arg_wa, arg_wb = w.argmax(axis=1), w.argmax(axis=0)
+    ca, cb = a.content, b.content
+    sims = np.concatenate([best_wa[ca], best_wb[cb]])
+    rarity = np.concatenate([a.word_rank[ca], b.word_rank[cb]])
+    if not len(sims):
+        sims, rarity = np.array([1.0]), np.array([0.0])
+    ordered = np.sort(sims)
+    worst_index = int(np.argmin(sims))
+    worst_a = float(best_wa[ca].min()) if ca.any() else 1.0
+    worst_b = float(best_wb[cb].min()) if cb.any() else 1.0
+    mutual = [arg_wb[arg_wa[i]] == i for i in np.flatnonzero(ca)] + [arg_wa[arg_wb[j]] == j for j in np.flatnonzero(cb)]
+    if ca.any() and cb.any():
+        wc = w[np.ix_(ca, cb)]
+        cp, cr = float(wc.max(axis=1).mean()), float(wc.max(axis=0).mean())
+        content_f = 2 * cp * cr / max(cp + cr, 1e-6)
+    else:
+        content_f = float(ca.any() == cb.any())
+    return [
+        f,
+        min(precision, recall),
+        idf_f,
+        float(sims.mean()),
+        float(sims @ rarity / rarity.sum()) if rarity.sum() else float(sims.mean()),
+        float(ordered[0]),
+        float(ordered[1]) if len(ordered) > 1 else float(ordered[0]),
+        abs(worst_a - worst_b),
+        float((sims < cuts[0]).sum()),
+        float((sims < cuts[1]).sum()),
+        float((sims < cuts[2]).sum()),
+        float(rarity[worst_index]),
+        float((1 - ordered[0]) * rarity[worst_index]),
+        float(np.mean(mutual)) if mutual else 1.0,
+        content_f,
+    ]
+
+
+_encoder: ContextEncoder | None = None
+_lock = threading.Lock()
+
+
+def shared_encoder() -> ContextEncoder:
+    """The process's one encoder, its export in the models folder beside the embedder's."""
+    global _encoder
+    with _lock:
+        if _encoder is None:
+            from django.conf import settings
+
+            _encoder = ContextEncoder(settings.DATA_DIR / "models")
+    return _encoder
