@@ -160,10 +160,13 @@ def test_database_name(django_db_setup, django_db_blocker) -> str:
 
 @pytest.fixture(scope="session")
 def embedding_model() -> None:
-    """Export the embedding model once (first run only) before gateway processes load it."""
+    """Export the embedding model and the verifier's cut of it once (first run only) before gateway
+    processes load them."""
     from gateway.cache.engine import shared_embedder
+    from gateway.cache.verifier.context import shared_encoder
 
     shared_embedder()
+    shared_encoder()
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,10 @@ above the cosine floor is served only if, in this order:
 3. no explicit check finds a difference that changes the answer (verifier/checks.py: numbers,
    units and their order, operators, negation, opposites, named languages, one vs several, the
    kind of question, the task, the direction of "X to Y");
-4. the pair model (verifier/model.py, trained on labeled pairs) rates the two as the same request
-   with at least its threshold's probability, from their words (verifier/features.py) and from
-   how their word pieces align in MiniLM's fourth layer (verifier/context.py).
+4. the pair model (verifier/model.py, trained on labeled pairs: verifier/features.py) rates the
+   two as the same request with at least its threshold's probability, or, for a pair it leaves
+   just under, the context model does, reading also how the two prompts' word pieces align in
+   MiniLM's fourth layer (verifier/context.py).
 
 Serving a wrong answer costs far more than a miss, so every step errs towards a miss.
 """
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from gateway.cache.verifier import checks, features
 from gateway.cache.verifier import context as verifier_context
 from gateway.cache.verifier.context import Encoded
-from gateway.cache.verifier.model import context_cuts, gate_model, pair_model
+from gateway.cache.verifier.model import context_cuts, context_gate, context_model, pair_model
 from gateway.cache.verifier.text import split_payload, tokens
 
 # Cosine (all-MiniLM-L6-v2, normalised vectors) below which a cached prompt is not even verified.
@@ -40,7 +41,7 @@ numbers_in = checks.numbers_in
 class Verdict:
     accepted: bool
     reason: str
-    # False for the gate's acceptance (passes_gate): the pair model has still to decide.
+    # False for passes_gate's acceptance of a pair the context model has still to decide.
     final: bool = field(default=True, compare=False)
 
 
@@ -70,33 +71,39 @@ def verify(
 ) -> Verdict:
     """May the cached answer to prompt `a` be served for prompt `b`? `similarity` is the cosine of
     the two prompt embeddings (the cache has it from the vector search); `context` their
-    fourth-layer encodings (verifier/context.py), computed here if not given. Deterministic and
-    symmetric; a rejection says what differed."""
+    fourth-layer encodings (verifier/context.py), computed here if needed and not given.
+    Deterministic and symmetric; a rejection says what differed."""
     verdict, rows = _verdict(a, b, similarity, threshold)
     if rows is None:
+        return verdict
+    verdict = _by_words(rows, similarity)
+    if verdict.final:
         return verdict
     if context is None:
         context = _encode(a, b)
-    model = pair_model()
-    x = rows + verifier_context.context_features(*context, context_cuts())
-    probability = model.probability(x)
+    model = context_model()
+    probability = model.probability(rows + verifier_context.context_features(*context, context_cuts()))
     if probability < model.threshold:
-        return Verdict(False, f"pair model: {probability:.3f} below {model.threshold:.3f}")
-    return Verdict(True, f"cosine {similarity:.3f}, pair model {probability:.3f}")
+        return Verdict(False, f"{verdict.reason}; context model {probability:.3f} below {model.threshold:.3f}")
+    return Verdict(True, f"cosine {similarity:.3f}, context model {probability:.3f}")
 
 
 def passes_gate(a: str, b: str, similarity: float, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
-    """Every step of verify but the last, with the gate (verifier/model.py) in the pair model's
-    place: what the cache asks before it spends an embedding on a candidate. A rejection here is a
-    rejection by verify; an acceptance is a candidate worth embedding."""
+    """verify without the context model: its verdict where the words decide (final), else an
+    acceptance that is not final: a candidate worth encoding. What the cache asks first."""
     verdict, rows = _verdict(a, b, similarity, threshold)
-    if rows is None:
-        return verdict
-    gate = gate_model()
-    probability = gate.probability(rows)
-    if probability < gate.threshold:
-        return Verdict(False, f"gate: {probability:.3f} below {gate.threshold:.3f}")
-    return Verdict(True, f"cosine {similarity:.3f}, gate {probability:.3f}", final=False)
+    return verdict if rows is None else _by_words(rows, similarity)
+
+
+def _by_words(rows: list[float], similarity: float) -> Verdict:
+    model = pair_model()
+    probability = model.probability(rows)
+    if probability >= model.threshold:
+        return Verdict(True, f"cosine {similarity:.3f}, pair model {probability:.3f}")
+    below = f"pair model: {probability:.3f} below {model.threshold:.3f}"
+    if probability < context_gate():
+        return Verdict(False, below)
+    return Verdict(True, below, final=False)
 
 
 def pair_rows(a: str, b: str, similarity: float) -> list[float] | None:

@@ -76,7 +76,9 @@ def export_onnx(model_dir: Path, target: Path) -> None:
     hidden state after them (transformers' hidden_states[LAYER])."""
     import torch
     from transformers import AutoModel
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # a process's log lines are JSON, one a line
     bert = AutoModel.from_pretrained(str(model_dir)).eval()
     bert.encoder.layer = bert.encoder.layer[:LAYER]
 

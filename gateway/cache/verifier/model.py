@@ -2,11 +2,14 @@
 (`manage.py cache_verifier_train` rebuilds them from the labeled pairs in the repository;
 docs/cache.md says how). Scoring is a dot product: no library at run time.
 
-- the pair model decides: over features.py's lexical features and context.py's fourth-layer
-  alignment of the two prompts;
-- the gate, over the lexical features alone, runs before anything is embedded: a candidate it
-  rejects is not worth MiniLM's time. Its threshold is low (every pair the pair model accepted
-  out of fold passes it), so it turns away only what the pair model would.
+- the pair model, over features.py's lexical features: a pair it rates at or above its threshold
+  is served;
+- the context model, over the same features and context.py's fourth-layer alignment of the two
+  prompts: a pair the pair model leaves under its threshold but at or above the context model's
+  gate (the lowest pair-model probability of a pair the context model accepted out of fold) is
+  encoded and served if the context model rates it at or above its own threshold. The two
+  thresholds are chosen together, so that what either serves stays within the target share of
+  wrong hits out of fold.
 """
 
 from __future__ import annotations
@@ -58,11 +61,17 @@ def pair_model() -> PairModel:
 
 
 @lru_cache(maxsize=1)
-def gate_model() -> PairModel:
-    return _model(_weights()["gate"])
+def context_model() -> PairModel:
+    return _model(_weights()["context"])
+
+
+@lru_cache(maxsize=1)
+def context_gate() -> float:
+    """The pair-model probability under which the context model is not asked."""
+    return float(_weights()["context"]["gate"])
 
 
 @lru_cache(maxsize=1)
 def context_cuts() -> tuple[float, float, float]:
-    cuts = _weights()["context_cuts"]
+    cuts = _weights()["context"]["cuts"]
     return (cuts[0], cuts[1], cuts[2])

@@ -122,6 +122,17 @@ def leave_one_topic_out(candidates: list, extra: list, topics: list[str]) -> dic
     return held_out
 
 
+def lowest_within(scored: list[tuple[bool, float]], served, target: float) -> float:
+    """The lowest of the scores at which the pairs `served(cut)` marks keep their wrong share within
+    target (1.0 if none does)."""
+    best = 1.0
+    for cut in sorted({score for _, score in scored}, reverse=True):
+        hit = [same for (same, _), chosen in zip(scored, served(cut), strict=True) if chosen]
+        if hit and (len(hit) - sum(hit)) / len(hit) <= target:
+            best = cut
+    return best
+
+
 def fit_rows(rows: list):
     return fit(np.array([x for _, x in rows]), np.array([p["same"] for p, _ in rows]))
 
@@ -162,25 +173,42 @@ class Command(BaseCommand):
         extra = with_context(lexical_extra, encoded, cuts)
         topics = sorted({p["domain"] for p, _ in rows})
 
+        # The pair model: the lowest threshold whose held-out hits stay within the target.
+        words = leave_one_topic_out(lexical, lexical_extra, topics)
+        threshold = lowest_within(
+            [(p["same"], words[id(p)]) for p, _ in lexical],
+            lambda cut: [words[id(p)] >= cut for p, _ in lexical],
+            target,
+        )
+        # The context model: the lowest threshold at which what either model serves, held out, still
+        # stays within the target.
         held_out = leave_one_topic_out(candidates, extra, topics)
-        threshold, wrong = 1.0, 0
-        for hits, (pair, _) in enumerate(sorted(candidates, key=lambda c: -held_out[id(c[0])]), 1):
-            wrong += not pair["same"]
-            if wrong / hits <= target:
-                threshold = held_out[id(pair)]
-        gate_held_out = leave_one_topic_out(lexical, lexical_extra, topics)
-        accepted = [p for p, _ in candidates if held_out[id(p)] >= threshold]
+
+        def served(cut: float) -> list[bool]:
+            return [words[id(p)] >= threshold or held_out[id(p)] >= cut for p, _ in candidates]
+
+        context_threshold = lowest_within([(p["same"], held_out[id(p)]) for p, _ in candidates], served, target)
+        added = [p for (p, _), hit in zip(candidates, served(context_threshold), strict=True) if hit]
         # Rounded down: the pair that sets it must still pass with the six decimals written.
-        gate_threshold = math.floor(min((gate_held_out[id(p)] for p in accepted), default=0.5) * 1e6) / 1e6
-        report = self.report(rows, held_out, threshold, topics)
-        gate_passed = sum(gate_held_out[id(p)] >= gate_threshold for p, _ in lexical)
-        report["gate"] = {"candidates": len(lexical), "passed": gate_passed}
-        self.stdout.write(f"gate: {gate_passed} of {len(lexical)} candidates pass (threshold {gate_threshold:.4f})")
+        gate = math.floor(min((words[id(p)] for p in added if words[id(p)] < threshold), default=threshold) * 1e6) / 1e6
+        hits = {id(p): hit for (p, _), hit in zip(candidates, served(context_threshold), strict=True)}
+        report = self.report(rows, hits, topics)
+        report["context"] = {
+            "asked": sum(gate <= words[id(p)] < threshold for p, _ in lexical),
+            "candidates": len(lexical),
+        }
+        self.stdout.write(
+            f"context model: asked for {report['context']['asked']} of {len(lexical)} candidates "
+            f"(pair model {gate:.4f} to {threshold:.4f}), serves at {context_threshold:.4f}"
+        )
 
         weights = {
-            **coefficients(fit_rows(candidates + extra), [*features.NAMES, *context.NAMES], threshold),
-            "context_cuts": [round(c, 6) for c in cuts],
-            "gate": coefficients(fit_rows(lexical + lexical_extra), list(features.NAMES), gate_threshold),
+            **coefficients(fit_rows(lexical + lexical_extra), list(features.NAMES), threshold),
+            "context": {
+                **coefficients(fit_rows(candidates + extra), [*features.NAMES, *context.NAMES], context_threshold),
+                "gate": gate,
+                "cuts": [round(c, 6) for c in cuts],
+            },
             "trained_on": [*SOURCES, "reworded hard negatives built from them (reworded_negatives)"],
             "target_wrong_hit_share": target,
             "leave_one_topic_out": report,
@@ -188,10 +216,10 @@ class Command(BaseCommand):
         out.write_text(json.dumps(weights, indent=1) + "\n", "utf-8")
         self.stdout.write(json.dumps({"threshold": weights["threshold"], **report["total"]}))
 
-    def report(self, rows, held_out: dict[int, float], threshold: float, topics: list[str]) -> dict:
+    def report(self, rows, hits: dict[int, bool], topics: list[str]) -> dict:
         per: dict[str, Counter] = {topic: Counter() for topic in topics}
         for pair, _ in rows:
-            hit = held_out.get(id(pair), 0.0) >= threshold
+            hit = hits.get(id(pair), False)
             counts = per[pair["domain"]]
             counts["paraphrases"] += pair["same"]
             counts["recalled"] += hit and pair["same"]
