@@ -167,7 +167,6 @@ def warm_up() -> None:
         # A batch as a busy lookup sends (the prompt and the entries it could be served from): a
         # process's first runs of a new shape are slower, and a lookup has 500 ms in all.
         embedder.embed([f"warm up the embedder for prompts of about {n} words " * n for n in range(1, EMBED_BATCH + 1)])
-        verifier_context.shared_encoder().encode(["warm up the verifier", "and its second prompt"])
     except Exception:
         log.exception("embedder warm-up failed")
 
@@ -175,7 +174,10 @@ def warm_up() -> None:
 def shared_embedder():
     """The process's one embedder (built once, under a lock: the warm-up thread and the first
     requests may ask at the same time), and beside it the static first stage distilled from it
-    (gateway/cache/static.py: distilled on the very first run, then read from the models folder)."""
+    (gateway/cache/static.py: distilled on the very first run, then read from the models folder)
+    and the verifier's fourth-layer encoder, loaded and run once before the embedder is published:
+    the semantic tier waits for embedder_ready(), and its first lookups must not load a model
+    inside their time limit."""
     global _embedder, _static
     with _embedder_lock:
         if _embedder is None:
@@ -185,6 +187,7 @@ def shared_embedder():
             models = settings.DATA_DIR / "models"
             embedder = Embedder(cache_dir=models, threads=settings.EMBEDDER_THREADS)
             _static = StaticEmbedder(embedder, models)
+            verifier_context.shared_encoder().encode(["warm up the verifier", "and its second prompt"])
             _embedder = embedder
     return _embedder
 

@@ -54,6 +54,9 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
         ("Give me an example of a prime number.", "Give me examples of prime numbers.", "one vs several"),
         ("When did the Berlin Wall fall?", "Why did the Berlin Wall fall?", "question differs"),
         ("Write a Dockerfile for a Flask app.", "Explain a Dockerfile for a Flask app.", "task differs"),
+        # a comparison against something else asked about the two things (wrong hits of the 16-topic set)
+        ("tcp vs udp", "When should I use UDP instead of TCP?", "comparison differs"),
+        ("router vs modem", "Do I need both a router and a modem?", "comparison differs"),
         # pasted text
         ("Summarize this: The launch moved to May.", "Summarize this: The launch moved to June.", "pasted"),
         ("What does `git reset --hard` do?", "What does `git reset --soft` do?", "pasted"),
@@ -158,3 +161,24 @@ def test_a_near_identical_rewording_is_served(a: str, b: str) -> None:
 
     vectors = shared_embedder().embed([a, b])
     assert verify(a, b, float(vectors[0] @ vectors[1])).accepted
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("tcp vs udp", "What's the difference between TCP and UDP?"),
+        ("mass vs weight", "What is the differnce between mass and weight?"),
+        ("brown rice vs white rice, which is healthier", "Is brown rice helathier than white rice?"),
+        ("lease vs buy a car", "Should I lease or buy a car?"),
+        ("median vs mean, when to use which", "When should I use a median instead of a mean?"),
+        ("iphone vs. android", "Which is better, iPhone or Android?"),
+    ],
+)
+def test_a_comparison_asked_in_other_words_passes_the_comparison_check(a: str, b: str) -> None:
+    """Only a prompt that does not compare the two things at all differs from "X vs Y": a
+    difference (misspelt too), a comparative, one or the other, or a "vs" that asks which to use."""
+    from gateway.cache.verifier.checks import comparison
+    from gateway.cache.verifier.text import tokens
+
+    assert comparison(tokens(a), tokens(b)) is None
+    assert comparison(tokens(b), tokens(a)) is None

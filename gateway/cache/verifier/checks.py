@@ -377,7 +377,32 @@ def task(ta: Tokens, tb: Tokens) -> str | None:
     return f"task differs: {_show(ka)} vs {_show(kb)}" if ka and kb and ka != kb else None
 
 
-CHECKS = (numbers, operators, negation, opposites, languages, count, question, task, order, direction)
+_VERSUS = frozenset({"vs", "versus"})
+_COMPARING = _VERSUS | frozenset("or than which better worse".split())
+_CHOOSING = frozenset("which when should".split())
+
+
+def _compares(words: set[str]) -> bool:
+    return bool(words & _COMPARING) or any(w.startswith(("dif", "compar")) for w in words)
+
+
+def comparison(ta: Tokens, tb: Tokens) -> str | None:
+    """ "tcp vs udp" asks how two things compare; "When should I use UDP instead of TCP?" or "Do I
+    need both a router and a modem?" asks something else about them. A prompt that only sets two
+    things against each other ("vs", "versus"; not "median vs mean, when to use which") is served
+    only for one that compares them too (a difference, misspelt or not, which is better, one or
+    the other, more than)."""
+    wa = {t.text for t in ta if t.kind == "word"}
+    wb = {t.text for t in tb if t.kind == "word"}
+    if bool(wa & _VERSUS) == bool(wb & _VERSUS):
+        return None
+    versus, other = (wa, wb) if wa & _VERSUS else (wb, wa)
+    if versus & _CHOOSING or _compares(other):
+        return None
+    return "comparison differs: one sets two things against each other, the other does not compare them"
+
+
+CHECKS = (numbers, operators, negation, opposites, languages, count, question, task, comparison, order, direction)
 
 
 def first_difference(ta: Tokens, tb: Tokens) -> str | None:
