@@ -39,24 +39,13 @@ from pathlib import Path
 
 import numpy as np
 
+from gateway.cache.verifier.context import NAMES
+from gateway.cache.verifier.context import Encoded as GatewayEncoded
+from gateway.cache.verifier.context import context_features as gateway_context_features
+
 TARGETS = (0.01, 0.02, 0.05, 0.10)
-CONTEXT_NAMES = (
-    "ctx_piece_f",  # BERTScore F over all word pieces
-    "ctx_piece_min_pr",  # the smaller of its precision and recall
-    "ctx_piece_idf_f",  # the same, pieces weighted by rarity (log of the word-piece rank)
-    "ctx_content_mean",  # mean best match of content words (both sides)
-    "ctx_content_idf_mean",  # rarity-weighted
-    "ctx_worst",  # the worst-aligned content word's best match
-    "ctx_second_worst",
-    "ctx_worst_gap",  # how far apart the two sides' worst-aligned content words are
-    "ctx_below_a",  # content words whose best match is below three thresholds (both sides)
-    "ctx_below_b",
-    "ctx_below_c",
-    "ctx_worst_rarity",  # rarity of the worst-aligned content word
-    "ctx_worst_x_rarity",  # (1 - worst) * rarity
-    "ctx_mutual_share",  # content words whose best match has them as its best match too
-    "ctx_content_f",  # F over content words only, against the other side's content words
-)
+# The features, as the gateway now computes them (gateway/cache/verifier/context.py).
+CONTEXT_NAMES = NAMES
 
 
 @dataclass
@@ -161,62 +150,16 @@ def _unit(m: np.ndarray) -> np.ndarray:
     return m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-6)
 
 
-def piece_rarity(ids: np.ndarray) -> np.ndarray:
-    return np.log1p(ids.astype(np.float32))
-
-
 def context_features(a: Encoded, b: Encoded, layer: int, cuts: tuple[float, float, float]) -> list[float]:
-    """BERTScore-like alignment of two prompts' token vectors; every feature symmetric."""
-    pa, pb = a.pieces[layer].astype(np.float32), b.pieces[layer].astype(np.float32)
-    if not len(pa) or not len(pb):
-        return [0.0] * len(CONTEXT_NAMES)
-    s = pa @ pb.T
-    best_a, best_b = s.max(axis=1), s.max(axis=0)
-    precision, recall = float(best_a.mean()), float(best_b.mean())
-    f = 2 * precision * recall / max(precision + recall, 1e-6)
-    wa, wb = piece_rarity(a.ids), piece_rarity(b.ids)
-    ip, ir = float(best_a @ wa / wa.sum()), float(best_b @ wb / wb.sum())
-    idf_f = 2 * ip * ir / max(ip + ir, 1e-6)
+    """BERTScore-like alignment of two prompts' token vectors at `layer`; every feature symmetric
+    (the gateway's context_features, on this experiment's encodings)."""
+    return gateway_context_features(_at(a, layer), _at(b, layer), cuts)
 
-    wa_, wb_ = a.words[layer].astype(np.float32), b.words[layer].astype(np.float32)
-    w = wa_ @ wb_.T
-    best_wa, best_wb = w.max(axis=1), w.max(axis=0)
-    arg_wa, arg_wb = w.argmax(axis=1), w.argmax(axis=0)
-    ca, cb = a.content, b.content
-    sims = np.concatenate([best_wa[ca], best_wb[cb]])
-    rarity = np.concatenate([a.word_rank[ca], b.word_rank[cb]])
-    if not len(sims):
-        sims, rarity = np.array([1.0]), np.array([0.0])
-    ordered = np.sort(sims)
-    worst_index = int(np.argmin(sims))
-    worst_a = float(best_wa[ca].min()) if ca.any() else 1.0
-    worst_b = float(best_wb[cb].min()) if cb.any() else 1.0
-    mutual_a = [arg_wb[arg_wa[i]] == i for i in np.flatnonzero(ca)]
-    mutual_b = [arg_wa[arg_wb[j]] == j for j in np.flatnonzero(cb)]
-    mutual = mutual_a + mutual_b
-    if ca.any() and cb.any():
-        wc = w[np.ix_(ca, cb)]
-        cp, cr = float(wc.max(axis=1).mean()), float(wc.max(axis=0).mean())
-        content_f = 2 * cp * cr / max(cp + cr, 1e-6)
-    else:
-        content_f = float(ca.any() == cb.any())
-    return [
-        f,
-        min(precision, recall),
-        idf_f,
-        float(sims.mean()),
-        float(sims @ rarity / rarity.sum()) if rarity.sum() else float(sims.mean()),
-        float(ordered[0]),
-        float(ordered[1]) if len(ordered) > 1 else float(ordered[0]),
-        abs(worst_a - worst_b),
-        float((sims < cuts[0]).sum()),
-        float((sims < cuts[1]).sum()),
-        float((sims < cuts[2]).sum()),
-        float(rarity[worst_index]),
-        float((1 - ordered[0]) * rarity[worst_index]),
-        float(np.mean(mutual)) if mutual else 1.0,
-        content_f,
-    ]
+
+def _at(e: Encoded, layer: int) -> GatewayEncoded:
+    return GatewayEncoded(
+        e.ids, e.pieces[layer].astype(np.float32), e.words[layer].astype(np.float32), e.word_rank, e.content
+    )
 
 
 # --- the training command's protocol ---------------------------------------------------------------

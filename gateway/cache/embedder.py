@@ -63,7 +63,7 @@ def onnx_path(cache_dir: Path, model_dir: Path, *, quantized: bool = False) -> P
     return cache_dir / name
 
 
-def _write_atomically(target: Path, write: Callable[[Path], None]) -> None:
+def write_atomically(target: Path, write: Callable[[Path], None]) -> None:
     """Let `write(tmp_path)` produce the file, then rename it into place.
 
     Several processes may start at once and all find the export missing; each writes its own
@@ -126,7 +126,7 @@ def export_onnx(model_dir: Path, target: Path) -> None:
                 dynamo=False,
             )
 
-    _write_atomically(target, write)
+    write_atomically(target, write)
 
 
 def quantize_onnx(source: Path, target: Path) -> None:
@@ -136,10 +136,13 @@ def quantize_onnx(source: Path, target: Path) -> None:
     def write(tmp: Path) -> None:
         quantize_dynamic(str(source), str(tmp), per_channel=True, weight_type=QuantType.QInt8)
 
-    _write_atomically(target, write)
+    write_atomically(target, write)
 
 
-class _OnnxRunner:
+class OnnxRunner:
+    """An exported graph on onnxruntime, fed word pieces of texts padded to the longest of a batch
+    (the embedder's pooled graph, and the verifier's cut: gateway/cache/verifier/context.py)."""
+
     def __init__(self, model_path: Path, model_dir: Path, threads: int) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -158,6 +161,10 @@ class _OnnxRunner:
         self.name = model_path.name
 
     def run(self, texts: Sequence[str]) -> np.ndarray:
+        return self.run_encoded(texts)[1]
+
+    def run_encoded(self, texts: Sequence[str]) -> tuple[list, np.ndarray]:
+        """The tokenizer's encodings of the texts and the graph's one output for them."""
         encodings = self.tokenizer.encode_batch(list(texts))
         width = max(len(e.ids) for e in encodings)
         ids = np.zeros((len(encodings), width), dtype=np.int64)
@@ -165,8 +172,8 @@ class _OnnxRunner:
         for row, encoding in enumerate(encodings):
             ids[row, : len(encoding.ids)] = encoding.ids
             mask[row, : len(encoding.ids)] = 1
-        (embedding,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
-        return embedding
+        (output,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
+        return encodings, output
 
 
 class _TorchRunner:
@@ -217,7 +224,7 @@ class Embedder:
             raise ValueError("backend='onnx' needs a cache_dir for the exported model")
         self._runner = _TorchRunner(self.model_dir, threads)
 
-    def _onnx_runner(self, cache_dir: Path, *, quantized: bool) -> _OnnxRunner:
+    def _onnx_runner(self, cache_dir: Path, *, quantized: bool) -> OnnxRunner:
         plain = onnx_path(cache_dir, self.model_dir)
         if not plain.exists():
             logger.info("exporting %s to %s", self.model_dir, plain)
@@ -227,7 +234,7 @@ class Embedder:
             path = onnx_path(cache_dir, self.model_dir, quantized=True)
             if not path.exists():
                 quantize_onnx(plain, path)
-        return _OnnxRunner(path, self.model_dir, self.threads)
+        return OnnxRunner(path, self.model_dir, self.threads)
 
     @property
     def backend(self) -> str:

@@ -94,7 +94,7 @@ class StaticEmbedder:
         if not path.exists():
             log.info("distilling the static first-stage model to %s", path)
             table = distill(embedder)
-            minilm._write_atomically(path, lambda tmp: _save(tmp, table))
+            minilm.write_atomically(path, lambda tmp: _save(tmp, table))
         self.table = np.load(path)
         self.tokenizer = Tokenizer.from_file(str(embedder.model_dir / "tokenizer.json"))
         self.tokenizer.no_padding()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gateway.cache.embedder import MAX_TOKENS, _write_atomically, default_model_dir, weights_digest
+from gateway.cache.embedder import OnnxRunner, default_model_dir, weights_digest, write_atomically
 from gateway.cache.verifier.text import LIGHT_WORDS, STOPWORDS
 
 if TYPE_CHECKING:
@@ -112,43 +112,25 @@ def export_onnx(model_dir: Path, target: Path) -> None:
                 dynamo=False,
             )
 
-    _write_atomically(target, write)
+    write_atomically(target, write)
 
 
 class ContextEncoder:
     """Runs the cut transformer on prompts. `cache_dir` holds the export (written on first use)."""
 
     def __init__(self, cache_dir: Path, *, threads: int = 1) -> None:
-        import onnxruntime as ort
-        from tokenizers import Tokenizer
-
         model_dir = default_model_dir()
         path = onnx_path(cache_dir, model_dir)
         if not path.exists():
             logger.info("exporting the first %d layers of %s to %s", LAYER, model_dir, path)
             export_onnx(model_dir, path)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=MAX_TOKENS)
+        self.runner = OnnxRunner(path, model_dir, threads)
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         out: list[Encoded] = []
         for start in range(0, len(texts), 32):
             batch = list(texts[start : start + 32])
-            encodings = self.tokenizer.encode_batch(batch)
-            width = max(len(e.ids) for e in encodings)
-            ids = np.zeros((len(batch), width), dtype=np.int64)
-            mask = np.zeros_like(ids)
-            for row, e in enumerate(encodings):
-                ids[row, : len(e.ids)] = e.ids
-                mask[row, : len(e.ids)] = 1
-            (hidden,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
+            encodings, hidden = self.runner.run_encoded(batch)
             for row, (text, e) in enumerate(zip(batch, encodings, strict=True)):
                 out.append(_encoded(text, e, hidden[row, : len(e.ids)]))
         return out
