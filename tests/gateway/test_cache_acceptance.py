@@ -182,3 +182,18 @@ def test_a_comparison_asked_in_other_words_passes_the_comparison_check(a: str, b
 
     assert comparison(tokens(a), tokens(b)) is None
     assert comparison(tokens(b), tokens(a)) is None
+
+
+def test_an_acronym_matches_the_words_it_abbreviates_wherever_they_are() -> None:
+    """Every run of words whose initials spell a short word of the other prompt, and only runs of
+    words: a number or a code identifier inside a run breaks it."""
+    from gateway.cache.verifier.features import _acronym_runs, _initials
+    from gateway.cache.verifier.text import tokens
+
+    text = tokens("least common multiple of the least common multiple and least 3 multiple")
+    found = _acronym_runs(_initials(text), tokens("lcm"))
+    assert sorted(found) == [0, 1, 2, 5, 6, 7]
+    assert _acronym_runs(_initials(text), tokens("xyz")) == set()
+    # A 32 KiB prompt of distinct words is verified (the window-by-window search took seconds).
+    words = " ".join(f"w{i:05d}x" for i in range(4000))
+    assert not verify(words, words[::-1], 0.99).accepted

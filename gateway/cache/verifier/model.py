@@ -36,7 +36,10 @@ class PairModel:
         z = self.intercept + sum(
             c * (x - m) / s for c, x, m, s in zip(self.coef, features, self.mean, self.scale, strict=True)
         )
-        return 1 / (1 + math.exp(-z))
+        # Stable at any z: a long prompt of distinct words can push z past exp's range (-709).
+        if z >= 0:
+            return 1 / (1 + math.exp(-z))
+        return math.exp(z) / (1 + math.exp(z))
 
 
 def _model(data: dict) -> PairModel:
