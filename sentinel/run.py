@@ -201,10 +201,8 @@ def prepare() -> None:
         app.loader.import_default_modules()  # the worker's tasks
         compile_imported()
     from gateway.cache.engine import shared_embedder
-    from gateway.cache.verifier.context import shared_encoder
 
-    shared_embedder()
-    shared_encoder()  # the verifier's cut of the model, exported beside it once
+    shared_embedder()  # and the verifier's cut of the model, exported beside it once
 
 
 def compiled() -> bool:

@@ -41,7 +41,7 @@ numbers_in = checks.numbers_in
 class Verdict:
     accepted: bool
     reason: str
-    # False for passes_gate's acceptance of a pair the context model has still to decide.
+    # False for by_words' acceptance of a pair the context model has still to decide.
     final: bool = field(default=True, compare=False)
 
 
@@ -73,42 +73,37 @@ def verify(
     the two prompt embeddings (the cache has it from the vector search); `context` their
     fourth-layer encodings (verifier/context.py), computed here if needed and not given.
     Deterministic and symmetric; a rejection says what differed."""
-    verdict, rows = _verdict(a, b, similarity, threshold)
-    if rows is None:
-        return verdict
-    verdict = _by_words(rows, similarity)
+    verdict, rows = by_words(a, b, similarity, threshold)
     if verdict.final:
         return verdict
-    if context is None:
-        context = _encode(a, b)
-    model = context_model()
-    probability = model.probability(rows + verifier_context.context_features(*context, context_cuts()))
-    if probability < model.threshold:
-        return Verdict(False, f"{verdict.reason}; context model {probability:.3f} below {model.threshold:.3f}")
-    return Verdict(True, f"cosine {similarity:.3f}, context model {probability:.3f}")
+    return by_context(rows, similarity, verdict, context or _encode(a, b))
 
 
-def passes_gate(a: str, b: str, similarity: float, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
+def by_words(a: str, b: str, similarity: float, threshold: float = DEFAULT_THRESHOLD) -> tuple[Verdict, list[float]]:
     """verify without the context model: its verdict where the words decide (final), else an
-    acceptance that is not final: a candidate worth encoding. What the cache asks first."""
+    acceptance that is not final (a candidate worth encoding) and the lexical features that
+    by_context goes on from. What the cache asks first."""
     verdict, rows = _verdict(a, b, similarity, threshold)
-    return verdict if rows is None else _by_words(rows, similarity)
-
-
-def _by_words(rows: list[float], similarity: float) -> Verdict:
+    if rows is None:
+        return verdict, []
     model = pair_model()
     probability = model.probability(rows)
     if probability >= model.threshold:
-        return Verdict(True, f"cosine {similarity:.3f}, pair model {probability:.3f}")
+        return Verdict(True, f"cosine {similarity:.3f}, pair model {probability:.3f}"), rows
     below = f"pair model: {probability:.3f} below {model.threshold:.3f}"
     if probability < context_gate():
-        return Verdict(False, below)
-    return Verdict(True, below, final=False)
+        return Verdict(False, below), rows
+    return Verdict(True, below, final=False), rows
 
 
-def pair_rows(a: str, b: str, similarity: float) -> list[float] | None:
-    """The lexical features verify would give the pair models, or None where it decides before them."""
-    return _verdict(a, b, similarity, DEFAULT_THRESHOLD)[1]
+def by_context(rows: list[float], similarity: float, words: Verdict, context: tuple[Encoded, Encoded]) -> Verdict:
+    """The context model's verdict on a pair by_words left to it (`words`, with its features `rows`),
+    given both prompts' fourth-layer encodings."""
+    model = context_model()
+    probability = model.probability(rows + verifier_context.context_features(*context, context_cuts()))
+    if probability < model.threshold:
+        return Verdict(False, f"{words.reason}; context model {probability:.3f} below {model.threshold:.3f}")
+    return Verdict(True, f"cosine {similarity:.3f}, context model {probability:.3f}")
 
 
 def _verdict(a: str, b: str, similarity: float, threshold: float) -> tuple[Verdict, list[float] | None]:

@@ -287,14 +287,14 @@ ENCODED_ENTRIES = 2048
 
 
 async def _verified(candidate: _Candidate, prompt: str, similarity: float, asked: list) -> acceptance.Verdict:
-    """verify()'s verdict on serving the candidate for `prompt`: the gate's steps first, then (only
-    if they leave it to the pair model) both prompts' fourth-layer encodings, from the embedder's
-    thread, kept on the candidate. `asked` keeps the prompt's encoding for the lookup's next
+    """verify()'s verdict on serving the candidate for `prompt`: by the words first, then (only if
+    they leave it to the context model) with both prompts' fourth-layer encodings, from the
+    embedder's thread, kept on the candidate. `asked` keeps the prompt's encoding for the lookup's next
     candidate."""
     if candidate.encoded is not None and asked:
         return acceptance.verify(candidate.prompt, prompt, similarity, context=(candidate.encoded, asked[0]))
-    verdict = acceptance.passes_gate(candidate.prompt, prompt, similarity)
-    if not verdict.accepted or verdict.final:
+    verdict, rows = acceptance.by_words(candidate.prompt, prompt, similarity)
+    if verdict.final:
         return verdict
     asked_text, entry_text = acceptance.context_texts(prompt, candidate.prompt)
     cached = _encoded_entries.get(entry_text)
@@ -309,7 +309,7 @@ async def _verified(candidate: _Candidate, prompt: str, similarity: float, asked
     _encoded_entries.move_to_end(entry_text)
     while len(_encoded_entries) > ENCODED_ENTRIES:
         _encoded_entries.popitem(last=False)
-    return acceptance.verify(candidate.prompt, prompt, similarity, context=(cached, asked[0]))
+    return acceptance.by_context(rows, similarity, verdict, (cached, asked[0]))
 
 
 async def _configure(connection) -> None:

@@ -5,10 +5,11 @@ against it) is one training row: features.py's lexical features and context.py's
 alignment, label `same`. The pair model's threshold is chosen by leave-one-topic-out validation:
 for each topic, a model trained on the other topics scores it; the lowest probability at which the
 pooled held-out hits keep their wrong share within --target is the threshold, so the figure it
-reports predicts topics the model never saw. The gate (the lexical features alone, asked before
-anything is embedded) is validated the same way, and its threshold is the lowest held-out
-probability it gave a pair the pair model accepted held out: it turns away none of them. Then both
-are fitted on every pair and written with those thresholds. Prints the validation per topic; the
+reports predicts topics the model never saw. The context model (both kinds of features) is
+validated the same way; its threshold is the lowest at which what either model serves, held out,
+stays within --target, and its gate the lowest pair-model probability, held out, of a pair it
+served that the pair model did not. Then both are fitted on every pair and written with those
+thresholds. Prints the validation per topic; the
 last line is JSON. Needs scikit-learn (requirements.in); the request path reads only the
 coefficients.
 """
@@ -150,7 +151,9 @@ def coefficients(model, names: list[str], threshold: float) -> dict:
 
 
 class Command(BaseCommand):
-    help = "Train the semantic cache's pair model and gate; choose their thresholds by leave-one-topic-out validation."
+    help = (
+        "Train the semantic cache's pair and context models; choose their thresholds by leave-one-topic-out validation."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--target", type=float, default=0.01, help="Largest share of wrong hits (default 0.01).")
