@@ -134,9 +134,26 @@ def quantize_onnx(source: Path, target: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     def write(tmp: Path) -> None:
-        quantize_dynamic(str(source), str(tmp), per_channel=True, weight_type=QuantType.QInt8)
+        # It logs advice to the root logger ("consider to run pre-processing"): for static
+        # quantisation of convolutions, not this.
+        root = logging.getLogger()
+        advice = _DropMessage("Please consider to run pre-processing")
+        root.addFilter(advice)
+        try:
+            quantize_dynamic(str(source), str(tmp), per_channel=True, weight_type=QuantType.QInt8)
+        finally:
+            root.removeFilter(advice)
 
     write_atomically(target, write)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
 
 
 class OnnxRunner:

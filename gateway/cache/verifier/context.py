@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gateway.cache.embedder import OnnxRunner, default_model_dir, weights_digest, write_atomically
+from gateway.cache.embedder import OnnxRunner, default_model_dir, quantize_onnx, weights_digest, write_atomically
 from gateway.cache.verifier.text import LIGHT_WORDS, STOPWORDS
 
 if TYPE_CHECKING:
@@ -67,8 +67,9 @@ class Encoded:
     content: np.ndarray  # bool per word: not a stop word or a light word, letters and digits only
 
 
-def onnx_path(cache_dir: Path, model_dir: Path) -> Path:
-    return cache_dir / f"all-MiniLM-L6-v2-{weights_digest(model_dir)}-layer{LAYER}-v{EXPORT_VERSION}.onnx"
+def onnx_path(cache_dir: Path, model_dir: Path, *, quantized: bool = False) -> Path:
+    suffix = "-int8" if quantized else ""
+    return cache_dir / f"all-MiniLM-L6-v2-{weights_digest(model_dir)}-layer{LAYER}-v{EXPORT_VERSION}{suffix}.onnx"
 
 
 def export_onnx(model_dir: Path, target: Path) -> None:
@@ -116,14 +117,23 @@ def export_onnx(model_dir: Path, target: Path) -> None:
 
 
 class ContextEncoder:
-    """Runs the cut transformer on prompts. `cache_dir` holds the export (written on first use)."""
+    """Runs the cut transformer on prompts. `cache_dir` holds the export (written on first use).
 
-    def __init__(self, cache_dir: Path, *, threads: int = 1) -> None:
+    Quantized (int8, per output channel) by default: 2.5x faster here (two prompts the words leave
+    to the context model: p50 3.4 -> 1.3 ms, p99 8.3 -> 4.0), which is what keeps the verifier's
+    p99 under 5 ms; the context model is trained on the quantized model's features (weights.json),
+    so the two must agree: `quantized=False` is for tests of the export only."""
+
+    def __init__(self, cache_dir: Path, *, threads: int = 1, quantized: bool = True) -> None:
         model_dir = default_model_dir()
-        path = onnx_path(cache_dir, model_dir)
-        if not path.exists():
-            logger.info("exporting the first %d layers of %s to %s", LAYER, model_dir, path)
-            export_onnx(model_dir, path)
+        path = plain = onnx_path(cache_dir, model_dir)
+        if not plain.exists():
+            logger.info("exporting the first %d layers of %s to %s", LAYER, model_dir, plain)
+            export_onnx(model_dir, plain)
+        if quantized:
+            path = onnx_path(cache_dir, model_dir, quantized=True)
+            if not path.exists():
+                quantize_onnx(plain, path)
         self.runner = OnnxRunner(path, model_dir, threads)
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
