@@ -4,7 +4,8 @@ A cosine threshold alone cannot: MiniLM puts "convert 5 km to miles" and "conver
 or "reverse a list in Python" and "... in JavaScript", as close as true paraphrases. A candidate
 above the cosine floor is served only if, in this order:
 
-1. they are the same words (whatever the case and punctuation), or both are in English (a prompt
+1. they are the same prompt once normalized; else both are at most SEMANTIC_MAX_CHARS long, and
+   they are the same words (whatever the case and punctuation), or both are in English (a prompt
    in another language is served only for its own words: nothing here can tell its paraphrases
    from its near misses);
 2. pasted text (quotes, backticks, code, the text after "Summarize this:") is the same;
@@ -33,6 +34,13 @@ from gateway.cache.verifier.text import split_payload, tokens
 
 # Cosine (all-MiniLM-L6-v2, normalised vectors) below which a cached prompt is not even verified.
 DEFAULT_THRESHOLD = 0.75
+# The semantic tier serves prompts up to this many characters (a longer one only for the same
+# prompt: the exact tier). MiniLM reads a prompt's first 256 word pieces (about 1,000 characters of
+# English), the verifier every word, on the event loop: about 3 ms a KiB for a pair, so a pair of
+# 32 KiB prompts took 90-130 ms for each candidate. No labeled prompt is longer than 270
+# characters, and a long prompt the words would serve was not found (pasted documents under other
+# instructions: the pair model rates them 0.000).
+SEMANTIC_MAX_CHARS = 4096
 
 numbers_in = checks.numbers_in
 
@@ -112,6 +120,8 @@ def _verdict(a: str, b: str, similarity: float, threshold: float) -> tuple[Verdi
         return Verdict(False, f"cosine {similarity:.3f} below {threshold:.2f}"), None
     if normalize_prompt(a) == normalize_prompt(b):
         return Verdict(True, "same prompt"), None
+    if max(len(a), len(b)) > SEMANTIC_MAX_CHARS:
+        return Verdict(False, f"longer than {SEMANTIC_MAX_CHARS} characters: served only for the same prompt"), None
     if checks.same_words(tokens(a), tokens(b)):
         return Verdict(True, "the same words"), None
     if not (checks.in_english(a) and checks.in_english(b)):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.cache.acceptance import normalize_prompt
+from gateway.cache.acceptance import SEMANTIC_MAX_CHARS, normalize_prompt
 
 # Body fields that cannot change the answer; every other field (temperature, max_tokens, tools,
 # response_format, seed, stop, ...) is part of the key.
@@ -30,7 +30,9 @@ class CacheKey:
 
     @property
     def semantic(self) -> bool:
-        return bool(self.prompt)
+        """Whether the semantic tier may serve and store this prompt: text, and no longer than it reads
+        (acceptance.SEMANTIC_MAX_CHARS); other prompts are served by the exact tier only."""
+        return 0 < len(self.prompt) <= SEMANTIC_MAX_CHARS
 
 
 def _normalized_message(message: dict) -> dict:

@@ -194,6 +194,35 @@ def test_an_acronym_matches_the_words_it_abbreviates_wherever_they_are() -> None
     found = _acronym_runs(_initials(text), tokens("lcm"))
     assert sorted(found) == [0, 1, 2, 5, 6, 7]
     assert _acronym_runs(_initials(text), tokens("xyz")) == set()
-    # A 32 KiB prompt of distinct words is verified (the window-by-window search took seconds).
+    # The lexical features of two 32 KiB prompts of distinct words (the window-by-window search
+    # took seconds; the cache no longer verifies prompts that long, the training command might).
+    from gateway.cache.verifier.features import pair_features
+
     words = " ".join(f"w{i:05d}x" for i in range(4000))
-    assert not verify(words, words[::-1], 0.99).accepted
+    assert len(pair_features(tokens(words), tokens(words[::-1]), 0.99, pasted=False)) == len(pair_model().names)
+
+
+def test_the_pair_models_probability_is_finite_however_far_the_features_go() -> None:
+    """A long prompt of distinct words pushed the logit past exp's range (OverflowError)."""
+    model = pair_model()
+    for scale in (1e3, -1e3, 1e300, -1e300):
+        probability = model.probability([scale] * len(model.names))
+        assert 0.0 <= probability <= 1.0
+
+
+def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_only_for_itself() -> None:
+    """Past SEMANTIC_MAX_CHARS the verifier does not read the words (about 3 ms a KiB on the event
+    loop): the same prompt is served, any other is not, whatever the cosine."""
+    from gateway.cache.acceptance import SEMANTIC_MAX_CHARS
+
+    body = "Review this design note and list its risks. " + "The service keeps its state in Redis. " * 200
+    long, reworded = body[: SEMANTIC_MAX_CHARS + 1], "Please " + body[:SEMANTIC_MAX_CHARS]
+    assert verify(long, long, 0.99) == Verdict(True, "same prompt")
+    for a, b in ((long, reworded), (reworded, long), (long, "Review this design note and list its risks.")):
+        verdict = verify(a, b, 0.99)
+        assert verdict == Verdict(
+            False, f"longer than {SEMANTIC_MAX_CHARS} characters: served only for the same prompt"
+        )
+    # At the bound the words are read as for any prompt.
+    at_bound = body[:SEMANTIC_MAX_CHARS]
+    assert verify(at_bound, at_bound.replace("Review", "review", 1), 0.99) == Verdict(True, "the same words")

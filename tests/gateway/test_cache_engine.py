@@ -369,3 +369,42 @@ def test_the_first_stage_reads_what_minilm_reads_of_a_prompt_of_megabytes(embedd
     assert len(pieces) == static.READ_PIECES == 254
     expected = model.table[pieces].mean(axis=0)
     assert abs(float(vector @ (expected / (expected @ expected) ** 0.5)) - 1.0) < 1e-6
+
+
+def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_by_the_exact_tier_only(
+    tenant, live_db, embedding_model
+):
+    """Past acceptance.SEMANTIC_MAX_CHARS: the same prompt is an exact hit; a rewording is a miss
+    that searched nothing and embedded nothing; the answer is filed without a static vector and not
+    counted in its partition, so a short prompt there finds the partition empty. At the bound, the
+    semantic tier takes the prompt as any other."""
+    from gateway.cache.acceptance import SEMANTIC_MAX_CHARS
+
+    namespace = "long"
+    body = "Review this design note and list its risks. " + "The service keeps its state in Redis. " * 200
+    long = body[: SEMANTIC_MAX_CHARS + 1]
+    key = _llama_key(tenant, long, namespace)
+    assert not key.semantic and _llama_key(tenant, body[:SEMANTIC_MAX_CHARS], namespace).semantic
+
+    async def ask(prompt: str):
+        return await engine.lookup(
+            _llama_key(tenant, prompt, namespace), tenant_id=tenant.pk, semantic=True, threshold=None
+        )
+
+    async def run() -> tuple:
+        engine.shared_embedder()
+        try:
+            await _store(tenant, key, "Three risks.")
+            runs = _embed_runs()
+            return await ask(long), await ask("Please " + long), await ask("Review this design note."), runs
+        finally:
+            await engine.close_pool()
+
+    same, reworded, short, runs = asyncio.run(run())
+    assert same.hit is not None and same.hit.tier == "hit-exact" and same.hit.answer["content"] == "Three risks."
+    for found in (reworded, short):
+        assert (found.hit, found.static, found.embedding) == (None, None, None)
+    assert _embed_runs() == runs
+    row = CacheEntry.objects.get(partition=key.partition)
+    assert (row.prompt, row.static_embedding, row.embedding) == (long, None, None)
+    assert sync_redis().get(redis_keys.cache_partition_count(key.partition)) is None
