@@ -45,6 +45,9 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
         ("What is 2 to the power of 10?", "What is 10 to the power of 2?", "numbers in a different order"),
         ("Is 0.1 + 0.2 equal to 0.3?", "Is 0.1 - 0.2 equal to 0.3?", "operators differ"),
         ("How far is 10 km in miles?", "How far is 10 m in miles?", "units differ"),
+        # a number glued to its unit is a number ("144Hz" was one word, which no check read)
+        ("Is a 144Hz monitor worth it for gaming?", "Is a 240Hz monitor worth it for gaming?", "numbers differ"),
+        ("Is a 65W charger enough for this laptop?", "Is a 100W charger enough for this laptop?", "numbers differ"),
         # negation, opposites, languages, one vs several, the kind of question, the task
         ("Which fruits can dogs eat?", "Which fruits can dogs not eat?", "negation"),
         ("How do I make bread with yeast?", "How do I make bread without yeast?", "'without'"),
@@ -226,3 +229,21 @@ def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_only_for_itself(
     # At the bound the words are read as for any prompt.
     at_bound = body[:SEMANTIC_MAX_CHARS]
     assert verify(at_bound, at_bound.replace("Review", "review", 1), 0.99) == Verdict(True, "the same words")
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("How often should I replace my toothbrush?", "How frequently should a toothbrush be replaced?"),
+        ("How often do tomato plants need water?", "How regularly do tomato plants need watering?"),
+        ("Is a 144Hz monitor worth it for gaming?", "Is a 144 Hz monitor worth it for gaming?"),
+    ],
+)
+def test_the_same_frequency_or_number_asked_in_other_words_passes_the_checks(a: str, b: str) -> None:
+    """"How frequently" asks what "how often" asks (it was read as "how", the manner); "144Hz" is
+    144 hertz as "144 Hz" is."""
+    from gateway.cache.verifier.checks import first_difference
+    from gateway.cache.verifier.text import tokens
+
+    assert first_difference(tokens(a), tokens(b)) is None
+    assert first_difference(tokens(b), tokens(a)) is None

@@ -294,6 +294,7 @@ _AUXILIARIES = frozenset(
     "is are was were am can could should would will shall may might must do does did has have had".split()
 )
 _QUANTITY = frozenset("many much long far tall high old often big large heavy deep wide fast".split())
+_FREQUENCY = frozenset("often frequently regularly".split())  # "how often" asks when, as a schedule
 _REQUEST_VERBS = frozenset(
     "explain tell show give write help make create draft provide list suggest recommend translate summarize "
     "rewrite rephrase check fix correct convert calculate compute find generate describe walk put send let".split()
@@ -331,7 +332,7 @@ def _question_kinds(ts: Tokens) -> set[str]:
         if head in ("what", "which") and following in _ENTITY_QUESTION:
             kinds.add(_ENTITY_QUESTION[following])
         elif head == "how":
-            kinds.add(("when" if following == "often" else "quantity") if following in _QUANTITY else "how")
+            kinds.add("when" if following in _FREQUENCY else "quantity" if following in _QUANTITY else "how")
         elif head in ("when", "where", "why") and (not following or following in _AUXILIARIES):
             kinds.add(head)
         elif head in ("who", "whom", "whose"):

@@ -50,10 +50,12 @@ _UNIT_GROUPS = """
     celsius centigrade c | fahrenheit f | kelvin | gigabyte gb | megabyte mb | kilobyte kb
     terabyte tb | byte | hour hr hrs h | minute min mins | second sec secs s | millisecond ms
     day d | week | month | year | percent pct percentage | dollar usd | euro eur | yen jpy
-    thousand k | million | billion | ton t | pm | am | degree
+    thousand k | million | billion | ton t | pm | am | degree | hertz hz | kilohertz khz
+    megahertz mhz | gigahertz ghz | watt watts w | kilowatt kw | kilowatthour kwh | volt volts v
+    milliamphour mah | rpm | fps
 """
 # Abbreviations that mean a unit only right after a number ("5 m", "72 F", "3 s").
-_AFTER_NUMBER_ONLY = frozenset("m g l s h min f c k pt in d t".split())
+_AFTER_NUMBER_ONLY = frozenset("m g l s h min f c k pt in d t w v".split())
 
 _NATURAL_LANGUAGES = """
     english spanish french german italian portuguese dutch swedish norwegian danish finnish polish
