@@ -240,8 +240,8 @@ def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_only_for_itself(
     ],
 )
 def test_the_same_frequency_or_number_asked_in_other_words_passes_the_checks(a: str, b: str) -> None:
-    """"How frequently" asks what "how often" asks (it was read as "how", the manner); "144Hz" is
-    144 hertz as "144 Hz" is."""
+    """A frequency asked with "how frequently" asks what "how often" asks (it was read as "how", the
+    manner); "144Hz" is 144 hertz as "144 Hz" is."""
     from gateway.cache.verifier.checks import first_difference
     from gateway.cache.verifier.text import tokens
 
