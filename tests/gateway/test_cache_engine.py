@@ -34,6 +34,12 @@ async def _store(tenant, key, answer: str) -> None:
     )
 
 
+async def _ask(tenant, prompt: str, namespace: str):
+    return await engine.lookup(
+        _llama_key(tenant, prompt, namespace), tenant_id=tenant.pk, semantic=True, threshold=None
+    )
+
+
 def _embed_runs() -> float:
     from gateway import metrics
 
@@ -94,10 +100,8 @@ def test_minilm_runs_only_for_entries_the_verifier_could_serve(tenant, live_db, 
     namespace = "gate"
     stored_prompt = "How many legs does a spider have?"
 
-    async def ask(prompt: str):
-        return await engine.lookup(
-            _llama_key(tenant, prompt, namespace), tenant_id=tenant.pk, semantic=True, threshold=None
-        )
+    def ask(prompt: str):
+        return _ask(tenant, prompt, namespace)
 
     async def run() -> tuple:
         engine.shared_embedder()
@@ -386,10 +390,8 @@ def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_by_the_exact_tie
     key = _llama_key(tenant, long, namespace)
     assert not key.semantic and _llama_key(tenant, body[:SEMANTIC_MAX_CHARS], namespace).semantic
 
-    async def ask(prompt: str):
-        return await engine.lookup(
-            _llama_key(tenant, prompt, namespace), tenant_id=tenant.pk, semantic=True, threshold=None
-        )
+    def ask(prompt: str):
+        return _ask(tenant, prompt, namespace)
 
     async def run() -> tuple:
         engine.shared_embedder()

@@ -9,8 +9,12 @@ unrelated prompt of the same topic (an easy negative). Which prompt is the cache
 random (seeded), so the set has no direction. Same-language prompts in other languages are labeled
 as any other; a prompt against its English translation is not the same request (the answer's
 language differs). Run: python tests/data/cache_pairs/build.py
+
+`--seeds DIR --out FILE --prefix ID` builds another set the same way from DIR's seeds_*.txt (the
+fresh set, tests/data/cache_pairs_fresh/: written after the verifier was trained, never trained on).
 """
 
+import argparse
 import itertools
 import json
 import random
@@ -32,8 +36,8 @@ def typo(text: str, rng: random.Random) -> str:
     return " ".join(words)
 
 
-def groups():
-    for path in sorted(HERE.glob("seeds_*.txt")):
+def groups(seeds: Path = HERE):
+    for path in sorted(seeds.glob("seeds_*.txt")):
         topic = None
         for line in path.read_text("utf-8").splitlines():
             if line.startswith("# "):
@@ -44,10 +48,10 @@ def groups():
                 yield topic, prompt, paraphrases, negatives
 
 
-def pairs():
+def pairs(seeds: Path = HERE):
     rng = random.Random(17)
     by_topic: dict[str, list[str]] = {}
-    for topic, prompt, paraphrases, negatives in groups():
+    for topic, prompt, paraphrases, negatives in groups(seeds):
         by_topic.setdefault(topic, []).append(prompt)
         for p in paraphrases:
             yield topic, prompt, p, "paraphrase"
@@ -65,15 +69,27 @@ def pairs():
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--prefix", default="tp")
+    args = parser.parse_args()
     rng = random.Random(1717)
     lines = []
-    for n, (topic, a, b, kind) in enumerate(pairs(), 1):
+    for n, (topic, a, b, kind) in enumerate(pairs(args.seeds), 1):
         if rng.random() < 0.5:
             a, b = b, a
-        record = {"id": f"tp-{n:04d}", "a": a, "b": b, "same": kind == "paraphrase", "kind": kind, "domain": topic}
+        record = {
+            "id": f"{args.prefix}-{n:04d}",
+            "a": a,
+            "b": b,
+            "same": kind == "paraphrase",
+            "kind": kind,
+            "domain": topic,
+        }
         lines.append(json.dumps(record, ensure_ascii=False))
-    OUT.write_text("\n".join(lines) + "\n", "utf-8")
-    print(f"{len(lines)} pairs -> {OUT}")
+    args.out.write_text("\n".join(lines) + "\n", "utf-8")
+    print(f"{len(lines)} pairs -> {args.out}")
 
 
 if __name__ == "__main__":
