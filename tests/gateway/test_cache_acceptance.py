@@ -45,6 +45,17 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
         ("What is 2 to the power of 10?", "What is 10 to the power of 2?", "numbers in a different order"),
         ("Is 0.1 + 0.2 equal to 0.3?", "Is 0.1 - 0.2 equal to 0.3?", "operators differ"),
         ("How far is 10 km in miles?", "How far is 10 m in miles?", "units differ"),
+        # a rate per another period (a wrong hit of the held-out set when the fresh set was trained on)
+        (
+            "If I deposit $500 a month at 4% annual interest, how much will I have after 10 years?",
+            "If I deposit $500 a year at 4% annual interest, how much will I have after 10 years?",
+            "periods differ",
+        ),
+        (
+            "How much should I save each week for a $2,000 trip?",
+            "How much should I save per month for a $2,000 trip?",
+            "periods differ",
+        ),
         # a number glued to its unit is a number ("144Hz" was one word, which no check read)
         ("Is a 144Hz monitor worth it for gaming?", "Is a 240Hz monitor worth it for gaming?", "numbers differ"),
         ("Is a 65W charger enough for this laptop?", "Is a 100W charger enough for this laptop?", "numbers differ"),
@@ -237,6 +248,9 @@ def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_only_for_itself(
         ("How often should I replace my toothbrush?", "How frequently should a toothbrush be replaced?"),
         ("How often do tomato plants need water?", "How regularly do tomato plants need watering?"),
         ("Is a 144Hz monitor worth it for gaming?", "Is a 144 Hz monitor worth it for gaming?"),
+        ("What is 5% annual interest on $1,000?", "5 percent interest per year on 1000 dollars"),
+        ("How do I make a monthly budget?", "How do I make a budget for each month?"),
+        ("How many hours a day should a teenager sleep?", "How much sleep does a teenager need?"),
     ],
 )
 def test_the_same_frequency_or_number_asked_in_other_words_passes_the_checks(a: str, b: str) -> None:

@@ -148,6 +148,32 @@ def numbers(ta: Tokens, tb: Tokens) -> str | None:
     return None
 
 
+_PERIODS = frozenset("hour day week month quarter year".split())
+# Rates the tokenizer leaves as words ("monthly", "weekly", "yearly" and "hourly" it reads as the
+# unit itself, which alone says no rate: "how many hours" is a quantity).
+_PERIOD_WORDS = {"daily": "day", "quarterly": "quarter", "annual": "year", "annually": "year"}
+
+
+def _periods(ts: Tokens) -> set[str]:
+    """The periods a rate is stated per: "$500 a month", "per year", "each week", "daily", "annual"."""
+    found = set()
+    for i, token in enumerate(ts):
+        if token.text in _PERIOD_WORDS:
+            found.add(_PERIOD_WORDS[token.text])
+        elif token.text in ("a", "an", "per", "each", "every") and i + 1 < len(ts) and ts[i + 1].text in _PERIODS:
+            found.add(ts[i + 1].text)
+    return found
+
+
+def periods(ta: Tokens, tb: Tokens) -> str | None:
+    """Rates per different periods: "$500 a month" is not "$500 a year". A prompt that names no
+    period constrains nothing ("how often" against "how many times a day" is the question check's)."""
+    pa, pb = _periods(ta), _periods(tb)
+    if pa and pb and pa != pb:
+        return f"periods differ: {_show(pa)} vs {_show(pb)}"
+    return None
+
+
 def operators(ta: Tokens, tb: Tokens) -> str | None:
     sa = Counter(t.text for t in ta if t.kind == "symbol" and t.text != "*")
     sb = Counter(t.text for t in tb if t.kind == "symbol" and t.text != "*")
@@ -403,7 +429,7 @@ def comparison(ta: Tokens, tb: Tokens) -> str | None:
     return "comparison differs: one sets two things against each other, the other does not compare them"
 
 
-CHECKS = (numbers, operators, negation, opposites, languages, count, question, task, comparison, order, direction)
+CHECKS = (numbers, periods, operators, negation, opposites, languages, count, question, task, comparison, order, direction)
 
 
 def first_difference(ta: Tokens, tb: Tokens) -> str | None:
