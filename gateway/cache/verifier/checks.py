@@ -429,7 +429,20 @@ def comparison(ta: Tokens, tb: Tokens) -> str | None:
     return "comparison differs: one sets two things against each other, the other does not compare them"
 
 
-CHECKS = (numbers, periods, operators, negation, opposites, languages, count, question, task, comparison, order, direction)
+CHECKS = (
+    numbers,
+    periods,
+    operators,
+    negation,
+    opposites,
+    languages,
+    count,
+    question,
+    task,
+    comparison,
+    order,
+    direction,
+)
 
 
 def first_difference(ta: Tokens, tb: Tokens) -> str | None:
