@@ -193,6 +193,24 @@ class OnnxRunner:
         return encodings, output
 
 
+def exported_runner(
+    plain: Path,
+    quantized: Path | None,
+    export: Callable[[Path, Path], None],
+    model_dir: Path,
+    threads: int,
+) -> OnnxRunner:
+    """An OnnxRunner on the graph at `plain` (written first by `export(model_dir, plain)` if
+    missing) or, given `quantized`, on its int8 quantisation there (written first if missing): the
+    embedder's pooled graph and the verifier's cut of it (gateway/cache/verifier/context.py)."""
+    if not plain.exists():
+        logger.info("exporting %s to %s", model_dir, plain)
+        export(model_dir, plain)
+    if quantized is not None and not quantized.exists():
+        quantize_onnx(plain, quantized)
+    return OnnxRunner(quantized or plain, model_dir, threads)
+
+
 class _TorchRunner:
     def __init__(self, model_dir: Path, threads: int) -> None:
         import torch
@@ -242,16 +260,13 @@ class Embedder:
         self._runner = _TorchRunner(self.model_dir, threads)
 
     def _onnx_runner(self, cache_dir: Path, *, quantized: bool) -> OnnxRunner:
-        plain = onnx_path(cache_dir, self.model_dir)
-        if not plain.exists():
-            logger.info("exporting %s to %s", self.model_dir, plain)
-            export_onnx(self.model_dir, plain)
-        path = plain
-        if quantized:
-            path = onnx_path(cache_dir, self.model_dir, quantized=True)
-            if not path.exists():
-                quantize_onnx(plain, path)
-        return OnnxRunner(path, self.model_dir, self.threads)
+        return exported_runner(
+            onnx_path(cache_dir, self.model_dir),
+            onnx_path(cache_dir, self.model_dir, quantized=True) if quantized else None,
+            export_onnx,
+            self.model_dir,
+            self.threads,
+        )
 
     @property
     def backend(self) -> str:
