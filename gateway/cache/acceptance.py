@@ -142,6 +142,12 @@ def _verdict(a: str, b: str, similarity: float, threshold: float) -> tuple[Verdi
 _UNDECIDED = Verdict(False, "undecided")
 
 
+def warm_up() -> None:
+    """Load what verify() reads on first use and is slow to load: the language identifier (half a
+    second)."""
+    checks.in_english("warm up the language identifier")
+
+
 def context_texts(a: str, b: str) -> tuple[str, str]:
     """What the fourth layer reads of each prompt: the prompt as the cache normalizes it."""
     return normalize_prompt(a), normalize_prompt(b)

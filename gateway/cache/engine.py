@@ -175,7 +175,8 @@ def shared_embedder():
     """The process's one embedder (built once, under a lock: the warm-up thread and the first
     requests may ask at the same time), and beside it the static first stage distilled from it
     (gateway/cache/static.py: distilled on the very first run, then read from the models folder)
-    and the verifier's fourth-layer encoder, loaded and run once before the embedder is published:
+    and the verifier's fourth-layer encoder and language identifier, loaded and run once before the
+    embedder is published:
     the semantic tier waits for embedder_ready(), and its first lookups must not load a model
     inside their time limit."""
     global _embedder, _static
@@ -188,6 +189,7 @@ def shared_embedder():
             embedder = Embedder(cache_dir=models, threads=settings.EMBEDDER_THREADS)
             _static = StaticEmbedder(embedder, models)
             verifier_context.shared_encoder().encode(["warm up the verifier", "and its second prompt"])
+            acceptance.warm_up()
             _embedder = embedder
     return _embedder
 
