@@ -94,9 +94,11 @@ def test_entries_filed_without_a_static_vector_get_one_from_the_next_lookup_and_
 def test_minilm_runs_only_for_entries_the_verifier_could_serve(tenant, live_db, embedding_model):
     """In a partition with entries, a prompt that no entry could answer by the explicit checks
     (another number) is not embedded by MiniLM at all; one the pair model could accept at the
-    highest cosine MiniLM might give (another animal: the static first stage puts it close) is
-    embedded and not served; a paraphrase of an entry is embedded with that entry (filed without
-    MiniLM's vector) and served; the entry's MiniLM vector is written for next time."""
+    highest cosine MiniLM might give ("... in total", a word left over) is embedded with the entry
+    it could match (filed without MiniLM's vector), and not served at MiniLM's cosine; a paraphrase
+    of the entry is served after one run of the model; the entry's MiniLM vector is written for
+    next time. (Another animal, "an ant", was this test's near miss until the verifier was trained on
+    59 topics: it is no longer worth an embedding.)"""
     namespace = "gate"
     stored_prompt = "How many legs does a spider have?"
 
@@ -114,7 +116,7 @@ def test_minilm_runs_only_for_entries_the_verifier_could_serve(tenant, live_db, 
             before = _embed_runs()
             others = [await ask("How many legs does a spider have in picture 7?")]
             after_others = _embed_runs()
-            animal = await ask("How many legs does an ant have?")
+            animal = await ask("How many legs do spiders have in total?")
             after_animal = _embed_runs()
             paraphrase = await ask("How many legs does a spider have")
             await asyncio.gather(*engine._backfills)
@@ -144,7 +146,7 @@ def test_minilm_runs_only_for_entries_the_verifier_could_serve(tenant, live_db, 
     before = after_animal
     assert paraphrase.hit is not None and paraphrase.hit.answer["content"] == "Eight."
     assert paraphrase.hit.tier == "hit-semantic" and paraphrase.hit.similarity > 0.9
-    assert after == before + 1  # the prompt and the entry, in one run of the model
+    assert after == before + 1  # one run of the model
     assert again.hit is not None and again.hit.answer["content"] == "Eight." and again.hit.similarity > 0.9
     assert last == after + 1
     entry = CacheEntry.objects.get(
@@ -153,10 +155,8 @@ def test_minilm_runs_only_for_entries_the_verifier_could_serve(tenant, live_db, 
     assert entry.embedding is not None and len(entry.embedding) == 384
     others_stored = CacheEntry.objects.filter(prompt__contains="in picture")
     assert others_stored.count() == 3
-    # Embedded with the animal (its "1" is the "an" of "an ant": no number differs), the others never.
-    assert list(others_stored.filter(embedding__isnull=False).values_list("prompt", flat=True)) == [
-        "How many legs does a spider have in picture 1?"
-    ]
+    # Never embedded: each differs from every prompt asked by a number.
+    assert not others_stored.filter(embedding__isnull=False).exists()
 
 
 def test_a_cold_partition_probes_less_often_the_longer_nothing_is_served(settings):

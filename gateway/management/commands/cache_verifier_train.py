@@ -35,6 +35,8 @@ SOURCES = (
     "bench/data/paraphrase_dev.jsonl",
     "tests/data/cache_pairs_holdout.jsonl",
     "tests/data/cache_pairs_topics.jsonl",
+    "tests/data/cache_pairs_fresh.jsonl",
+    "tests/data/cache_pairs_fresh2.jsonl",
 )
 
 
