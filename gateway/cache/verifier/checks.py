@@ -466,12 +466,28 @@ def _question_kinds(ts: Tokens) -> set[str]:
     return kinds
 
 
+# What a search-style query names when it asks "when" ("kitten feeding frequency").
+_TIME_WORDS = frozenset("time times timing date dates when schedule frequency often age season month year day".split())
+_QUESTION_WORDS = frozenset("what which how why who where".split()) | _AUXILIARIES
+
+
+def _keywords_only(ts: Tokens) -> bool:
+    """A search-style query: no question mark, question word, auxiliary or request verb."""
+    return not any(
+        t.text == "?" or (t.kind == "word" and (t.text in _QUESTION_WORDS or t.text in _REQUEST_VERBS)) for t in ts
+    )
+
+
 def question(ta: Tokens, tb: Tokens) -> str | None:
     """Different kinds of answer: "when did it fall" vs "why did it fall". A prompt that asks no
-    question ("berlin wall fall date") constrains nothing."""
+    question ("berlin wall fall date") constrains nothing, except that a search-style query is
+    not a "when" question unless it names a time ("reefing a mainsail" is how, not when)."""
     qa, qb = _question_kinds(ta), _question_kinds(tb)
     if qa and qb and qa != qb and (qa | qb) != {"where", "how"}:
         return f"question differs: {_show(qa)} vs {_show(qb)}"
+    for asked, other, query in ((qa, qb, tb), (qb, qa, ta)):
+        if "when" in asked and not other and _keywords_only(query) and not any(t.text in _TIME_WORDS for t in query):
+            return "question differs: {when} vs a search naming no time"
     return None
 
 

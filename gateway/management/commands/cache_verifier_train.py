@@ -37,6 +37,7 @@ SOURCES = (
     "tests/data/cache_pairs_topics.jsonl",
     "tests/data/cache_pairs_fresh.jsonl",
     "tests/data/cache_pairs_fresh2.jsonl",
+    "tests/data/cache_pairs_fresh3.jsonl",
 )
 
 
