@@ -491,18 +491,19 @@ def question(ta: Tokens, tb: Tokens) -> str | None:
     return None
 
 
-# Verbs that name the task itself: two prompts naming different ones ask for different work.
+# Verbs (and nouns) that name the task itself: two prompts naming different ones ask for different
+# work ("What is the sentiment of this review: ..." / "Summarize this review: ...").
 _TASKS = {
     stem(word): task
     for task, words in {
         "write": "write draft compose create generate give show",
         "explain": "explain describe define",
-        "translate": "translate",
-        "summarize": "summarize summarise",
+        "translate": "translate translation",
+        "summarize": "summarize summarise summary",
         "fix": "fix correct debug",
         "find": "find identify extract detect",
         "rewrite": "rewrite rephrase reword paraphrase",
-        "classify": "classify categorize categorise",
+        "classify": "classify categorize categorise sentiment",
         "compare": "compare",
     }.items()
     for word in words.split()

@@ -5,13 +5,13 @@ against it) is one training row: features.py's lexical features and context.py's
 alignment, label `same`. The pair model's threshold is chosen by leave-one-topic-out validation:
 for each topic, a model trained on the other topics scores it; the lowest probability at which the
 pooled held-out hits keep their wrong share within --target is the threshold, so the figure it
-reports predicts topics the model never saw. The context model (both kinds of features) is
-validated the same way; its threshold is the lowest at which what either model serves, held out,
-stays within --target, and its gate the lowest pair-model probability, held out, of a pair it
-served that the pair model did not. Then both are fitted on every pair and written with those
-thresholds. Prints the validation per topic; the
-last line is JSON. Needs scikit-learn (requirements.in); the request path reads only the
-coefficients.
+reports predicts topics the model never saw. The context model (both kinds of features; boosted
+stumps, written as one step function a feature: model.AdditiveModel) is validated the same way;
+its threshold is the lowest at which what either model serves, held out, stays within --target,
+and its gate the lowest pair-model probability, held out, of a pair it served that the pair model
+did not. Then both are fitted on every pair and written with those thresholds. Prints the
+validation per topic; the last line is JSON. Needs scikit-learn (requirements.in); the request
+path reads only the coefficients and step functions.
 """
 
 from __future__ import annotations
@@ -98,6 +98,60 @@ def fit(x: np.ndarray, y: np.ndarray):
     return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=5000)).fit(x, y)
 
 
+# The context model: gradient-boosted stumps, so an additive model of one step function a feature.
+# Over 67 topics, out of fold at 1% wrong: 29.4% of paraphrases served against 23.9% for the
+# logistic regression (stumps of 500 rounds; depth 2 and 3 gave 30.3% and 27.7%, sklearn's
+# non-histogram boosting 26.8%: the gain is there, its size within a few points).
+STUMPS = {"max_depth": 1, "max_iter": 500, "learning_rate": 0.1}
+
+
+def fit_additive(x: np.ndarray, y: np.ndarray):
+    """Stumps whose sum rises with the cosine (feature 0; the lookup judges a candidate at the
+    highest cosine it could have before MiniLM runs, sound only if a higher cosine never lowers
+    the probability)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    monotonic = [1] + [0] * (x.shape[1] - 1)
+    return HistGradientBoostingClassifier(**STUMPS, monotonic_cst=monotonic, early_stopping=False, random_state=0).fit(
+        x, y
+    )
+
+
+def step_functions(model, names: list[str], threshold: float, x: np.ndarray) -> dict:
+    """The stumps written as one step function a feature (model.AdditiveModel reads them): for a
+    feature, its cuts and the summed leaf values of each interval, x <= cut going left as in
+    scikit-learn. Checked against the model's own probabilities on the training rows."""
+    base = float(np.ravel(model._baseline_prediction)[0])
+    stumps: list[list[tuple[float, float, float]]] = [[] for _ in names]
+    for (predictor,) in model._predictors:
+        nodes = predictor.nodes
+        root = nodes[0]
+        if root["is_leaf"]:
+            base += float(root["value"])
+            continue
+        left, right = nodes[root["left"]], nodes[root["right"]]
+        assert left["is_leaf"] and right["is_leaf"], "stumps only"
+        stumps[int(root["feature_idx"])].append(
+            (float(root["num_threshold"]), float(left["value"]), float(right["value"]))
+        )
+    steps = {}
+    for name, found in zip(names, stumps, strict=True):
+        if found:
+            cuts = sorted({cut for cut, _, _ in found})
+            # Interval i is (cuts[i-1], cuts[i]]: a stump goes left there if its cut is cuts[i] or later.
+            values = [
+                sum(left if cuts.index(cut) >= i else right for cut, left, right in found) for i in range(len(cuts) + 1)
+            ]
+            steps[name] = {"cuts": cuts, "values": values}
+    written = {"kind": "additive", "features": names, "base": base, "steps": steps, "threshold": round(threshold, 6)}
+    from gateway.cache.verifier.model import additive_model
+
+    ours = np.array([additive_model(written).probability(list(row)) for row in x])
+    theirs = model.predict_proba(x)[:, 1]
+    assert np.abs(ours - theirs).max() < 1e-9, "the step functions do not reproduce the model"
+    return written
+
+
 def context_cuts(rows: list[tuple[dict, list[float]]], encoded: dict) -> tuple[float, float, float]:
     """The below_* counts' three cuts: the 10th, 25th and 50th percentiles of the worst-aligned
     content word's match over the candidates (no label read, so no fold learns another's)."""
@@ -114,13 +168,13 @@ def with_context(rows: list[tuple[dict, list[float]]], encoded: dict, cuts) -> l
     return [(p, x + context.context_features(*_pair_encoded(p, encoded), cuts)) for p, x in rows]
 
 
-def leave_one_topic_out(candidates: list, extra: list, topics: list[str]) -> dict[int, float]:
+def leave_one_topic_out(candidates: list, extra: list, topics: list[str], fitter=fit) -> dict[int, float]:
     """Each topic's pairs scored by a model fitted on the other topics' (and their extra rows)."""
     held_out: dict[int, float] = {}
     for topic in topics:
         test = [(p, x) for p, x in candidates if p["domain"] == topic]
         if test:
-            model = fit_rows([(p, x) for p, x in candidates + extra if p["domain"] != topic])
+            model = fit_rows([(p, x) for p, x in candidates + extra if p["domain"] != topic], fitter)
             scores = model.predict_proba(np.array([x for _, x in test]))[:, 1]
             held_out.update({id(p): float(s) for (p, _), s in zip(test, scores, strict=True)})
     return held_out
@@ -137,8 +191,8 @@ def lowest_within(scored: list[tuple[bool, float]], served, target: float) -> fl
     return best
 
 
-def fit_rows(rows: list):
-    return fit(np.array([x for _, x in rows]), np.array([p["same"] for p, _ in rows]))
+def fit_rows(rows: list, fitter=fit):
+    return fitter(np.array([x for _, x in rows]), np.array([p["same"] for p, _ in rows]))
 
 
 def coefficients(model, names: list[str], threshold: float) -> dict:
@@ -188,7 +242,7 @@ class Command(BaseCommand):
         )
         # The context model: the lowest threshold at which what either model serves, held out, still
         # stays within the target.
-        held_out = leave_one_topic_out(candidates, extra, topics)
+        held_out = leave_one_topic_out(candidates, extra, topics, fit_additive)
 
         def served(cut: float) -> list[bool]:
             return [words[id(p)] >= threshold or held_out[id(p)] >= cut for p, _ in candidates]
@@ -211,7 +265,12 @@ class Command(BaseCommand):
         weights = {
             **coefficients(fit_rows(lexical + lexical_extra), list(features.NAMES), threshold),
             "context": {
-                **coefficients(fit_rows(candidates + extra), [*features.NAMES, *context.NAMES], context_threshold),
+                **step_functions(
+                    fit_rows(candidates + extra, fit_additive),
+                    [*features.NAMES, *context.NAMES],
+                    context_threshold,
+                    np.array([x for _, x in candidates]),
+                ),
                 "gate": gate,
                 "cuts": [round(c, 6) for c in cuts],
             },
