@@ -8,11 +8,10 @@ operators, negation, opposites, named languages, the direction of "X to Y" and o
 
 from __future__ import annotations
 
-import functools
 import re
 from collections import Counter
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from gateway.cache.verifier.text import (
@@ -85,6 +84,12 @@ def _show(items) -> str:
     return "{" + ", ".join(sorted(str(i).removeprefix("#ord").lstrip("#") for i in items)) + "}"
 
 
+def _both_differ(label: str, sa: set[str], sb: set[str]) -> str | None:
+    """The reason, where both prompts name something of a kind and not the same (a prompt that
+    names none constrains nothing)."""
+    return f"{label}: {_show(sa)} vs {_show(sb)}" if sa and sb and sa != sb else None
+
+
 # Languages written in the Latin alphabet that langid tells apart; the identifier chooses among
 # these only (unconstrained, it reads informal English as Nigerian Pidgin, Frisian or Occitan).
 _LATIN_SCRIPT_LANGUAGES = (
@@ -97,7 +102,7 @@ _LATIN_SCRIPT_LANGUAGES = (
 _OTHER_LANGUAGE_CONFIDENCE = 0.8
 
 
-@functools.cache
+@cache
 def _identifier():
     import py3langid.langid as langid
 
@@ -202,10 +207,7 @@ def _periods(ts: Tokens) -> set[str]:
 def periods(ta: Tokens, tb: Tokens) -> str | None:
     """Rates per different periods: "$500 a month" is not "$500 a year". A prompt that names no
     period constrains nothing ("how often" against "how many times a day" is the question check's)."""
-    pa, pb = _periods(ta), _periods(tb)
-    if pa and pb and pa != pb:
-        return f"periods differ: {_show(pa)} vs {_show(pb)}"
-    return None
+    return _both_differ("periods differ", _periods(ta), _periods(tb))
 
 
 # Closed classes: two prompts that name different members ask about different things ("plant in
@@ -238,9 +240,9 @@ def named(ta: Tokens, tb: Tokens) -> str | None:
     """Different members of a closed class (seasons, months, days of the week, meals, ages), where
     both prompts name one."""
     for name, members in _CLASSES.items():
-        ma, mb = _members(ta, members), _members(tb, members)
-        if ma and mb and ma != mb:
-            return f"{name} differs: {_show(ma)} vs {_show(mb)}"
+        reason = _both_differ(f"{name} differs", _members(ta, members), _members(tb, members))
+        if reason:
+            return reason
     return None
 
 
@@ -257,17 +259,14 @@ def _switched(ts: Tokens) -> set[str]:
         following = ts[i + 1].text if i + 1 < len(ts) else ""
         if token.text in _SWITCH_VERBS and following in ("on", "off"):
             found.add(following)
-        elif stem(token.text) in _SWITCHED:
-            found.add(_SWITCHED[stem(token.text)])
+        elif (base := stem(token.text)) in _SWITCHED:
+            found.add(_SWITCHED[base])
     return found
 
 
 def switched(ta: Tokens, tb: Tokens) -> str | None:
     """ "turn on dark mode" is not "turn off dark mode" nor "disable dark mode"."""
-    sa, sb = _switched(ta), _switched(tb)
-    if sa and sb and sa != sb:
-        return f"on vs off: {_show(sa)} vs {_show(sb)}"
-    return None
+    return _both_differ("on vs off", _switched(ta), _switched(tb))
 
 
 def operators(ta: Tokens, tb: Tokens) -> str | None:
@@ -514,7 +513,7 @@ def task(ta: Tokens, tb: Tokens) -> str | None:
     """ "write a Dockerfile" vs "explain a Dockerfile". A prompt naming no task is not compared."""
     ka = {_TASKS[stem(t.text)] for t in ta if t.kind == "word" and stem(t.text) in _TASKS}
     kb = {_TASKS[stem(t.text)] for t in tb if t.kind == "word" and stem(t.text) in _TASKS}
-    return f"task differs: {_show(ka)} vs {_show(kb)}" if ka and kb and ka != kb else None
+    return _both_differ("task differs", ka, kb)
 
 
 _VERSUS = frozenset({"vs", "versus"})

@@ -146,7 +146,8 @@ def step_functions(model, names: list[str], threshold: float, x: np.ndarray) -> 
     written = {"kind": "additive", "features": names, "base": base, "steps": steps, "threshold": round(threshold, 6)}
     from gateway.cache.verifier.model import additive_model
 
-    ours = np.array([additive_model(written).probability(list(row)) for row in x])
+    additive = additive_model(written)
+    ours = np.array([additive.probability(list(row)) for row in x])
     theirs = model.predict_proba(x)[:, 1]
     assert np.abs(ours - theirs).max() < 1e-9, "the step functions do not reproduce the model"
     return written
