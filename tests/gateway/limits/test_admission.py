@@ -29,7 +29,7 @@ from sentinel import redis_keys
 from sentinel.redis_clients import sync_redis
 from tenants.models import Budget, EndUserLimit, VirtualKey
 from tenants.periods import period_bounds
-from tests.servers import PATIENT_REDIS, start_gateway
+from tests.servers import PATIENT_REDIS, start_gateway, wait_semantic_ready
 
 
 @pytest.fixture(scope="module")
@@ -464,6 +464,9 @@ def test_concurrency_limit(gateway, tenant, make_key, make_model, mock_provider,
 def test_the_window_slides(test_database_name, tenant, make_key, make_model, mock_provider, live_db):
     gateway = start_gateway(test_database_name, env={"SENTINEL_RATE_WINDOW_SECONDS": "2"})
     try:
+        # Its models load in a thread after start (embedder, static stage, verifier's encoder and
+        # language identifier); the burst below must not share the 2-second window with that.
+        wait_semantic_ready(gateway)
         model, _ = make_model()
         key = make_key(tenant, requests_per_minute=5)
         urls = [gateway.url]
