@@ -69,6 +69,10 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
         ("How do I turn on location services on Android?", "disable location services android", "on vs off"),
         ("How do I turn on dark mode in Windows?", "How do I turn off dark mode in Windows?", "on vs off"),
         ("Convert this list to uppercase: red, green", "Convert this list to lowercase: red, green", "opposite"),
+        # the zone beside a time says which way it converts (a wrong hit of the relay mix, served
+        # three times in one run: no "to" or "in" between the zones on the cached side)
+        ("3 pm eastern = what time pacific?", "What time is 3 PM Pacific in Eastern time?", "time zone differs"),
+        ("Is 9am PST too early for a call from Berlin?", "Is 9am EST too early for a call from Berlin?", "time zone"),
         # a number glued to its unit is a number ("144Hz" was one word, which no check read)
         ("Is a 144Hz monitor worth it for gaming?", "Is a 240Hz monitor worth it for gaming?", "numbers differ"),
         ("Is a 65W charger enough for this laptop?", "Is a 100W charger enough for this laptop?", "numbers differ"),
@@ -313,6 +317,9 @@ def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_only_for_itself(
         ("Why do leaves change color in the fall?", "why do leaves change colour in autumn"),
         ("How do I stop my toddler from biting other kids?", "toddler biting other children how to stop"),
         ("How do I turn on dark mode in Windows?", "enable dark mode windows"),
+        # the same zone under another of its names
+        ("If it's 3pm ET, what time is it in PT?", "3 pm eastern = what time pacific?"),
+        ("What is 15:00 UTC in PST?", "15:00 GMT to Pacific time"),
         # a search that names a time asks "when" as well
         ("How often should I feed a kitten?", "kitten feeding frequency"),
         ("When should I repot a monstera?", "best time to repot monstera"),

@@ -246,6 +246,51 @@ def named(ta: Tokens, tb: Tokens) -> str | None:
     return None
 
 
+# Time zones by their names and abbreviations ("3 PM Eastern", "15:00 UTC", "9am PST").
+_ZONES = {
+    spelling: zone
+    for zone, spellings in {
+        "eastern": "eastern et est edt",
+        "central": "central ct cst cdt",
+        "mountain": "mountain mt mst mdt",
+        "pacific": "pacific pt pst pdt",
+        "alaska": "alaska akst akdt",
+        "hawaii": "hawaii hst",
+        "atlantic": "atlantic ast adt",
+        "utc": "utc gmt zulu",
+        "cet": "cet cest",
+        "ist": "ist",
+        "jst": "jst",
+        "bst": "bst",
+        "aest": "aest aedt",
+    }.items()
+    for spelling in spellings.split()
+}
+_CLOCK = frozenset({"am", "pm"})
+
+
+def _clock_zones(ts: Tokens) -> dict[str, str]:
+    """{number: zone} for a time followed by its zone: "3 pm eastern", "15 UTC"."""
+    found: dict[str, str] = {}
+    for i, token in enumerate(ts):
+        if token.kind != "number":
+            continue
+        j = i + 1 + (i + 1 < len(ts) and ts[i + 1].text in _CLOCK)
+        if j < len(ts) and ts[j].text in _ZONES:
+            found.setdefault(next(iter(token.keys)), _ZONES[ts[j].text])
+    return found
+
+
+def clock_zones(ta: Tokens, tb: Tokens) -> str | None:
+    """The same time in another zone: "3 PM Pacific in Eastern time" is not "3 pm eastern = what
+    time pacific?" (the direction of a conversion stated by the zone beside the time alone)."""
+    za, zb = _clock_zones(ta), _clock_zones(tb)
+    for number in sorted(za.keys() & zb.keys()):
+        if za[number] != zb[number]:
+            return f"time zone differs: {number[1:]} {za[number]} vs {number[1:]} {zb[number]}"
+    return None
+
+
 _SWITCH_VERBS = frozenset("turn turns turning turned switch switches switching switched".split())
 _SWITCHED = {
     stem(verb): state
@@ -545,6 +590,7 @@ CHECKS = (
     numbers,
     periods,
     named,
+    clock_zones,
     switched,
     operators,
     negation,
