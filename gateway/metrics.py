@@ -112,6 +112,13 @@ CACHE_SEMANTIC = Counter(
     "SENTINEL_CACHE_COLD_PROBE still searches).",
     ("outcome",),
 )
+CACHE_COALESCED = Counter(
+    "sentinel_cache_coalesced_waits",
+    "Requests that found an identical request asking the provider and waited for its answer instead of asking "
+    "too, by how the wait ended: served (its answer, from the exact tier), released (it ended without an answer "
+    "to store; this one asked the provider) or timeout (SENTINEL_CACHE_COALESCE_MS).",
+    ("outcome",),
+)
 CACHE_EMBEDDED = Counter(
     "sentinel_cache_embedded_prompts",
     "Prompts MiniLM embedded for the semantic tier: query (a lookup that found an entry the verifier could "
@@ -348,6 +355,10 @@ def saturation_transition(deployment: str, saturated: bool) -> None:
 
 def cache_failure(stage: str) -> None:
     _child(CACHE_FAILURES, stage).inc()
+
+
+def cache_coalesced(outcome: str) -> None:
+    _child(CACHE_COALESCED, outcome).inc()
 
 
 def cache_semantic(outcome: str) -> None:

@@ -277,6 +277,8 @@ async def consult_cache(call: Call, route: ModelRoute) -> cache.Hit | None:
         tenant_id=key.tenant_id,
         semantic=key.semantic_cache_enabled,
         threshold=key.semantic_threshold,
+        # A request whose answer will be stored leads its identical ones in flight (they wait for it).
+        lead=None if call.cache_controls.no_store else call.request_id,
     )
     call.cache_tier = "miss"
     call.cache_lookup = found
@@ -423,6 +425,8 @@ async def answer_from_chain(
     await (both(finished, alongside(response)) if alongside is not None else finished)
     if call.escalated_from is None:  # an escalated answer is not the asked-for model's to cache
         remember(call, answer, charged.cost)
+    else:
+        cache.release(call.cache_key, call.cache_lookup)
     return response, headers
 
 

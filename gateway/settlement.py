@@ -23,6 +23,9 @@ async def finish(call: Call, record: LedgerRecord) -> None:
     """Every authenticated request ends here, once: its record goes to the durable ledger queue and
     its admission settles to what it really used (nothing, if it failed); then the metrics and the
     request log hear of it (one line; the prompt and the answer only if the tenant logs them)."""
+    if record.status_code != 200 or record.cache_tier.startswith("hit"):
+        # No answer of its own to store (an answer is let go with its store: remember()).
+        cache.release(call.cache_key, call.cache_lookup)
     await settle_and_hand_off(call, record)
     metrics.request_finished(
         record,
@@ -139,6 +142,7 @@ def remember(call: Call, answer: dict | None, cost: Decimal) -> None:
     """Store a fresh answer for next time, after the response (never errors, refusals, tool calls,
     broken streams, or what the client asked not to store)."""
     if call.cache_key is None or call.cache_controls.no_store or answer is None or not storable(answer):
+        cache.release(call.cache_key, call.cache_lookup)  # identical requests waiting for it ask themselves
         return
     stored = {k: v for k, v in answer.items() if k != "tool_calls"}
     store_answer(call, stored, cost, semantic=call.key.semantic_cache_enabled)

@@ -130,6 +130,13 @@ def exact_cache(digest: str, partition: str) -> str:
     return f"{cache_tag(partition)}:cache:{digest}"
 
 
+def cache_lead(digest: str, partition: str) -> str:
+    """Held (SET NX, with a TTL) by the request asking the provider for an exact key's answer while it
+    does: identical requests meanwhile wait for that answer instead of asking too. The store script
+    deletes it with the answer's key set; a request that ends without storing one deletes it."""
+    return f"{cache_tag(partition)}:cache:lead:{digest}"
+
+
 def cache_partition_count(partition: str) -> str:
     """How many entries were stored in a cache partition (never fewer than it holds while Redis
     keeps it: evictions and invalidations do not count down, which only costs a needless search)."""

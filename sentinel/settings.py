@@ -478,7 +478,7 @@ CELERY_BEAT_SCHEDULE = {
 # stuck) is taken over by another worker. Inserting it twice is harmless (idempotent on its id).
 LEDGER_CLAIM_IDLE_MS = envint(
     "SENTINEL_LEDGER_CLAIM_IDLE_MS",
-    30_000,
+    0,
     "Milliseconds before another worker takes over ledger records a worker read but never acknowledged.",
 )
 
@@ -516,6 +516,12 @@ CACHE_LOOKUP_TIMEOUT_MS = envint(
     "SENTINEL_CACHE_LOOKUP_TIMEOUT_MS",
     500,
     "Longest the semantic cache may spend (embedding, then search); slower: the request goes upstream.",
+)
+CACHE_COALESCE_MS = envint(
+    "SENTINEL_CACHE_COALESCE_MS",
+    30_000,
+    "Longest a request waits for the answer to an identical one already asked of the provider (exact cache "
+    "tier), instead of asking too; then it asks. 0: identical requests in flight each ask the provider.",
 )
 CACHE_DATABASE_URL = envstr(
     "SENTINEL_CACHE_DATABASE_URL",

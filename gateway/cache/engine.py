@@ -87,6 +87,7 @@ _seen_cold = TTLCache(ttl=60.0, maxsize=20_000)  # partitions found cold: a loca
 exact_redis_key = redis_keys.exact_cache
 partition_redis_key = redis_keys.cache_partition_count
 partition_misses_redis_key = redis_keys.cache_partition_misses
+lead_redis_key = redis_keys.cache_lead
 tenant_redis_key = redis_keys.cache_tenant_count
 
 
@@ -361,6 +362,9 @@ class Lookup:
     # The partition is cold and this lookup no probe: the answer is filed without a static vector (a
     # later lookup there gives it one if the partition warms: _static_deferred, _backfill).
     deferred: bool = False
+    # This request holds the lead on its exact key (identical requests wait for its answer): let go
+    # when its answer is stored, or by release() when it ends without storing one.
+    led: bool = False
 
 
 @dataclass
@@ -388,13 +392,20 @@ class Partition:
         return base << doublings
 
 
-async def lookup(key: CacheKey, *, tenant_id: int, semantic: bool, threshold: float | None) -> Lookup:
+async def lookup(
+    key: CacheKey, *, tenant_id: int, semantic: bool, threshold: float | None, lead: str | None = None
+) -> Lookup:
     """Exact tier, then (if allowed) the semantic tier. Fails open: any error or a lookup slower
-    than SENTINEL_CACHE_LOOKUP_TIMEOUT_MS is logged and reported as a miss."""
+    than SENTINEL_CACHE_LOOKUP_TIMEOUT_MS is logged and reported as a miss.
+
+    `lead`: the request's id, if its answer will be stored. On an exact miss it takes the lead on
+    its key (Lookup.led), unless an identical request holds it: then it waits for that request's
+    answer (up to SENTINEL_CACHE_COALESCE_MS), served from the exact tier like a repeat, and asks
+    the provider only if none comes (the other failed, or its answer is not one to store)."""
     found = Lookup(None)
     try:
         wants_semantic = semantic and key.semantic
-        found.hit, part = await _exact(key, count_partition=wants_semantic)
+        found.hit, part, found.led = await _exact_or_wait(key, count_partition=wants_semantic, lead=lead)
         # Until the model has loaded (a few seconds after start) the semantic tier is skipped, not waited for.
         if found.hit is None and wants_semantic and embedder_ready():
             if not part.entries:
@@ -436,16 +447,27 @@ def record_failure(stage: str) -> None:
     _metrics().cache_failure(stage)
 
 
-async def _exact(key: CacheKey, *, count_partition: bool) -> tuple[Hit | None, Partition]:
-    """The exact tier, and (when asked) the partition's counts, from one MGET. A hit from this
-    process's memory reads no counts (Partition(1): not empty, not known to be cold)."""
+async def _exact(
+    key: CacheKey, *, count_partition: bool, lead: str | None = None
+) -> tuple[Hit | None, Partition, bool | None]:
+    """The exact tier, and (when asked) the partition's counts, in one round trip; with `lead`, a
+    miss also tries to take the lead on the key (cache_lookup.lua): True if taken, False if another
+    request holds it, None if not tried. A hit from this process's memory reads no counts
+    (Partition(1): not empty, not known to be cold)."""
     stored = _exact_local.get(key.exact)
     part = Partition()
+    led = None
     if stored is None or count_partition:
         if stored is None or _expired(stored):
-            counts = (partition_redis_key(key.partition), partition_misses_redis_key(key.partition))
+            counts = [partition_redis_key(key.partition), partition_misses_redis_key(key.partition)]
             if stored is None:
-                raw, entries, misses = await async_redis().mget(exact_redis_key(key.exact, key.partition), *counts)
+                exact = exact_redis_key(key.exact, key.partition)
+                if lead is None:
+                    raw, entries, misses = await async_redis().mget(exact, *counts)
+                else:
+                    keys = [exact, *counts, lead_redis_key(key.exact, key.partition)]
+                    raw, entries, misses, taken = await scripts.cache_lookup(keys, [lead, settings.CACHE_COALESCE_MS])
+                    led = None if raw is not None else bool(taken)
                 if raw is not None:
                     stored = orjson.loads(raw)
                     _exact_local.set(key.exact, stored)
@@ -455,11 +477,64 @@ async def _exact(key: CacheKey, *, count_partition: bool) -> tuple[Hit | None, P
         else:
             part = Partition(1)
     if stored is None:
-        return None, part
+        return None, part, led
     if _expired(stored):
         _exact_local.pop(key.exact)
-        return None, part
-    return Hit("hit-exact", stored["answer"], stored["id"], Decimal(stored["cost_usd"])), part
+        return None, part, led
+    return Hit("hit-exact", stored["answer"], stored["id"], Decimal(stored["cost_usd"])), part, led
+
+
+# How often a request waiting for an identical one's answer looks for it: from the first interval,
+# doubling up to the last.
+WAIT_POLL_SECONDS = (0.005, 0.05)
+
+
+async def _exact_or_wait(
+    key: CacheKey, *, count_partition: bool, lead: str | None
+) -> tuple[Hit | None, Partition, bool]:
+    """The exact tier; on a miss while an identical request holds the key's lead, that request's
+    answer once it is stored. If the lead is let go with no answer (that request failed, or its
+    answer is not one to store) or the wait reaches SENTINEL_CACHE_COALESCE_MS, a miss: each
+    request that waited asks the provider itself, at once (not one after another)."""
+    if lead is None or settings.CACHE_COALESCE_MS <= 0:
+        hit, part, _ = await _exact(key, count_partition=count_partition)
+        return hit, part, False
+    hit, part, led = await _exact(key, count_partition=count_partition, lead=lead)
+    if led is not False:
+        return hit, part, bool(led)
+    deadline = time.monotonic() + settings.CACHE_COALESCE_MS / 1000
+    keys = (exact_redis_key(key.exact, key.partition), lead_redis_key(key.exact, key.partition))
+    interval = WAIT_POLL_SECONDS[0]
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(interval, left))
+        interval = min(interval * 2, WAIT_POLL_SECONDS[1])
+        raw, holder = await async_redis().mget(*keys)
+        if raw is not None:
+            stored = orjson.loads(raw)
+            if not _expired(stored):
+                _exact_local.set(key.exact, stored)
+                _metrics().cache_coalesced("served")
+                return Hit("hit-exact", stored["answer"], stored["id"], Decimal(stored["cost_usd"])), part, False
+        if holder is None:
+            _metrics().cache_coalesced("released")
+            return None, part, False
+    _metrics().cache_coalesced("timeout")
+    return None, part, False
+
+
+def release(key: CacheKey | None, found: Lookup) -> None:
+    """Let go of the lead on the key (a request that held it and stores no answer), off this task."""
+    if key is None or not found.led:
+        return
+    found.led = False
+    _in_background(_release(key))
+
+
+async def _release(key: CacheKey) -> None:
+    try:
+        await async_redis().delete(lead_redis_key(key.exact, key.partition))
+    except Exception as exc:  # noqa: BLE001 - the lead expires by itself (SENTINEL_CACHE_COALESCE_MS)
+        log.warning("cache lead not let go: %s: %s", type(exc).__name__, exc)
 
 
 def _warm(partition: str, part: Partition) -> None:
@@ -895,8 +970,9 @@ async def _write_stores(batch: list[_Store]) -> None:
                         await trimming.release()
     except Exception as exc:  # noqa: BLE001 - a lost cache store costs a future miss, nothing more
         log.warning("cache store failed (%d answers): %s: %s", len(batch), type(exc).__name__, exc)
-        for _ in batch:
+        for entry in batch:
             record_failure("store")
+            _in_background(_release(entry.key))  # whoever waits for these answers asks for them
     finally:
         for entry in batch:
             if not entry.written.done():
@@ -908,6 +984,7 @@ def _store_keys(key: CacheKey) -> list[str]:
         exact_redis_key(key.exact, key.partition),
         partition_redis_key(key.partition),
         partition_misses_redis_key(key.partition),
+        lead_redis_key(key.exact, key.partition),
     ]
 
 

@@ -20,6 +20,7 @@ _SOURCES = {
     "void": ("void",),
     "claim": ("breakers", "deployments", "claim"),
     "cache_store": ("cache_store",),
+    "cache_lookup": ("cache_lookup",),
 }
 
 
@@ -56,3 +57,4 @@ pace = Script("pace")
 void = Script("void")
 claim = Script("claim")
 cache_store = Script("cache_store")
+cache_lookup = Script("cache_lookup")

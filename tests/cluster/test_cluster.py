@@ -269,7 +269,7 @@ def test_the_cache_s_redis_tier_serves_a_hit_from_the_cluster(on_cluster, tenant
             semantic=True,
         )
         engine._exact_local._data.clear()  # only Redis can serve it now
-        hit, partition = await engine._exact(key, count_partition=True)
+        hit, partition, _ = await engine._exact(key, count_partition=True)
         await engine.close_pool()
         return before, hit, partition
 
