@@ -122,7 +122,10 @@ def _verdict(a: str, b: str, similarity: float, threshold: float) -> tuple[Verdi
         return Verdict(True, "same prompt"), None
     if max(len(a), len(b)) > SEMANTIC_MAX_CHARS:
         return Verdict(False, f"longer than {SEMANTIC_MAX_CHARS} characters: served only for the same prompt"), None
-    if checks.same_words(tokens(a), tokens(b)):
+    ta, tb = tokens(a), tokens(b)
+    if checks.wordless(ta) or checks.wordless(tb):
+        return Verdict(False, "no words (emoji, symbols or control characters): served only for the same prompt"), None
+    if checks.same_words(ta, tb):
         return Verdict(True, "the same words"), None
     if not (checks.in_english(a) and checks.in_english(b)):
         return Verdict(False, "not in English: served only for the same words"), None
@@ -132,7 +135,7 @@ def _verdict(a: str, b: str, similarity: float, threshold: float) -> tuple[Verdi
     if pasted and payloads_a != payloads_b:
         return Verdict(False, "pasted or quoted text differs"), None
     # With the same text pasted, only the instructions around it can differ.
-    ta, tb = (tokens(instruction_a), tokens(instruction_b)) if pasted else (tokens(a), tokens(b))
+    ta, tb = (tokens(instruction_a), tokens(instruction_b)) if pasted else (ta, tb)
     reason = checks.first_difference(ta, tb)
     if reason:
         return Verdict(False, reason), None

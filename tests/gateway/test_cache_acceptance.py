@@ -116,6 +116,20 @@ def test_rejects_different_requests(a: str, b: str, reason: str) -> None:
         assert verdict.reason.startswith(reason), verdict.reason
 
 
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [("🙂", "🙃"), ("\x00\x01", "\x00\x02"), ("???", "!!!"), ("👍", "thanks"), ("🇫🇷", "🇩🇪")],
+)
+def test_a_prompt_without_words_is_served_only_for_itself(a: str, b: str) -> None:
+    """Emoji, control characters and punctuation are no words: MiniLM reads every emoji as one
+    unknown piece (cosine 1.0 between any two), and "the same words" held for two empty lists."""
+    for cached, asked in ((a, b), (b, a)):
+        verdict = verify(cached, asked, 0.999)
+        assert not verdict.accepted
+        assert verdict.reason.startswith("no words"), verdict.reason
+    assert verify(a, a, 0.999).accepted
+
+
 def test_reason_names_the_difference() -> None:
     assert verify("Convert 5 km to miles.", "Convert 10 km to miles.", NEAR) == Verdict(
         False, "numbers differ: {5} vs {10}"

@@ -617,12 +617,20 @@ _POLITENESS = frozenset("please pls plz kindly thanks thx ty hi hey hello cheers
 
 
 def same_words(ta: Tokens, tb: Tokens) -> bool:
-    """The same words in the same order, whatever the case, punctuation and politeness."""
+    """The same words in the same order, whatever the case, punctuation and politeness. Prompts with
+    no word (emoji, control characters, punctuation only: "🙂" and "🙃" are one unknown piece to
+    MiniLM, cosine 1.0) have no words to be the same: only the same prompt is served for them."""
 
     def words(ts: Tokens) -> list[str]:
         return [t.text for t in ts if t.kind != "punct" and t.text not in _POLITENESS]
 
-    return words(ta) == words(tb)
+    wa = words(ta)
+    return bool(wa) and wa == words(tb)
 
 
-__all__ = ["CHECKS", "Token", "first_difference", "in_english", "numbers_in", "same_words"]
+def wordless(ts: Tokens) -> bool:
+    """Nothing but punctuation, or nothing the tokenizer reads (emoji, control characters)."""
+    return all(t.kind == "punct" for t in ts)
+
+
+__all__ = ["CHECKS", "Token", "first_difference", "in_english", "numbers_in", "same_words", "wordless"]
