@@ -110,7 +110,8 @@ def test_an_answer_that_is_not_stored_lets_the_waiting_requests_ask(
     """The first request's provider call fails: the lead is let go at once, and each request that
     waited asks the provider itself (with a wait bound of ten minutes, so a lead left held would
     show as requests that never end). Then the same with an answer that is never stored (a tool
-    call): nothing stored, every request answered, no lead left."""
+    call): nothing stored, every request answered, no lead left; and with a leader whose client
+    goes away before its answer."""
     gateway = start_gateway(test_database_name, env={"SENTINEL_CACHE_COALESCE_MS": "600000"})
     try:
         model, (provider,) = make_model()
@@ -160,6 +161,28 @@ def test_an_answer_that_is_not_stored_lets_the_waiting_requests_ask(
         assert CacheEntry.objects.filter(tenant=tenant, prompt=prompt).count() == 0
         assert waits(gateway)["released"] - after["released"] == 3
         assert len(ids) == 4 and leads_held_by(ids) == []
+
+        # The leader's client goes away while its request is at the provider: the lead goes with it.
+        prompt = f"Who leaves before the answer? {time.time_ns()}"
+        impatient = OpenAI(base_url=gateway.base_url, api_key=client.api_key, max_retries=0, timeout=1.0)
+        released = waits(gateway)["released"]
+        mock_provider.control(provider, reset_counters=True, slow_ms=3000)
+        try:
+            ids = []
+            ask = burst(ids, model, prompt)
+            with ThreadPoolExecutor(4) as pool:
+                first = pool.submit(ask, (0, impatient))
+                wait_until(lambda: mock_provider.stats(provider)["calls"] >= 1)
+                others = [pool.submit(ask, (i, client)) for i in range(1, 4)]
+                with pytest.raises(openai.APITimeoutError):
+                    first.result(timeout=60)
+                results = [f.result(timeout=60) for f in others]
+        finally:
+            mock_provider.control(provider, slow_ms=0)
+        # Each that waited asked for itself (nothing of the first was stored to serve them).
+        assert results == [("miss", answer_text(prompt))] * 3
+        assert mock_provider.stats(provider)["calls"] == 4
+        assert waits(gateway)["released"] - released == 3
     finally:
         gateway.stop()
 
