@@ -478,7 +478,7 @@ CELERY_BEAT_SCHEDULE = {
 # stuck) is taken over by another worker. Inserting it twice is harmless (idempotent on its id).
 LEDGER_CLAIM_IDLE_MS = envint(
     "SENTINEL_LEDGER_CLAIM_IDLE_MS",
-    0,
+    30_000,
     "Milliseconds before another worker takes over ledger records a worker read but never acknowledged.",
 )
 
