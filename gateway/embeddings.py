@@ -251,8 +251,15 @@ async def consult_cache(call: Call, route: ModelRoute) -> cache.Hit | None:
     )
     if call.cache_controls.no_cache:
         return None
-    found = await cache.lookup(call.cache_key, tenant_id=key.tenant_id, semantic=False, threshold=None)
+    found = await cache.lookup(
+        call.cache_key,
+        tenant_id=key.tenant_id,
+        semantic=False,
+        threshold=None,
+        lead=None if call.cache_controls.no_store else call.request_id,  # identical ones in flight wait
+    )
     call.cache_tier = "miss"
+    call.cache_lookup = found
     return found.hit
 
 
@@ -266,9 +273,8 @@ async def serve_from_cache(call: Call, hit: cache.Hit) -> Reply:
 
 
 def remember(call: Call, response: dict, cost: Decimal) -> None:
-    if call.cache_key is None or call.cache_controls.no_store:
-        return
-    if len(orjson.dumps(response)) > MAX_CACHED_BYTES:
+    if call.cache_key is None or call.cache_controls.no_store or len(orjson.dumps(response)) > MAX_CACHED_BYTES:
+        cache.release(call.cache_key, call.cache_lookup)  # identical requests waiting for it ask themselves
         return
     store_answer(call, response, cost, semantic=False)  # exact only: the lookup computed no vector
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import struct
+import time
 from decimal import Decimal
 
 import httpx
@@ -172,6 +173,36 @@ def test_the_same_input_is_served_from_the_exact_cache(gateway, tenant, api_key,
     paid, hit = rows[ids[0]], rows[ids[1]]
     assert (hit.provider, hit.cache_tier, hit.cost_usd, hit.saved_cost_usd) == ("cache", "hit-exact", 0, paid.cost_usd)
     assert paid.cost_usd == embedding_usage(["cache", "me"]) * PRICE
+
+
+def test_identical_inputs_in_flight_are_embedded_once(gateway, tenant, api_key, embedding_chain, mock_provider):
+    """Four identical embedding requests while the first is at a slow provider: one provider call,
+    the three others served its vectors from the exact tier (docs/cache.md, coalescing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, (provider,) = embedding_chain()
+    client = OpenAI(base_url=gateway.base_url, api_key=api_key, max_retries=0, timeout=30)
+    text = unique("embedded once")
+
+    def embed():
+        reply = client.embeddings.with_raw_response.create(model=model, input=[text], encoding_format="float")
+        return reply.headers["x-sentinel-cache"], reply.parse().data[0].embedding
+
+    mock_provider.control(provider, slow_ms=1000)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            first = pool.submit(embed)
+            deadline = time.monotonic() + 15
+            while mock_provider.stats(provider)["calls"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            others = [pool.submit(embed) for _ in range(3)]
+            results = [first.result(timeout=30)] + [f.result(timeout=30) for f in others]
+    finally:
+        mock_provider.control(provider, slow_ms=0)
+    assert mock_provider.stats(provider)["calls"] == 1
+    assert [tier for tier, _ in results] == ["miss", "hit-exact", "hit-exact", "hit-exact"]
+    assert all(vector == results[0][1] for _, vector in results)
 
 
 def test_a_chain_fails_over_to_gemini(gateway, api_key, embedding_chain, mock_provider):
