@@ -6,6 +6,7 @@ ledger's cost are the chat path's (tests/gateway/test_dialect_chains.py holds ch
 from __future__ import annotations
 
 import json
+import time
 from decimal import Decimal
 
 import anthropic
@@ -295,6 +296,40 @@ def test_a_stream_broken_after_it_started_ends_with_an_error_event(
     assert error["type"] == "error" and error["error"]["type"] == "api_error"
     row = ledger_rows([raw.headers["x-sentinel-request-id"]])[raw.headers["x-sentinel-request-id"]]
     assert (row.status_code, row.error_code, row.provider) == (502, "stream_interrupted", provider)
+
+
+def test_identical_messages_in_flight_ask_the_provider_once(gateway, api_key, dialect_chain, mock_provider):
+    """Anthropic's endpoint shares the chat cache's lead: three identical requests while the first
+    (streamed) is at a slow provider make one provider call (docs/cache.md, coalescing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, (provider,) = dialect_chain("anthropic")
+    client = anthropic.Anthropic(base_url=gateway.url, api_key=api_key, max_retries=0, timeout=30)
+    messages = [{"role": "user", "content": f"asked three times at once {time.time_ns()}"}]
+
+    def streamed():
+        with client.messages.stream(model=model, max_tokens=100, messages=messages) as stream:
+            return stream.response.headers["x-sentinel-cache"], "".join(stream.text_stream)
+
+    def plain():
+        raw = client.messages.with_raw_response.create(model=model, max_tokens=100, messages=messages)
+        return raw.headers["x-sentinel-cache"], raw.parse().content[0].text
+
+    mock_provider.control(provider, slow_ms=1000)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            first = pool.submit(streamed)
+            deadline = time.monotonic() + 15
+            while mock_provider.stats(provider)["calls"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            others = [pool.submit(plain), pool.submit(streamed)]
+            results = [first.result(timeout=30)] + [f.result(timeout=30) for f in others]
+    finally:
+        mock_provider.control(provider, slow_ms=0)
+    expected = answer_text(messages[0]["content"])
+    assert results == [("miss", expected), ("hit-exact", expected), ("hit-exact", expected)]
+    assert mock_provider.stats(provider)["calls"] == 1
 
 
 def test_an_answer_is_served_again_from_the_cache_streamed_or_not(
