@@ -12,6 +12,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from gateway import metrics
 from gateway.mock_provider import answer_text
 from gateway.models import CacheEntry
 from sentinel.redis_clients import sync_redis
@@ -102,6 +103,10 @@ def test_identical_requests_in_flight_ask_the_provider_once(
     assert after["timeout"] == before["timeout"]
     assert CacheEntry.objects.filter(tenant=tenant, prompt=prompt).count() == 1
     assert len(ids) == 8 and leads_held_by(ids) == []
+    # ... and the counter is among the names /metrics is documented to export (a full run caught it
+    # missing: test_metrics' check sees it only when a wait happened before it).
+    shown = {name for name, _ in scrape_metrics(gateway.url).samples if name.startswith(COALESCED[:-6])}
+    assert shown and shown <= metrics.exported_names()
 
 
 def test_an_answer_that_is_not_stored_lets_the_waiting_requests_ask(
