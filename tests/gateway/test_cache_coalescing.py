@@ -13,9 +13,11 @@ import pytest
 from openai import OpenAI
 
 from gateway import metrics
+from gateway.mock_answers import Faults
 from gateway.mock_provider import answer_text
 from gateway.models import CacheEntry
 from sentinel.redis_clients import sync_redis
+from tests.conftest import wait_for
 from tests.servers import scrape_metrics, start_gateway
 
 COALESCED = "sentinel_cache_coalesced_waits_total"
@@ -41,11 +43,26 @@ def leads_held_by(request_ids) -> list[str]:
     return [h.decode() for h in held if h is not None and h.decode() in set(request_ids)]
 
 
-def wait_until(predicate, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+def at_provider(mock_provider, provider: str, calls: int = 1) -> None:
+    """Until `calls` requests have reached the provider."""
+    wait_for(lambda: mock_provider.stats(provider)["calls"] >= calls, what=f"{calls} requests at the provider")
+
+
+def asked_while_the_first_is_at_the_provider(mock_provider, provider: str, first, others, **faults) -> list:
+    """Calls `first`, then, once its request is at the provider (made slow by `faults`), each of
+    `others`, all at once: their results in that order (a call that raises raises here). The faults
+    are set back to the mock's defaults after."""
+    mock_provider.control(provider, **faults)
+    try:
+        with ThreadPoolExecutor(1 + len(others)) as pool:
+            started = pool.submit(first)
+            at_provider(mock_provider, provider)
+            rest = [pool.submit(call) for call in others]
+            return [started.result(timeout=60)] + [future.result(timeout=60) for future in rest]
+    finally:
+        defaults = Faults()
+        undone = {name: getattr(defaults, name) for name in faults if name != "reset_counters"}
+        mock_provider.control(provider, **undone)
 
 
 def burst(ids: list, model: str, prompt: str, *, stream_every: int = 0, **extra):
@@ -84,17 +101,15 @@ def test_identical_requests_in_flight_ask_the_provider_once(
     clients = [OpenAI(base_url=g.base_url, api_key=key, max_retries=0) for g in (gateway, second_gateway)]
     prompt = f"What is asked eight times at once? {time.time_ns()}"
     before = waits(gateway, second_gateway)
-    mock_provider.control(provider, slow_ms=1500)
-    try:
-        ids: list[str] = []
-        ask = burst(ids, model, prompt, stream_every=3)
-        with ThreadPoolExecutor(8) as pool:
-            first = pool.submit(ask, (0, clients[0]))
-            wait_until(lambda: mock_provider.stats(provider)["calls"] >= 1)
-            others = [pool.submit(ask, (i, clients[i % 2])) for i in range(1, 8)]
-            results = [first.result(timeout=60)] + [f.result(timeout=60) for f in others]
-    finally:
-        mock_provider.control(provider, slow_ms=0)
+    ids: list[str] = []
+    ask = burst(ids, model, prompt, stream_every=3)
+    results = asked_while_the_first_is_at_the_provider(
+        mock_provider,
+        provider,
+        lambda: ask((0, clients[0])),
+        [lambda i=i: ask((i, clients[i % 2])) for i in range(1, 8)],
+        slow_ms=1500,
+    )
     assert mock_provider.stats(provider)["calls"] == 1
     assert results[0] == ("miss", answer_text(prompt))
     assert results[1:] == [("hit-exact", answer_text(prompt))] * 7
@@ -123,23 +138,24 @@ def test_an_answer_that_is_not_stored_lets_the_waiting_requests_ask(
         client = OpenAI(base_url=gateway.base_url, api_key=make_key(tenant), max_retries=0, timeout=60)
         prompt = f"Which request fails first? {time.time_ns()}"
         before = waits(gateway)
-        mock_provider.control(provider, stall_ms=1000, error_rate=1.0, error_status=400)
-        try:
-            ids: list[str] = []
-            ask = burst(ids, model, prompt)
+        ids: list[str] = []
+        ask = burst(ids, model, prompt)
 
-            def failing(index: int):
-                with pytest.raises(openai.APIStatusError):
-                    ask((index, client))
-                return True
+        def failing(index: int):
+            with pytest.raises(openai.APIStatusError):
+                ask((index, client))
+            return True
 
-            with ThreadPoolExecutor(4) as pool:
-                first = pool.submit(failing, 0)
-                wait_until(lambda: mock_provider.stats(provider)["calls"] >= 1)
-                others = [pool.submit(failing, i) for i in range(1, 4)]
-                assert [first.result(timeout=60)] + [f.result(timeout=60) for f in others] == [True] * 4
-        finally:
-            mock_provider.control(provider, stall_ms=0, error_rate=0.0, error_status=503)
+        results = asked_while_the_first_is_at_the_provider(
+            mock_provider,
+            provider,
+            lambda: failing(0),
+            [lambda i=i: failing(i) for i in range(1, 4)],
+            stall_ms=1000,
+            error_rate=1.0,
+            error_status=400,
+        )
+        assert results == [True] * 4
         assert mock_provider.stats(provider)["calls"] == 4
         after = waits(gateway)
         assert (after["served"] - before["served"], after["released"] - before["released"]) == (0, 3)
@@ -150,17 +166,16 @@ def test_an_answer_that_is_not_stored_lets_the_waiting_requests_ask(
 
         prompt = f"{TOOL_TRIGGER} call the tool, all of you {time.time_ns()}"
         tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
-        mock_provider.control(provider, reset_counters=True, slow_ms=1000)
-        try:
-            ids = []
-            ask = burst(ids, model, prompt, tools=tools)
-            with ThreadPoolExecutor(4) as pool:
-                first = pool.submit(ask, (0, client))
-                wait_until(lambda: mock_provider.stats(provider)["calls"] >= 1)
-                others = [pool.submit(ask, (i, client)) for i in range(1, 4)]
-                results = [first.result(timeout=60)] + [f.result(timeout=60) for f in others]
-        finally:
-            mock_provider.control(provider, slow_ms=0)
+        ids = []
+        ask = burst(ids, model, prompt, tools=tools)
+        results = asked_while_the_first_is_at_the_provider(
+            mock_provider,
+            provider,
+            lambda: ask((0, client)),
+            [lambda i=i: ask((i, client)) for i in range(1, 4)],
+            reset_counters=True,
+            slow_ms=1000,
+        )
         assert [tier for tier, _ in results] == ["miss"] * 4
         assert mock_provider.stats(provider)["calls"] == 4
         assert CacheEntry.objects.filter(tenant=tenant, prompt=prompt).count() == 0
@@ -171,19 +186,21 @@ def test_an_answer_that_is_not_stored_lets_the_waiting_requests_ask(
         prompt = f"Who leaves before the answer? {time.time_ns()}"
         impatient = OpenAI(base_url=gateway.base_url, api_key=client.api_key, max_retries=0, timeout=1.0)
         released = waits(gateway)["released"]
-        mock_provider.control(provider, reset_counters=True, slow_ms=3000)
-        try:
-            ids = []
-            ask = burst(ids, model, prompt)
-            with ThreadPoolExecutor(4) as pool:
-                first = pool.submit(ask, (0, impatient))
-                wait_until(lambda: mock_provider.stats(provider)["calls"] >= 1)
-                others = [pool.submit(ask, (i, client)) for i in range(1, 4)]
-                with pytest.raises(openai.APITimeoutError):
-                    first.result(timeout=60)
-                results = [f.result(timeout=60) for f in others]
-        finally:
-            mock_provider.control(provider, slow_ms=0)
+        ids = []
+        ask = burst(ids, model, prompt)
+
+        def leaves() -> None:
+            with pytest.raises(openai.APITimeoutError):
+                ask((0, impatient))
+
+        _, *results = asked_while_the_first_is_at_the_provider(
+            mock_provider,
+            provider,
+            leaves,
+            [lambda i=i: ask((i, client)) for i in range(1, 4)],
+            reset_counters=True,
+            slow_ms=3000,
+        )
         # Each that waited asked for itself (nothing of the first was stored to serve them).
         assert results == [("miss", answer_text(prompt))] * 3
         assert mock_provider.stats(provider)["calls"] == 4
@@ -216,10 +233,10 @@ def test_what_the_request_allows_decides_whether_it_leads_or_waits(
 
         with ThreadPoolExecutor(3) as pool:
             first = pool.submit(ask_with, {"x-sentinel-cache-control": "no-store"})
-            wait_until(lambda: mock_provider.stats(provider)["calls"] >= 1)
+            at_provider(mock_provider, provider)
             # no lead was taken by the no-store request: this one leads, and is not served its answer
             second = pool.submit(ask, (0, client))
-            wait_until(lambda: mock_provider.stats(provider)["calls"] >= 2)
+            at_provider(mock_provider, provider, 2)
             # this one may not read: it asks too, though the second holds the lead
             third = pool.submit(ask_with, {"x-sentinel-cache-control": "no-cache"})
             results = [first.result(timeout=60), second.result(timeout=60), third.result(timeout=60)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import struct
-import time
 from decimal import Decimal
 
 import httpx
@@ -178,7 +177,7 @@ def test_the_same_input_is_served_from_the_exact_cache(gateway, tenant, api_key,
 def test_identical_inputs_in_flight_are_embedded_once(gateway, tenant, api_key, embedding_chain, mock_provider):
     """Four identical embedding requests while the first is at a slow provider: one provider call,
     the three others served its vectors from the exact tier (docs/cache.md, coalescing)."""
-    from concurrent.futures import ThreadPoolExecutor
+    from tests.gateway.test_cache_coalescing import asked_while_the_first_is_at_the_provider
 
     model, (provider,) = embedding_chain()
     client = OpenAI(base_url=gateway.base_url, api_key=api_key, max_retries=0, timeout=30)
@@ -188,18 +187,7 @@ def test_identical_inputs_in_flight_are_embedded_once(gateway, tenant, api_key, 
         reply = client.embeddings.with_raw_response.create(model=model, input=[text], encoding_format="float")
         return reply.headers["x-sentinel-cache"], reply.parse().data[0].embedding
 
-    mock_provider.control(provider, slow_ms=1000)
-    try:
-        with ThreadPoolExecutor(4) as pool:
-            first = pool.submit(embed)
-            deadline = time.monotonic() + 15
-            while mock_provider.stats(provider)["calls"] < 1:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-            others = [pool.submit(embed) for _ in range(3)]
-            results = [first.result(timeout=30)] + [f.result(timeout=30) for f in others]
-    finally:
-        mock_provider.control(provider, slow_ms=0)
+    results = asked_while_the_first_is_at_the_provider(mock_provider, provider, embed, [embed] * 3, slow_ms=1000)
     assert mock_provider.stats(provider)["calls"] == 1
     assert [tier for tier, _ in results] == ["miss", "hit-exact", "hit-exact", "hit-exact"]
     assert all(vector == results[0][1] for _, vector in results)

@@ -301,7 +301,7 @@ def test_a_stream_broken_after_it_started_ends_with_an_error_event(
 def test_identical_messages_in_flight_ask_the_provider_once(gateway, api_key, dialect_chain, mock_provider):
     """Anthropic's endpoint shares the chat cache's lead: three identical requests while the first
     (streamed) is at a slow provider make one provider call (docs/cache.md, coalescing)."""
-    from concurrent.futures import ThreadPoolExecutor
+    from tests.gateway.test_cache_coalescing import asked_while_the_first_is_at_the_provider
 
     model, (provider,) = dialect_chain("anthropic")
     client = anthropic.Anthropic(base_url=gateway.url, api_key=api_key, max_retries=0, timeout=30)
@@ -315,18 +315,9 @@ def test_identical_messages_in_flight_ask_the_provider_once(gateway, api_key, di
         raw = client.messages.with_raw_response.create(model=model, max_tokens=100, messages=messages)
         return raw.headers["x-sentinel-cache"], raw.parse().content[0].text
 
-    mock_provider.control(provider, slow_ms=1000)
-    try:
-        with ThreadPoolExecutor(3) as pool:
-            first = pool.submit(streamed)
-            deadline = time.monotonic() + 15
-            while mock_provider.stats(provider)["calls"] < 1:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-            others = [pool.submit(plain), pool.submit(streamed)]
-            results = [first.result(timeout=30)] + [f.result(timeout=30) for f in others]
-    finally:
-        mock_provider.control(provider, slow_ms=0)
+    results = asked_while_the_first_is_at_the_provider(
+        mock_provider, provider, streamed, [plain, streamed], slow_ms=1000
+    )
     expected = answer_text(messages[0]["content"])
     assert results == [("miss", expected), ("hit-exact", expected), ("hit-exact", expected)]
     assert mock_provider.stats(provider)["calls"] == 1
