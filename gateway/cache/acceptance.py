@@ -124,7 +124,9 @@ def _verdict(a: str, b: str, similarity: float, threshold: float) -> tuple[Verdi
         return Verdict(False, f"longer than {SEMANTIC_MAX_CHARS} characters: served only for the same prompt"), None
     ta, tb = tokens(a), tokens(b)
     if checks.wordless(ta) or checks.wordless(tb):
-        return Verdict(False, "no words (emoji, symbols or control characters): served only for the same prompt"), None
+        return Verdict(
+            False, "no words (emoji, punctuation or control characters): served only for the same prompt"
+        ), None
     if checks.same_words(ta, tb):
         return Verdict(True, "the same words"), None
     if not (checks.in_english(a) and checks.in_english(b)):

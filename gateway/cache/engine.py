@@ -481,7 +481,12 @@ async def _exact(
     if _expired(stored):
         _exact_local.pop(key.exact)
         return None, part, led
-    return Hit("hit-exact", stored["answer"], stored["id"], Decimal(stored["cost_usd"])), part, led
+    return _exact_hit(stored), part, led
+
+
+def _exact_hit(stored: dict) -> Hit:
+    """A hit from the exact tier's stored value."""
+    return Hit("hit-exact", stored["answer"], stored["id"], Decimal(stored["cost_usd"]))
 
 
 # How often a request waiting for an identical one's answer looks for it: from the first interval,
@@ -514,7 +519,7 @@ async def _exact_or_wait(
             if not _expired(stored):
                 _exact_local.set(key.exact, stored)
                 _metrics().cache_coalesced("served")
-                return Hit("hit-exact", stored["answer"], stored["id"], Decimal(stored["cost_usd"])), part, False
+                return _exact_hit(stored), part, False
         if holder is None:
             _metrics().cache_coalesced("released")
             return None, part, False
