@@ -79,6 +79,15 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
         # negation, opposites, languages, one vs several, the kind of question, the task
         ("Which fruits can dogs eat?", "Which fruits can dogs not eat?", "negation"),
         ("How do I make bread with yeast?", "How do I make bread without yeast?", "'without'"),
+        # both say "without", but one goes without what the other has (wrong hits on
+        # tests/data/cache_pairs_fresh8.jsonl), and front vs rear
+        (
+            "How do I bleed the rear brake on a motorcycle without ABS and without a vacuum bleeder?",
+            "bleed rear brake abs motorcycle without vacuum bleeder",
+            "'without abs' in one prompt",
+        ),
+        ("Can I bake bread without yeast and without an oven?", "Can I bake bread with yeast without an oven?", "'without"),
+        ("How do I bleed the front brake on my motorcycle?", "bleed rear brake motorcycle", "opposite words"),
         ("How can I increase my credit limit?", "How can I decrease my credit limit?", "opposite words"),
         ("What does a higher f-stop do to a photo?", "What does a lower f-stop do to a photo?", "opposite words"),
         ("How do I reverse a list in Python?", "How do I reverse a list in JavaScript?", "languages differ"),
@@ -337,6 +346,15 @@ def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_only_for_itself(
         # a search that names a time asks "when" as well
         ("How often should I feed a kitten?", "kitten feeding frequency"),
         ("When should I repot a monstera?", "best time to repot monstera"),
+        # "without" the same thing in other words (labeled paraphrases of the fresh7 and fresh8 sets)
+        (
+            "How do I wash a king-size down comforter in a front-loading washing machine without the filling clumping?",
+            "wash king size down comforter front loader without clumping",
+        ),
+        (
+            "Explain how to remove the hum without making our voices sound robotic.",
+            "how do i get rid of the hum without our voices sounding robotic?",
+        ),
     ],
 )
 def test_the_same_frequency_or_number_asked_in_other_words_passes_the_checks(a: str, b: str) -> None:

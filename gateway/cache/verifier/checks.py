@@ -41,7 +41,7 @@ _OPPOSITES = """
     valid:invalid true:false yes:no positive:negative good:bad best:worst better:worse hot:cold
     warm:cool wet:dry light:dark light:heavy hard:soft hard:easy difficult:easy strong:weak
     thick:thin wide:narrow deep:shallow old:new old:young ascending:descending horizontal:vertical
-    left:right top:bottom front:back north:south east:west sunrise:sunset summer:winter day:night
+    left:right top:bottom front:back front:rear north:south east:west sunrise:sunset summer:winter day:night
     morning:evening male:female man:woman adult:child parent:child buyer:seller
     employer:employee landlord:tenant client:server public:private inner:outer singular:plural
     prefix:suffix multiply:divide plus:minus sum:difference even:odd full:empty
@@ -324,6 +324,47 @@ def negation(ta: Tokens, tb: Tokens) -> str | None:
     for marker, words in (("negation", NEGATIONS - {"without"}), ("'without'", frozenset({"without"}))):
         if any(t.text in words for t in ta) != any(t.text in words for t in tb):
             return f"{marker} in only one prompt"
+    return _without_differs(ta, tb)
+
+
+_WITHOUT_SKIP = frozenset("using use having getting any some".split()) | STOPWORDS
+_CLAUSE_ENDS = frozenset("and or but with while when if so because".split())
+
+
+def _without(ts: Tokens) -> tuple[set[str], set[str]]:
+    """(the word each "without" governs, every word within its reach): "without ABS and without a
+    vacuum bleeder" governs {abs, vacuum}; the reach ends at punctuation, a conjunction or five
+    tokens."""
+    governed: set[str] = set()
+    reach: set[str] = set()
+    left, looking = 0, False
+    for t in ts:
+        if t.kind == "word" and t.text == "without":
+            left, looking = 5, True
+        elif left:
+            if t.kind == "punct" or t.text in _CLAUSE_ENDS:
+                left = 0
+                continue
+            left -= 1
+            if t.kind in ("word", "ident", "number"):
+                reach.add(stem(t.text))
+                if looking and t.text not in _WITHOUT_SKIP:
+                    governed.add(stem(t.text))
+                    looking = False
+    return governed, reach
+
+
+def _without_differs(ta: Tokens, tb: Tokens) -> str | None:
+    """Both prompts say "without", but one goes without what the other has: "... without ABS and
+    without a vacuum bleeder" / "... with ABS without a vacuum bleeder" (or "... abs motorcycle
+    without vacuum bleeder")."""
+    (governed_a, reach_a), (governed_b, reach_b) = _without(ta), _without(tb)
+    words_a = {stem(t.text) for t in ta if t.kind in ("word", "ident")}
+    words_b = {stem(t.text) for t in tb if t.kind in ("word", "ident")}
+    for governed, other_reach, other_words in ((governed_a, reach_b, words_b), (governed_b, reach_a, words_a)):
+        for word in sorted(governed - other_reach):
+            if word in other_words:
+                return f"'without {word}' in one prompt, {word!r} in the other"
     return None
 
 
