@@ -86,7 +86,11 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
             "bleed rear brake abs motorcycle without vacuum bleeder",
             "'without abs' in one prompt",
         ),
-        ("Can I bake bread without yeast and without an oven?", "Can I bake bread with yeast without an oven?", "'without"),
+        (
+            "Can I bake bread without yeast and without an oven?",
+            "Can I bake bread with yeast without an oven?",
+            "'without",
+        ),
         ("How do I bleed the front brake on my motorcycle?", "bleed rear brake motorcycle", "opposite words"),
         ("How can I increase my credit limit?", "How can I decrease my credit limit?", "opposite words"),
         ("What does a higher f-stop do to a photo?", "What does a lower f-stop do to a photo?", "opposite words"),
