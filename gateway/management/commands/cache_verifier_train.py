@@ -273,7 +273,7 @@ class Command(BaseCommand):
         added = [p for (p, _), hit in zip(candidates, served(context_threshold), strict=True) if hit]
         gate = context_gate(sorted(words[id(p)] for p in added if words[id(p)] < threshold), threshold)
         hits = {
-            id(p): words[id(p)] >= threshold or gate <= words[id(p)] and held_out[id(p)] >= context_threshold
+            id(p): words[id(p)] >= threshold or (gate <= words[id(p)] and held_out[id(p)] >= context_threshold)
             for p, _ in candidates
         }
         report = self.report(rows, hits, topics)
