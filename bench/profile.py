@@ -1,5 +1,5 @@
 """Where a web worker's time goes under load: py-spy samples the uvicorn workers while 32 requests at a
-time run against the zero-latency mock, streamed and not.
+time run against the zero-latency mock, streamed and not, and multi-turn conversations.
 
 Sentinel runs one uvicorn process per worker on SO_REUSEPORT sockets here, so the connections spread
 evenly. The first worker is also recorded as a flame graph (bench/results/profile-<mode>.svg); every
@@ -8,7 +8,7 @@ cost centres are counted: time by package of the innermost frame
 (self) and the share of samples that pass through each notable function (inclusive). py-spy samples
 only the thread holding the GIL (--gil), so percentages are shares of the worker's Python CPU time.
 
-    python -m bench profile [--seconds 20] [--rate 100] [--quick] [--out DIR]
+    python -m bench profile [--seconds 20] [--rate 100] [--modes nonstream,stream,multiturn] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from bench import loadgen, report
 from bench.stack import BASE_DIR, MODEL_ALIAS, Stack, add_stack_arguments, running_stack, web_server
 
 SCENARIO = "profile"
-MODES = {"nonstream": False, "stream": True}
+# mode: (streamed, multi-turn conversations as bench overhead's c32-multiturn sends them)
+MODES = {"nonstream": (False, False), "stream": (True, False), "multiturn": (False, True)}
 _FRAME = re.compile(r"^(?P<function>.*?) \((?P<file>[^()]*)\)$")
 
 # Cost centres counted inclusively: (label, file fragment, regex on the function name or None for any).
@@ -121,14 +122,18 @@ def py_spy() -> str:
     return found
 
 
-def record(stack: Stack, mode: str, stream: bool, seconds: float, rate: int, out: Path) -> dict:
+def record(stack: Stack, mode: str, seconds: float, rate: int, out: Path) -> dict:
+    from bench.overhead import conversation
+
+    stream, turns = MODES[mode]
     workers = stack.web_workers()
     svg, raw = out / f"profile-{mode}.svg", out / f"profile-{mode}.txt"
     run_id = uuid.uuid4().hex[:8]
 
     def body_for(i: int) -> dict:
         prompt = f"profile {run_id} {mode} {i}"
-        return {"model": MODEL_ALIAS, "messages": [{"role": "user", "content": prompt}], "stream": stream}
+        messages = conversation(prompt, i) if turns else [{"role": "user", "content": prompt}]
+        return {"model": MODEL_ALIAS, "messages": messages, "stream": stream}
 
     loadgen.run(
         loadgen.run_load(
@@ -180,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 seconds per mode: a smoke test")
     parser.add_argument("--seconds", type=float, default=20.0, help="sampling time per mode")
     parser.add_argument("--rate", type=int, default=100, help="samples per second")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     add_stack_arguments(parser)
     args = parser.parse_args(argv)
     seconds = 3.0 if args.quick else args.seconds
@@ -200,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         cache=args.cache,
         ledger_worker=True,
     ) as stack:
-        for mode, stream in MODES.items():
+        for mode in args.modes.split(","):
             print(f"  {mode}: sampling {seconds:.0f} s at c=32", flush=True)
-            modes.append(record(stack, mode, stream, seconds, args.rate, args.out))
+            modes.append(record(stack, mode, seconds, args.rate, args.out))
     result["modes"] = modes
     for found in modes:
         print()

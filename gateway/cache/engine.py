@@ -409,8 +409,12 @@ async def lookup(
         # Until the model has loaded (a few seconds after start) the semantic tier is skipped, not waited for.
         if found.hit is None and wants_semantic and embedder_ready():
             if not part.entries:
-                # Nothing stored in this partition: nothing to find, so nothing to embed or search.
+                # Nothing stored in this partition: nothing to find, so nothing to embed or search;
+                # and the answer is filed without a static vector (most such partitions never see
+                # a second lookup: a conversation's next turn is a new one). The first lookup that
+                # finds the partition with entries gives it one (_static_deferred).
                 _metrics().cache_semantic("skipped_empty")
+                found.deferred = True
                 return found
             if part.cold:
                 _seen_cold.set(key.partition, True)
