@@ -409,12 +409,14 @@ async def lookup(
         # Until the model has loaded (a few seconds after start) the semantic tier is skipped, not waited for.
         if found.hit is None and wants_semantic and embedder_ready():
             if not part.entries:
-                # Nothing stored in this partition: nothing to find, so nothing to embed or search;
-                # and the answer is filed without a static vector (most such partitions never see
-                # a second lookup: a conversation's next turn is a new one). The first lookup that
-                # finds the partition with entries gives it one (_static_deferred).
+                # Nothing stored in this partition: nothing to find, so nothing to embed or search.
+                # A conversation's partition (an answer before the prompt) is seldom asked again:
+                # its answer is filed without a static vector, which the first lookup that finds
+                # entries there gives it (_static_deferred). A partition with no conversation
+                # behind it (the tenant's, or one system prompt's) is its users' common one, whose
+                # first answers are asked again at once: they are filed with theirs.
                 _metrics().cache_semantic("skipped_empty")
-                found.deferred = True
+                found.deferred = key.conversation
                 return found
             if part.cold:
                 _seen_cold.set(key.partition, True)

@@ -27,6 +27,9 @@ class CacheKey:
     partition: str
     exact: str
     prompt: str  # the normalized last user message, for the semantic tier ("" when not text)
+    # An answer in the conversation before the prompt: the partition is that conversation's, and
+    # most are never asked again (the next turn is another partition).
+    conversation: bool = False
 
     @property
     def semantic(self) -> bool:
@@ -60,4 +63,5 @@ def cache_key(*, tenant_id: int, namespace: str, model_identity: tuple, body: di
         {"tenant": tenant_id, "namespace": namespace, "model": model_identity, "params": params, "context": context}
     )
     exact = _digest({"partition": partition, "last": last})
-    return CacheKey(partition=partition, exact=exact, prompt=prompt)
+    conversation = any(m.get("role") == "assistant" for m in context)
+    return CacheKey(partition=partition, exact=exact, prompt=prompt, conversation=conversation)

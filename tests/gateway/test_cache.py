@@ -260,12 +260,11 @@ def test_size_cap_evicts_the_least_recently_used(served, tenant, live_db):
 def test_a_new_partition_is_neither_embedded_nor_searched_until_it_is_asked_again(
     served, gateway, tenant, mock_provider, live_db
 ):
-    """A conversation's first question in a new partition has nothing to find: it is not embedded and
-    not searched, and its answer is stored with no vector at all (most such partitions are never
-    asked again: a conversation's next turn is a new one). A paraphrase asked next finds the entry
-    among those filed without a static vector, gives it one (written after the response), and
-    MiniLM embeds it and the first one in one run before it is served; a question the verifier
-    would refuse whatever MiniLM said (another number) is searched but never embedded."""
+    """The first question in a new partition (one system prompt's) has nothing to find: it is not
+    embedded and not searched, and its answer is stored with the static first stage's vector only. A paraphrase
+    asked next is found by that vector, and MiniLM embeds it and the first one in one run (the entry
+    has no MiniLM vector yet) before it is served; a question the verifier would refuse whatever
+    MiniLM said (another number) is searched but never embedded."""
     model, provider, client = served
     system = {"role": "system", "content": f"You answer questions about order {time.time_ns()}."}
 
@@ -289,7 +288,7 @@ def test_a_new_partition_is_neither_embedded_nor_searched_until_it_is_asked_agai
     assert first.headers["x-sentinel-cache"] == "miss"
     wait_stored(tenant, 1)
     entry = CacheEntry.objects.get(tenant=tenant)
-    assert entry.embedding is None and entry.static_embedding is None
+    assert entry.embedding is None and len(entry.static_embedding) == 256
     assert [b - a for a, b in zip(start, counters(), strict=True)] == [1, 0, 0, 0, 0]
 
     hit = converse("how do i reset my password")
@@ -297,16 +296,54 @@ def test_a_new_partition_is_neither_embedded_nor_searched_until_it_is_asked_agai
     assert hit.parse().choices[0].message.content == answer_text("How do I reset my password?")
     assert [b - a for a, b in zip(start, counters(), strict=True)] == [1, 1, 1, 1, 1]
     deadline = time.monotonic() + 10  # its vector is written after that response
-    while entry.embedding is None or entry.static_embedding is None:
-        assert time.monotonic() < deadline, "the entry's vectors were never written"
+    while entry.embedding is None:
+        assert time.monotonic() < deadline, "the entry's MiniLM vector was never written"
         time.sleep(0.05)
         entry.refresh_from_db()
-    assert len(entry.embedding) == 384 and len(entry.static_embedding) == 256
+    assert len(entry.embedding) == 384
 
     # Only a number differs from the entry: the verifier would refuse it at any cosine, so no MiniLM.
     assert converse("How do I reset my password on 3 devices?").headers["x-sentinel-cache"] == "miss"
     assert [b - a for a, b in zip(start, counters(), strict=True)] == [1, 2, 1, 1, 1]
     assert mock_provider.stats(provider)["calls"] == 2
+
+
+def test_a_conversations_first_answer_is_filed_without_a_vector_and_still_found(
+    served, gateway, tenant, mock_provider, live_db
+):
+    """A turn of a conversation (an answer before the prompt) is its own partition, seldom asked
+    again: its answer is filed with no vector at all. A paraphrase asked in the same conversation
+    finds it among the entries filed without one, gives it its static vector (written after the
+    response) and is served it."""
+    model, provider, client = served
+    turns = [
+        {"role": "system", "content": f"You answer questions about order {time.time_ns()}."},
+        {"role": "user", "content": "Where is my parcel?"},
+        {"role": "assistant", "content": "It left the depot this morning."},
+    ]
+
+    def converse(question: str):
+        return client.chat.completions.with_raw_response.create(
+            model=model, messages=[*turns, {"role": "user", "content": question}]
+        )
+
+    first = converse("How do I reset my password?")
+    assert first.headers["x-sentinel-cache"] == "miss"
+    wait_stored(tenant, 1)
+    entry = CacheEntry.objects.get(tenant=tenant)
+    assert (entry.embedding, entry.static_embedding) == (None, None)
+
+    hit = converse("how do i reset my password")
+    assert hit.headers["x-sentinel-cache"] == "hit-semantic"
+    assert hit.parse().choices[0].message.content == answer_text("How do I reset my password?")
+    assert mock_provider.stats(provider)["calls"] == 1
+    deadline = time.monotonic() + 10  # written after that response
+    while entry.static_embedding is None:
+        assert time.monotonic() < deadline, "the entry's static vector was never written"
+        time.sleep(0.05)
+        entry.refresh_from_db()
+    assert len(entry.static_embedding) == 256
+    assert CacheEntry.objects.filter(tenant=tenant).count() == 1
 
 
 def wait_for_prompt(tenant, prompt: str, timeout: float = 10.0) -> None:

@@ -412,3 +412,19 @@ def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_by_the_exact_tie
     row = CacheEntry.objects.get(partition=key.partition)
     assert (row.prompt, row.static_embedding, row.embedding) == (long, None, None)
     assert sync_redis().get(redis_keys.cache_partition_count(key.partition)) is None
+
+
+def test_a_key_knows_whether_a_conversation_is_behind_its_prompt() -> None:
+    """An answer before the prompt makes the partition a conversation's (its first answer is filed
+    without a vector); a system prompt alone does not (its partition is its users' common one)."""
+    system = {"role": "system", "content": "Be brief."}
+    asked = {"role": "user", "content": "And then?"}
+
+    def key(*messages: dict):
+        return cache_key(tenant_id=1, namespace="", model_identity=("m",), body={"messages": list(messages)})
+
+    assert not key(asked).conversation
+    assert not key(system, asked).conversation
+    assert key(
+        system, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, asked
+    ).conversation
