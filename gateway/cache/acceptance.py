@@ -149,8 +149,15 @@ _UNDECIDED = Verdict(False, "undecided")
 
 def warm_up() -> None:
     """Load what verify() reads on first use and is slow to load: the language identifier (half a
-    second)."""
+    second), MiniLM's word-piece table the pair features read (30,522 x 384, centred and normalised:
+    a few hundred milliseconds on a loaded host, which the first lookup to reach the pair model paid
+    inside its 500 ms and failed open) and the pair models' weights."""
     checks.in_english("warm up the language identifier")
+    verdict, _ = by_words("How do I warm up the verifier?", "how can i warm up the verifier", 0.99)
+    if not verdict.reason.startswith(("cosine", "pair model")):
+        raise RuntimeError(f"the verifier's warm-up pair did not reach the pair model: {verdict.reason}")
+    context_model()
+    context_cuts()
 
 
 def context_texts(a: str, b: str) -> tuple[str, str]:

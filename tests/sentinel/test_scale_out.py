@@ -22,7 +22,7 @@ from billing.ledger import drain
 from billing.models import LedgerEntry
 from gateway.mock_provider import answer_text
 from tests.loadbalancer import RoundRobinProxy
-from tests.servers import GatewayServer, scrape_metrics, start_gateway
+from tests.servers import GatewayServer, scrape_metrics, start_gateway, wait_semantic_ready
 
 GATEWAYS = 3
 
@@ -184,6 +184,9 @@ def test_an_answer_cached_through_one_gateway_is_served_by_the_others(
     while not CacheEntry.objects.filter(tenant=tenant).exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     exact = post(fleet.gateways[1].url, key, alias, stored, **{"x-sentinel-cache-control": ""})
+    # Until a process has loaded its embedding model its semantic tier is skipped (the fleet may have
+    # started just before this test).
+    wait_semantic_ready(fleet.gateways[2])
     paraphrase = post(
         fleet.gateways[2].url, key, alias, "how can i rotate my api key", **{"x-sentinel-cache-control": ""}
     )
