@@ -22,7 +22,7 @@ import aiohttp
 
 from bench import report
 from bench.stack import _python_child as python_child
-from bench.stack import add_stack_arguments, free_port, running_stack, wait_ready, web_server
+from bench.stack import add_stack_arguments, free_ports, running_stack, wait_ready, web_server
 
 SCENARIO = "admission"
 
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     result = report.envelope(SCENARIO, quick=args.quick)
     result["config"] = {"gateway_processes": 4, "web_server": web_server(args)}
     with running_stack(out_dir=args.out, data_dir=args.data_dir, workers=1, mock_profile="zero") as stack:
-        ports = [free_port() for _ in range(3)]
+        ports = free_ports(3)
         for n, port in enumerate(ports, 2):
             child = python_child(
                 f"web-{n}", "-m", "sentinel.web", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"

@@ -74,7 +74,7 @@ def config(mock_url: str, provider: str) -> dict:
 
 def start(mock_url: str, log_dir: Path, *, provider: str = "bench") -> tuple[Child, str]:
     """Start the proxy on a free port; returns its Child and base URL (not yet ready)."""
-    from bench.stack import free_port
+    from sentinel.startup import free_port
 
     command = ensure_installed()
     config_file = log_dir / "litellm-config.yaml"

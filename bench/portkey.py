@@ -62,7 +62,7 @@ def ensure_installed(data_dir: Path) -> Path:
 
 def start(data_dir: Path, log_dir: Path) -> tuple[Child, str]:
     """Start the gateway on a free port; returns its Child and base URL (not yet ready)."""
-    from bench.stack import free_port
+    from sentinel.startup import free_port
 
     script = ensure_installed(data_dir)
     port = free_port()

@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench import loadgen, report
+from bench.overhead import conversation
 from bench.stack import BASE_DIR, MODEL_ALIAS, Stack, add_stack_arguments, running_stack, web_server
 
 SCENARIO = "profile"
@@ -123,8 +124,6 @@ def py_spy() -> str:
 
 
 def record(stack: Stack, mode: str, seconds: float, rate: int, out: Path) -> dict:
-    from bench.overhead import conversation
-
     stream, turns = MODES[mode]
     workers = stack.web_workers()
     svg, raw = out / f"profile-{mode}.svg", out / f"profile-{mode}.txt"

@@ -28,11 +28,11 @@ from bench import report
 from bench.stack import (
     MODEL_ALIAS,
     add_stack_arguments,
-    free_port,
     running_stack,
     wait_ready,
 )
 from bench.stack import _python_child as python_child
+from sentinel.startup import free_port
 
 SCENARIO = "redis_stall"
 LIMITS = {"requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000, "max_concurrent": 10_000}

@@ -20,7 +20,7 @@ import httpx
 import psutil
 
 from sentinel.run import Child, celery_beat, celery_worker, stop_all
-from sentinel.startup import free_port, wait_until_ready
+from sentinel.startup import free_ports, wait_until_ready
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = BASE_DIR / ".data" / "bench"
@@ -356,7 +356,7 @@ def running_stack(
     log_dir.mkdir(parents=True, exist_ok=True)
     embedded = setup_django(data_dir)
     stack = Stack(log_dir=log_dir, data_dir=data_dir, workers=workers, embedded=embedded, cache=cache)
-    mock_port, web_port = free_port(), free_port()
+    mock_port, web_port = free_ports(2)
     stack.mock_url = f"http://127.0.0.1:{mock_port}"
     stack.gateway_url = f"http://127.0.0.1:{web_port}"
     stack.key = prepare_bench_tenant(stack.mock_url)

@@ -12,9 +12,23 @@ import httpx
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (the OS's choice)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different such ports: each socket is held until all are chosen (a port chosen and let
+    go may be the OS's next choice too, before the process it was for has bound it: a full test run
+    once gave two Valkey cluster nodes one port)."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def wait_until_ready(url: str, *, timeout: float, stopped: Callable[[], str | None] | None = None) -> None:

@@ -8,7 +8,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -16,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+
+from sentinel.startup import free_ports
 
 SLOT_RANGES = ((0, 5460), (5461, 10922), (10923, 16383))
 # A primary that stops answering is failed over in about two of these. Quick for the tests that
@@ -140,28 +141,12 @@ def _own_slots(node: Node) -> list[tuple[int, int]]:
     return ranges
 
 
-def _distinct_ports(count: int) -> list[int]:
-    """`count` different free ports: each socket is held until all are chosen (a port chosen and let
-    go may be the OS's next choice too, before the node it was for has bound it: a full run once
-    gave two nodes one port)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sockets.append(sock)
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def start_cluster(timeout: float = 60.0, node_timeout_ms: int = DEFAULT_NODE_TIMEOUT_MS) -> ValkeyCluster:
     directory = Path(tempfile.mkdtemp(prefix="sentinel-valkey-cluster-"))
     cluster = ValkeyCluster(directory)
     binary = _binary()
     try:
-        ports = _distinct_ports(12)
+        ports = free_ports(12)
         for port, bus in zip(ports[::2], ports[1::2], strict=True):
             data = directory / str(port)
             data.mkdir()

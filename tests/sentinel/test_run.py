@@ -20,7 +20,8 @@ import psycopg
 import pytest
 
 from gateway.mock_provider import answer_text
-from tests.servers import BASE_DIR, database_url_for, free_port, scrape_metrics
+from sentinel.startup import free_ports
+from tests.servers import BASE_DIR, database_url_for, scrape_metrics
 
 pytestmark = pytest.mark.servers  # runs `python -m sentinel.run` in a subprocess
 
@@ -69,10 +70,11 @@ def run_env(data_dir: Path, **extra: str) -> dict[str, str]:
         for k, v in os.environ.items()
         if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "SENTINEL_DATA_DIR")
     }
+    web_port, mock_port = free_ports(2)
     env.update(
         SENTINEL_DATA_DIR=str(data_dir),
-        SENTINEL_PORT=str(free_port()),
-        SENTINEL_MOCK_PORT=str(free_port()),
+        SENTINEL_PORT=str(web_port),
+        SENTINEL_MOCK_PORT=str(mock_port),
         SENTINEL_WEB_WORKERS="1",
         **extra,
     )
