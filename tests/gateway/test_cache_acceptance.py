@@ -103,6 +103,11 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
         # a comparison against something else asked about the two things (wrong hits of the 16-topic set)
         ("tcp vs udp", "Should I use UDP instead of TCP?", "comparison differs"),
         ("tcp vs udp", "When should I use UDP instead of TCP?", "question differs"),
+        # a count vs a length or a time, both asked with "how" (wrong hits of the fresh9 and fresh7 sets)
+        ("How many periods are in an NHL game?", "How long is each period in an NHL game?", "question differs"),
+        ("How many lanes does an Olympic pool have?", "How long is an Olympic pool?", "question differs"),
+        ("Why are poses held so long in yin yoga?", "yin yoga how long to hold poses", "question differs"),
+        ("Why does countersteering work on a motorcycle?", "countersteering motorcycle how to", "question differs"),
         ("router vs modem", "Do I need both a router and a modem?", "comparison differs"),
         # pasted text
         ("Summarize this: The launch moved to May.", "Summarize this: The launch moved to June.", "pasted"),
@@ -347,6 +352,15 @@ def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_only_for_itself(
         # the same zone under another of its names
         ("If it's 3pm ET, what time is it in PT?", "3 pm eastern = what time pacific?"),
         ("What is 15:00 UTC in PST?", "15:00 GMT to Pacific time"),
+        # a count in units is a measure ("how many minutes" asks "how long"); a rate is neither
+        ("How long does it take to boil pasta?", "How many minutes does it take to boil pasta?"),
+        ("How many ounces are in a pound?", "how many oz in a lb"),
+        ("How many times a week should a beginner ride?", "how many rides a week should a beginner do?"),
+        ("How far back can a DNA test find relatives?", "how many generations back can a dna test find relatives"),
+        ("how many words per minute should i speak", "How fast should I speak, in words per minute?"),
+        ("How many points does the winner of a Grand Prix get?", "how many pts does the grand prix winner get"),
+        # a question word inside a search asks what it asks
+        ("How do I play an F major barre chord?", "F major barre chord how to play"),
         # a search that names a time asks "when" as well
         ("How often should I feed a kitten?", "kitten feeding frequency"),
         ("When should I repot a monstera?", "best time to repot monstera"),

@@ -8,6 +8,7 @@ operators, negation, opposites, named languages, the direction of "X to Y" and o
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from gateway.cache.verifier.text import (
     STOPWORDS,
     Token,
     Tokens,
+    names_unit,
     stem,
     tokens,
 )
@@ -511,14 +513,18 @@ _ENTITY_QUESTION = {"year": "when", "date": "when", "day": "when", "month": "whe
 _ENTITY_QUESTION |= {"city": "where", "country": "where", "place": "where", "person": "who"}
 
 
-def _clauses(ts: Tokens) -> list[list[str]]:
-    clauses: list[list[str]] = [[]]
+def _token_clauses(ts: Tokens) -> list[list[Token]]:
+    clauses: list[list[Token]] = [[]]
     for token in ts:
         if token.kind == "punct" or token.text in ("and", "or", "but"):
             clauses.append([])
         elif token.kind in ("word", "ident", "number"):
-            clauses[-1].append(token.text)
+            clauses[-1].append(token)
     return [c for c in clauses if c]
+
+
+def _clauses(ts: Tokens) -> list[list[str]]:
+    return [[t.text for t in clause] for clause in _token_clauses(ts)]
 
 
 def _question_kinds(ts: Tokens) -> set[str]:
@@ -563,16 +569,72 @@ def _keywords_only(ts: Tokens) -> bool:
     )
 
 
+_MEASURES = frozenset("long far tall high big large heavy deep wide fast old".split())
+_RATE = frozenset("per a an each every".split())
+# Where the noun phrase after "how many" ends ("how many US gallons are in ...").
+_COUNTED_ENDS = _AUXILIARIES | frozenset("in of to for on at from per does do should would can could i you we".split())
+_RATE_PERIODS = frozenset("second minute hour day night week month year session set game".split())
+
+
+def _how_many_kinds(ts: Tokens) -> set[str]:
+    """What each "how many" or "how <measure>" of a prompt counts: "count" (things: "how many
+    periods", "how many lanes") or "measure" (a size, a length, a time: "how long", "how many
+    minutes", "how many oz"). Not "how many times" or "how many lessons a week": a rate is asked
+    either way ("how often"); nor "how far back", a span asked in any unit."""
+    kinds = set()
+    for clause in _token_clauses(ts):
+        words = [t.text for t in clause]
+        for i in range(len(clause) - 1):
+            if words[i] != "how":
+                continue
+            following, rest = words[i + 1], words[i + 2 :]
+            if following == "many" and rest:
+                after = rest[1:]
+                rate = "per" in after or any(
+                    w in _RATE and j + 1 < len(after) and after[j + 1] in _RATE_PERIODS for j, w in enumerate(after)
+                )
+                if rest[0] != "times" and not rate:
+                    counted = itertools.takewhile(lambda t: t.text not in _COUNTED_ENDS, clause[i + 2 : i + 5])
+                    unit = any(names_unit(t.text) or any(k.startswith("unit:") for k in t.keys) for t in counted)
+                    kinds.add("measure" if unit else "count")
+            elif following in _MEASURES and not (rest and rest[0] in ("back", "ahead", "in", "into")):
+                kinds.add("measure")
+    return kinds
+
+
+def _asked_inside(ts: Tokens) -> set[str]:
+    """The kinds a search-style query asks with a question word inside it ("yin yoga how long to
+    hold poses", "countersteering technique how to"): "how", "quantity", "when", "why"."""
+    kinds = set()
+    for clause in _clauses(ts):
+        for i in range(1, len(clause)):
+            if clause[i] == "why":
+                kinds.add("why")
+            elif clause[i] == "how" and i + 1 < len(clause):
+                following = clause[i + 1]
+                kinds.add("when" if following in _FREQUENCY else "quantity" if following in _QUANTITY else "how")
+    return kinds
+
+
 def question(ta: Tokens, tb: Tokens) -> str | None:
-    """Different kinds of answer: "when did it fall" vs "why did it fall". A prompt that asks no
-    question ("berlin wall fall date") constrains nothing, except that a search-style query is
-    not a "when" question unless it names a time ("reefing a mainsail" is how, not when)."""
+    """Different kinds of answer: "when did it fall" vs "why did it fall", "how many periods" vs
+    "how long is a period". A prompt that asks no question ("berlin wall fall date") constrains
+    nothing, except that a search-style query is not a "when" question unless it names a time
+    ("reefing a mainsail" is how, not when), and one with a question word inside it asks what that
+    word asks ("yin yoga how long to hold poses" is not "why are poses held so long")."""
     qa, qb = _question_kinds(ta), _question_kinds(tb)
     if qa and qb and qa != qb and (qa | qb) != {"where", "how"}:
         return f"question differs: {_show(qa)} vs {_show(qb)}"
+    ka, kb = _how_many_kinds(ta), _how_many_kinds(tb)
+    if ka and kb and ka != kb:
+        return f"question differs: {_show(ka)} vs {_show(kb)}"
     for asked, other, query in ((qa, qb, tb), (qb, qa, ta)):
         if "when" in asked and not other and _keywords_only(query) and not any(t.text in _TIME_WORDS for t in query):
             return "question differs: {when} vs a search naming no time"
+        if asked and not other and not any(t.text == "?" or t.text in _REQUEST_VERBS for t in query):
+            inside, named = _asked_inside(query), asked - {"yesno"}
+            if inside and named and not inside & named and (inside | named) != {"where", "how"}:
+                return f"question differs: {_show(named)} vs a search asking {_show(inside)}"
     return None
 
 

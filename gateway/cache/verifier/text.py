@@ -217,6 +217,16 @@ def _unit(word: str) -> str | None:
     return UNITS.get(word) or (UNITS.get(stem(word)) if len(word) > 3 else None)
 
 
+def names_unit(word: str) -> bool:
+    """Whether a word names a unit of measure, in the singular or the plural ("minutes", "ounces":
+    the stem drops their "e"), or a few the unit table leaves out ("calories", "yrs")."""
+    plural = len(word) > 4 and word.endswith("s") and _unit(word[:-1])
+    return bool(_unit(word) or plural or word in _OTHER_MEASURES)
+
+
+_OTHER_MEASURES = frozenset("calorie calories kcal cal yr yrs".split())
+
+
 def _number_value(text: str) -> str:
     value = float(text.replace(",", ""))
     return str(int(value)) if value.is_integer() else repr(value)
