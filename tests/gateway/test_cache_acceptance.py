@@ -93,6 +93,13 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
         ),
         ("How do I bleed the front brake on my motorcycle?", "bleed rear brake motorcycle", "opposite words"),
         ("How can I increase my credit limit?", "How can I decrease my credit limit?", "opposite words"),
+        # both sides named, one of them once more (wrong hits of the fresh11 set)
+        (
+            "Why do my arrows hit left of where I aim when I shoot right-handed?",
+            "Why do my arrows hit right of where I aim when I shoot right-handed?",
+            "opposite words",
+        ),
+        ("fix high left tear right handed compound bow", "How do I fix a high-left tear on my left-handed bow?", "opposite"),
         ("What does a higher f-stop do to a photo?", "What does a lower f-stop do to a photo?", "opposite words"),
         ("How do I reverse a list in Python?", "How do I reverse a list in JavaScript?", "languages differ"),
         ("Give me an example of a prime number.", "Give me examples of prime numbers.", "one vs several"),

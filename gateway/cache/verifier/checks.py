@@ -386,11 +386,16 @@ def _base(word: str) -> str:
 
 
 def opposites(ta: Tokens, tb: Tokens) -> str | None:
-    sa = {_base(t.text) for t in ta if t.kind in ("word", "ident")}
-    sb = {_base(t.text) for t in tb if t.kind in ("word", "ident")}
-    for word in sorted(sa - sb):
+    """One prompt says a word more often than the other, which says its opposite more often: "turn
+    on" / "turn off", and also a swap where both sides appear ("hitting left ... right-handed" /
+    "hitting right ... right-handed"; a set of words cannot tell those apart)."""
+    ca = Counter(_base(t.text) for t in ta if t.kind in ("word", "ident"))
+    cb = Counter(_base(t.text) for t in tb if t.kind in ("word", "ident"))
+    for word in sorted(ca):
+        if ca[word] <= cb[word]:
+            continue
         for opposite in sorted(_OPPOSITE.get(word, ())):
-            if opposite in sb and opposite not in sa:
+            if cb[opposite] > ca[opposite]:
                 return f"opposite words: {word!r} vs {opposite!r}"
     return None
 
