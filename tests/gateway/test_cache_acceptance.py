@@ -99,7 +99,7 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
             "Why do my arrows hit right of where I aim when I shoot right-handed?",
             "opposite words",
         ),
-        ("fix high left tear right handed compound bow", "How do I fix a high-left tear on my left-handed bow?", "opposite"),
+        ("fix high left tear right handed bow", "How do I fix a high-left tear on my left-handed bow?", "opposite"),
         ("What does a higher f-stop do to a photo?", "What does a lower f-stop do to a photo?", "opposite words"),
         ("How do I reverse a list in Python?", "How do I reverse a list in JavaScript?", "languages differ"),
         ("Give me an example of a prime number.", "Give me examples of prime numbers.", "one vs several"),
@@ -115,6 +115,8 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
         ("How many lanes does an Olympic pool have?", "How long is an Olympic pool?", "question differs"),
         ("Why are poses held so long in yin yoga?", "yin yoga how long to hold poses", "question differs"),
         ("Why does countersteering work on a motorcycle?", "countersteering motorcycle how to", "question differs"),
+        ('When are you supposed to say "osu" in karate?', 'What does "osu" mean in karate?', "question differs"),
+        ("Why was DRS introduced in Formula 1?", "What does DRS stand for in Formula 1?", "question differs"),
         ("router vs modem", "Do I need both a router and a modem?", "comparison differs"),
         # pasted text
         ("Summarize this: The launch moved to May.", "Summarize this: The launch moved to June.", "pasted"),

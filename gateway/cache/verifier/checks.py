@@ -621,18 +621,30 @@ def _asked_inside(ts: Tokens) -> set[str]:
     return kinds
 
 
+def _asks_meaning(ts: Tokens) -> bool:
+    """ "What does 'osu' mean?", "what is the meaning of ...", "what does DRS stand for?"."""
+    return any(
+        clause[0] == "what" and ("mean" in clause or "meaning" in clause or ("stand" in clause and "for" in clause))
+        for clause in _clauses(ts)
+    )
+
+
 def question(ta: Tokens, tb: Tokens) -> str | None:
     """Different kinds of answer: "when did it fall" vs "why did it fall", "how many periods" vs
-    "how long is a period". A prompt that asks no question ("berlin wall fall date") constrains
-    nothing, except that a search-style query is not a "when" question unless it names a time
-    ("reefing a mainsail" is how, not when), and one with a question word inside it asks what that
-    word asks ("yin yoga how long to hold poses" is not "why are poses held so long")."""
+    "how long is a period", "what does 'osu' mean" vs "when do you say 'osu'". A prompt that asks
+    no question ("berlin wall fall date") constrains nothing, except that a search-style query is
+    not a "when" question unless it names a time ("reefing a mainsail" is how, not when), and one
+    with a question word inside it asks what that word asks ("yin yoga how long to hold poses" is
+    not "why are poses held so long")."""
     qa, qb = _question_kinds(ta), _question_kinds(tb)
     if qa and qb and qa != qb and (qa | qb) != {"where", "how"}:
         return f"question differs: {_show(qa)} vs {_show(qb)}"
     ka, kb = _how_many_kinds(ta), _how_many_kinds(tb)
     if ka and kb and ka != kb:
         return f"question differs: {_show(ka)} vs {_show(kb)}"
+    for own, asked, other in ((ta, qa, qb), (tb, qb, qa)):
+        if not asked and other - {"yesno"} and _asks_meaning(own):
+            return f"question differs: what it means vs {_show(other)}"
     for asked, other, query in ((qa, qb, tb), (qb, qa, ta)):
         if "when" in asked and not other and _keywords_only(query) and not any(t.text in _TIME_WORDS for t in query):
             return "question differs: {when} vs a search naming no time"
