@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 LAYER = 4
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # 2: eager attention
 NAMES = (
     "ctx_piece_f",  # BERTScore F over all word pieces
     "ctx_piece_min_pr",  # the smaller of its precision and recall
@@ -77,7 +77,10 @@ def export_onnx(model_dir: Path, target: Path) -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # a process's log lines are JSON, one a line
-    bert = AutoModel.from_pretrained(str(model_dir)).eval()
+    # Attention written out in plain operators (not scaled_dot_product_attention's export): 101
+    # fewer nodes in the int8 graph and about 7% less time a prompt (2.07-2.13 against 2.25-2.28 ms
+    # for 62 word pieces), with the same verdict on every labeled candidate (docs/cache.md).
+    bert = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()
     bert.encoder.layer = bert.encoder.layer[:LAYER]
 
     class _Cut(torch.nn.Module):

@@ -178,24 +178,38 @@ def stems(word: str) -> set[str]:
     return found
 
 
+_ABBREVIATION_RE = re.compile(r"\b(e\.g|i\.e|etc)\.", re.IGNORECASE)
+_TEMPERATURE_RE = re.compile(r"(?:°\s*|\bdegrees?\s+)([FfCc])\b")
+_NOT_EQUAL_RE = re.compile(r"!==?")
+_EQUAL_RE = re.compile(r"===?")
+_WITHOUT_RE = re.compile(r"\bw/o\b")
+_JOINING_HYPHEN_RE = re.compile(r"(?<=[A-Za-z0-9])-(?=[A-Za-z])")
+_SPACED_DASH_RE = re.compile(r"\s-+\s")
+_ASKING_EQUALS_RE = re.compile(r"=\s*(?=\?|what\b|how\b)", re.IGNORECASE)
+_PLUS_AND_RE = re.compile(r"(?<=[A-Za-z]{2})\s\+\s(?=[A-Za-z]{2})")
+_SLASH_OR_RE = re.compile(r"(?<=[A-Za-z])\s/\s(?=[A-Za-z])")
+_AMOUNT_RE = re.compile(r"([$€£¥])\s?(\d[\d,.]*\d|\d)")
+_CURRENCY_RE = re.compile(r"[$€£¥]")
+
+
 def _prepare(text: str) -> str:
     """Spell out symbols and informal forms so that equal requests tokenise alike."""
     text = unicodedata.normalize("NFKC", text.translate(_SUPERSCRIPTS).translate(_PUNCT_MAP))
-    text = re.sub(r"\b(e\.g|i\.e|etc)\.", " ", text, flags=re.IGNORECASE)
+    text = _ABBREVIATION_RE.sub(" ", text)
     text = _INFORMAL_RE.sub(lambda m: _INFORMAL[m.group(1).lower()], text)
-    text = re.sub(r"(?:°\s*|\bdegrees?\s+)([FfCc])\b", lambda m: " fahrenheit " if m[1] in "Ff" else " celsius ", text)
+    text = _TEMPERATURE_RE.sub(lambda m: " fahrenheit " if m[1] in "Ff" else " celsius ", text)
     text = text.replace("°", " degree ").replace("%", " percent ").replace("&", " and ")
-    text = re.sub(r"!==?", " not equal ", text)
-    text = re.sub(r"===?", " equal ", text)
-    text = re.sub(r"\bw/o\b", " without ", text)
+    text = _NOT_EQUAL_RE.sub(" not equal ", text)
+    text = _EQUAL_RE.sub(" equal ", text)
+    text = _WITHOUT_RE.sub(" without ", text)
     # A hyphen inside a word joins parts ("wi-fi", "3-day"); a spaced dash is punctuation.
-    text = re.sub(r"(?<=[A-Za-z0-9])-(?=[A-Za-z])", " ", text)
-    text = re.sub(r"\s-+\s", " , ", text).replace("->", " to ").replace("=>", " to ")
-    text = re.sub(r"=\s*(?=\?|what\b|how\b)", " is ", text, flags=re.IGNORECASE)
-    text = re.sub(r"(?<=[A-Za-z]{2})\s\+\s(?=[A-Za-z]{2})", " and ", text)
-    text = re.sub(r"(?<=[A-Za-z])\s/\s(?=[A-Za-z])", " or ", text)
-    text = re.sub(r"([$€£¥])\s?(\d[\d,.]*\d|\d)", lambda m: f"{m[2]} {_CURRENCY[m[1]]}", text)
-    return re.sub(r"[$€£¥]", lambda m: f" {_CURRENCY[m[0]]} ", text)
+    text = _JOINING_HYPHEN_RE.sub(" ", text)
+    text = _SPACED_DASH_RE.sub(" , ", text).replace("->", " to ").replace("=>", " to ")
+    text = _ASKING_EQUALS_RE.sub(" is ", text)
+    text = _PLUS_AND_RE.sub(" and ", text)
+    text = _SLASH_OR_RE.sub(" or ", text)
+    text = _AMOUNT_RE.sub(lambda m: f"{m[2]} {_CURRENCY[m[1]]}", text)
+    return _CURRENCY_RE.sub(lambda m: f" {_CURRENCY[m[0]]} ", text)
 
 
 _RAW_TOKEN_RE = re.compile(
@@ -232,10 +246,13 @@ def _number_value(text: str) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
+_CODE_CHARACTER_RE = re.compile(r"[0-9_.@/#+<\[]|[a-z][A-Z]")
+
+
 @lru_cache(maxsize=65536)  # a pure function of one word: words recur from prompt to prompt
 def _is_identifier(raw: str) -> bool:
     """Code-ish tokens match only exactly: `List<String>`, `useState`, `SUMIFS`."""
-    return bool(re.search(r"[0-9_.@/#+<\[]", raw) or re.search(r"[a-z][A-Z]", raw) or (len(raw) >= 2 and raw.isupper()))
+    return bool(_CODE_CHARACTER_RE.search(raw) or (len(raw) >= 2 and raw.isupper()))
 
 
 def _raw_tokens(text: str) -> list[tuple[str, str, bool]]:
