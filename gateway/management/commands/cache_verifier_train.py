@@ -107,7 +107,7 @@ def fit(x: np.ndarray, y: np.ndarray):
 # logistic regression (stumps of 500 rounds; depth 2 and 3 gave 30.3% and 27.7%, sklearn's
 # non-histogram boosting 26.8%: the gain is there, its size within a few points). Over the 91
 # topics of SOURCES: 27.0% at 0.97% (0.81% with GATE_TAIL). tests/data/cache_pairs_fresh7.jsonl to
-# _fresh11.jsonl are kept out: the sets written after it (docs/cache.md).
+# _fresh12.jsonl are kept out: the sets written after it (docs/cache.md).
 STUMPS = {"max_depth": 1, "max_iter": 500, "learning_rate": 0.1}
 
 
