@@ -50,7 +50,8 @@ _OPPOSITES = """
     permanent:temporary manual:automatic online:offline active:inactive win:lose pass:fail
     success:failure agree:disagree like:dislike entry:exit arrival:departure domestic:international
     local:remote senior:junior hire:fire same:different cause:effect prevent:treat read:write
-    eat:avoid include:avoid catch:throw import:export hand:machine prevent:treatment uppercase:lowercase
+    eat:avoid include:avoid best:avoid good:avoid recommend:avoid ideal:avoid catch:throw import:export
+    hand:machine prevent:treatment uppercase:lowercase
     prevention:treat prevention:treatment
 """
 # Words between two shared words that make their order meaningful ("X to Y", "X than Y").
