@@ -118,6 +118,7 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
         ("Why does countersteering work on a motorcycle?", "countersteering motorcycle how to", "question differs"),
         ('When are you supposed to say "osu" in karate?', 'What does "osu" mean in karate?', "question differs"),
         ("Why was DRS introduced in Formula 1?", "What does DRS stand for in Formula 1?", "question differs"),
+        ("What is the Inverted Jenny stamp?", "How many Inverted Jenny stamps are known to exist?", "question differs"),
         ("router vs modem", "Do I need both a router and a modem?", "comparison differs"),
         # pasted text
         ("Summarize this: The launch moved to May.", "Summarize this: The launch moved to June.", "pasted"),
@@ -369,6 +370,9 @@ def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_only_for_itself(
         ("How far back can a DNA test find relatives?", "how many generations back can a dna test find relatives"),
         ("how many words per minute should i speak", "How fast should I speak, in words per minute?"),
         ("How many points does the winner of a Grand Prix get?", "how many pts does the grand prix winner get"),
+        # "what is" a value of something asks that value
+        ("How many people live in Germany?", "What is the population of Germany?"),
+        ("How many miles is 5 kilometers?", "whats 5 km in miles"),
         # a question word inside a search asks what it asks
         ("How do I play an F major barre chord?", "F major barre chord how to play"),
         # a search that names a time asks "when" as well

@@ -622,11 +622,24 @@ def _asked_inside(ts: Tokens) -> set[str]:
     return kinds
 
 
-def _asks_meaning(ts: Tokens) -> bool:
-    """ "What does 'osu' mean?", "what is the meaning of ...", "what does DRS stand for?"."""
-    return any(
+def _asks_what_it_is(ts: Tokens) -> bool:
+    """ "What does 'osu' mean?", "what is the meaning of ...", "what does DRS stand for?", and a
+    short "what is X?" alone ("What is the Inverted Jenny stamp?", "What is El Niño?"; not "what is
+    the capital of ...", "what's 5 km in miles": a value of something)."""
+    clauses = _clauses(ts)
+    if any(
         clause[0] == "what" and ("mean" in clause or "meaning" in clause or ("stand" in clause and "for" in clause))
-        for clause in _clauses(ts)
+        for clause in clauses
+    ):
+        return True
+    if len(clauses) != 1 or any(t.kind == "number" for t in ts):
+        return False
+    (clause,) = clauses
+    return (
+        2 < len(clause) <= 6
+        and clause[0] == "what"
+        and clause[1] in ("is", "are", "was", "were")
+        and "of" not in clause
     )
 
 
@@ -644,8 +657,8 @@ def question(ta: Tokens, tb: Tokens) -> str | None:
     if ka and kb and ka != kb:
         return f"question differs: {_show(ka)} vs {_show(kb)}"
     for own, asked, other in ((ta, qa, qb), (tb, qb, qa)):
-        if not asked and other - {"yesno"} and _asks_meaning(own):
-            return f"question differs: what it means vs {_show(other)}"
+        if not asked and other - {"yesno"} and _asks_what_it_is(own):
+            return f"question differs: what it is vs {_show(other)}"
     for asked, other, query in ((qa, qb, tb), (qb, qa, ta)):
         if "when" in asked and not other and _keywords_only(query) and not any(t.text in _TIME_WORDS for t in query):
             return "question differs: {when} vs a search naming no time"
