@@ -62,9 +62,9 @@ def test_the_verifier_meets_its_precision_target_on_the_dev_and_held_out_sets(
     """Issue #17's precision target through the real cache path, as `manage.py cache_eval` runs it:
     at most 1% of hits wrong (none, here), and the recall the shipped pair model reaches at that
     precision (docs/cache.md: issue #17's 60% recall is not met). Both sets are in the pair model's
-    training data (with seven others: 91 topics); its figures on unseen topics come from
+    training data (with thirteen others: 139 topics); its figures on unseen topics come from
     leave-one-topic-out validation (`manage.py cache_verifier_train`, recorded in
-    gateway/cache/verifier/weights.json) and from tests/data/cache_pairs_fresh7.jsonl to _fresh12, kept out."""
+    gateway/cache/verifier/weights.json) and from sets measured before they were trained on (docs/cache.md)."""
     from django.conf import settings
 
     out = StringIO()
