@@ -101,6 +101,7 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
         ),
         ("fix high left tear right handed bow", "How do I fix a high-left tear on my left-handed bow?", "opposite"),
         ("What bait should I avoid using in a mouse trap?", "What is the best bait for a mouse trap?", "opposite"),
+        ("badminton serve height rule since 2018 change", "What was the serve height rule before 2018?", "opposite"),
         ("What does a higher f-stop do to a photo?", "What does a lower f-stop do to a photo?", "opposite words"),
         ("How do I reverse a list in Python?", "How do I reverse a list in JavaScript?", "languages differ"),
         ("Give me an example of a prime number.", "Give me examples of prime numbers.", "one vs several"),

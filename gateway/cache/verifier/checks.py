@@ -51,7 +51,7 @@ _OPPOSITES = """
     success:failure agree:disagree like:dislike entry:exit arrival:departure domestic:international
     local:remote senior:junior hire:fire same:different cause:effect prevent:treat read:write
     eat:avoid include:avoid best:avoid good:avoid recommend:avoid ideal:avoid catch:throw import:export
-    hand:machine prevent:treatment uppercase:lowercase
+    hand:machine prevent:treatment uppercase:lowercase since:before since:until
     prevention:treat prevention:treatment
 """
 # Words between two shared words that make their order meaningful ("X to Y", "X than Y").
