@@ -22,7 +22,8 @@ import aiohttp
 
 from bench import report
 from bench.stack import _python_child as python_child
-from bench.stack import add_stack_arguments, free_ports, running_stack, wait_ready, web_server
+from bench.stack import add_stack_arguments, running_stack, wait_ready, web_server
+from sentinel.startup import free_ports
 
 SCENARIO = "admission"
 

@@ -533,6 +533,11 @@ def _clauses(ts: Tokens) -> list[list[str]]:
     return [[t.text for t in clause] for clause in _token_clauses(ts)]
 
 
+def _how_kind(following: str) -> str:
+    """What "how <following>" asks: "how often" when, "how many" / "how long" a quantity, else how."""
+    return "when" if following in _FREQUENCY else "quantity" if following in _QUANTITY else "how"
+
+
 def _question_kinds(ts: Tokens) -> set[str]:
     """Kinds of answer asked for, from each clause that opens with a question word or an
     auxiliary: "when", "where", "who", "why", "how" (manner), "quantity", "yesno"; "what year"
@@ -551,7 +556,7 @@ def _question_kinds(ts: Tokens) -> set[str]:
         if head in ("what", "which") and following in _ENTITY_QUESTION:
             kinds.add(_ENTITY_QUESTION[following])
         elif head == "how":
-            kinds.add("when" if following in _FREQUENCY else "quantity" if following in _QUANTITY else "how")
+            kinds.add(_how_kind(following))
         elif head in ("when", "where", "why") and (not following or following in _AUXILIARIES):
             kinds.add(head)
         elif head in ("who", "whom", "whose"):
@@ -601,8 +606,7 @@ def _how_many_kinds(ts: Tokens) -> set[str]:
                 )
                 if rest[0] != "times" and not rate:
                     counted = itertools.takewhile(lambda t: t.text not in _COUNTED_ENDS, clause[i + 2 : i + 5])
-                    unit = any(names_unit(t.text) or any(k.startswith("unit:") for k in t.keys) for t in counted)
-                    kinds.add("measure" if unit else "count")
+                    kinds.add("measure" if any(names_unit(t.text) for t in counted) else "count")
             elif following in _MEASURES and not (rest and rest[0] in ("back", "ahead", "in", "into")):
                 kinds.add("measure")
     return kinds
@@ -617,8 +621,7 @@ def _asked_inside(ts: Tokens) -> set[str]:
             if clause[i] == "why":
                 kinds.add("why")
             elif clause[i] == "how" and i + 1 < len(clause):
-                following = clause[i + 1]
-                kinds.add("when" if following in _FREQUENCY else "quantity" if following in _QUANTITY else "how")
+                kinds.add(_how_kind(clause[i + 1]))
     return kinds
 
 
