@@ -5,6 +5,7 @@ requests through the gateway, and a tenant either rejects fast or queues with a 
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import orjson
@@ -63,9 +64,26 @@ def post(gateway, key: str, model: str, prompt: str = "hi") -> httpx.Response:
 
 
 def set_load(mock_provider, provider: str, **load) -> None:
-    """Set the server's load, then run one tick of the sampler (beat's task, called in this process)."""
+    """Set the server's load, then run ticks of the sampler (beat's task, called in this process)
+    until one has read this server. A tick that could not read it (the scrape's 1 s timeout, with the
+    mock provider held up by a busy machine) leaves the last sample standing, as it should in
+    production; here the next tick is what beat would do a few seconds later."""
     mock_provider.control(provider, **load)
-    assert sample_deployment_load() >= 1
+    asked = time.time()
+    snapshot = sample_read(Deployment.objects.get(name=provider).pk)
+    assert snapshot["error"] == "" and float(snapshot["sampled_at"]) >= asked, snapshot
+
+
+def sample_read(pk: int) -> dict:
+    """Ticks of the sampler until one reached the deployment's server (an answer, read or not), and
+    what it stored."""
+
+    def tick() -> dict | None:
+        sample_deployment_load()
+        snapshot = load_snapshot(pk)
+        return None if snapshot.get("error", "").startswith("unreadable: TimeoutError") else snapshot
+
+    return wait_for(tick, what="the deployment's server to answer the sampler")
 
 
 def test_vllm_metrics_are_read_and_judged_with_hysteresis():
@@ -159,8 +177,7 @@ def test_ollama_and_generic_sources_saturate_and_recover(gateway, api_key, self_
     )
     # Pointed at a document of another kind: why it could not be read, and the last verdict stands.
     Deployment.objects.filter(pk=deployment.pk).update(load_metrics_url=f"{mock_provider.url}/p/{gpu}/metrics")
-    sample_deployments()
-    snapshot = load_snapshot(deployment.pk)
+    snapshot = sample_read(deployment.pk)
     assert snapshot["error"].startswith(f"not {deployment.get_load_source_display()}: not JSON")
     assert snapshot["saturated"] == "0"
 
