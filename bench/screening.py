@@ -28,6 +28,7 @@ from types import SimpleNamespace
 
 from bench.report import percentile
 from bench.stack import BASE_DIR, RESULTS_DIR, start_django
+from sentinel.startup import settle_web_process
 
 DATA = BASE_DIR / "tests" / "data" / "screening_eval.jsonl"
 PERSONAL_DATA = ("email", "phone", "payment_card", "iban", "national_id", "ip_address", "secret")
@@ -115,7 +116,6 @@ def time_on_a_busy_loop(checks: dict[str, str], bodies: list[list[dict]], *, in_
     the checks run in a worker thread, as the request path did until 2026-12-06 for texts of over
     1,000 characters (context: what that cost; it still does past engine.INLINE_CHARS)."""
     import asyncio
-    import gc
     from concurrent.futures import ThreadPoolExecutor
 
     import orjson
@@ -156,7 +156,7 @@ def time_on_a_busy_loop(checks: dict[str, str], bodies: list[list[dict]], *, in_
         await asyncio.gather(*others)
         return samples, gaps
 
-    gc.freeze()  # as a web process does once started (sentinel/asgi.py): no full collection of the weights
+    settle_web_process()  # as a web process once started (sentinel/asgi.py): no full collection of the weights
     samples, gaps = asyncio.run(run())
     pool.shutdown()
     return {

@@ -8,7 +8,6 @@ hop per request. Everything else (admin, console, management API, metrics, stati
 Django's full stack.
 """
 
-import gc
 import os
 import threading
 from urllib.parse import unquote
@@ -39,6 +38,7 @@ from gateway.limits import tokens  # noqa: E402
 from gateway.screening.engine import compile_prefilters  # noqa: E402
 from sentinel import logs  # noqa: E402
 from sentinel.routing import websocket_urlpatterns  # noqa: E402
+from sentinel.startup import settle_web_process  # noqa: E402
 from sentinel.text import control_character  # noqa: E402
 
 API_PREFIXES = ("/v1/", "/health/")
@@ -194,9 +194,4 @@ application = ProtocolTypeRouter(
 )
 
 
-# Everything imported so far lives as long as the process: keep the collector from re-scanning it
-# (gc.freeze), and let young objects, which requests make by the thousand, pile up a little longer
-# before each collection (the collector showed in ~14% of a loaded worker's samples).
-gc.collect()
-gc.freeze()
-gc.set_threshold(20_000, 20, 40)
+settle_web_process()  # the collector and numpy's BLAS threads (sentinel/startup.py)

@@ -1,8 +1,11 @@
 """Starting local processes: a free port to give one, and waiting until it answers over HTTP. Used by
-`make run` (sentinel.run), the embedded servers, the benchmarks' stacks and the test fixtures."""
+`make run` (sentinel.run), the embedded servers, the benchmarks' stacks and the test fixtures. And
+how a web process settles once it has loaded (`settle_web_process`), which the benchmarks that time
+its parts in one process do too."""
 
 from __future__ import annotations
 
+import gc
 import socket
 import time
 from collections.abc import Callable
@@ -45,3 +48,23 @@ def wait_until_ready(url: str, *, timeout: float, stopped: Callable[[], str | No
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{url} not ready after {timeout:.0f}s")
+
+
+def settle_web_process() -> None:
+    """What a web process does once everything it keeps is loaded (sentinel/asgi.py).
+
+    - Everything made so far lives as long as the process: keep the collector from re-scanning it
+      (gc.freeze), and let young objects, which requests make by the thousand, pile up a little
+      longer before each collection (the collector showed in ~14% of a loaded worker's samples).
+    - numpy's BLAS (OpenBLAS) on one thread. With its default, a thread per core, each matrix
+      product of the cache verifier's context features woke a second thread that then spun, waiting
+      for more work, on the core the verifier's other thread (or the other web process) needed: the
+      verifier's p99 per candidate was 6.6 ms with it, 4.2-4.5 without (bench verifier, docs/cache.md).
+      The products a request makes are small; a web process is one per core already.
+    """
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 40)

@@ -58,6 +58,23 @@ def test_the_quantized_cut_the_verifier_runs_stays_close_to_the_exported_one() -
         assert not np.array_equal(ours.pieces, exact.pieces)
 
 
+def test_the_side_thread_encodes_exactly_what_one_thread_does() -> None:
+    """Every other text of a call goes to the encoder's second thread: the same encodings, in the
+    order asked, as each text alone on the caller's thread (the verdicts must not depend on it)."""
+    from django.conf import settings
+
+    texts = [*PROMPTS, "x", PROMPTS[0]]
+    one_thread = ContextEncoder(settings.DATA_DIR / "models", side_thread=False)
+    assert shared_encoder()._side is not None and one_thread._side is None
+    together = shared_encoder().encode(texts)
+    assert len(together) == len(texts)
+    for text, ours in zip(texts, together, strict=True):
+        (alone,) = one_thread.encode([text])
+        assert ours.ids.tolist() == alone.ids.tolist()
+        assert np.array_equal(ours.pieces, alone.pieces) and np.array_equal(ours.words, alone.words)
+    assert not np.array_equal(together[0].pieces[:3], together[1].pieces[:3])
+
+
 @pytest.mark.parametrize(("a", "b"), [(PROMPTS[0], PROMPTS[1]), (PROMPTS[2], PROMPTS[3]), (PROMPTS[0], PROMPTS[0])])
 def test_the_features_are_symmetric(a: str, b: str) -> None:
     ea, eb = shared_encoder().encode([a, b])
