@@ -140,7 +140,7 @@ class ContextEncoder:
         # cores, rather than one after the other (bench verifier: docs/cache.md).
         self._side = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="context-encoder")
-            if side_thread and (os.cpu_count() or 1) > 1
+            if side_thread and len(os.sched_getaffinity(0)) > 1
             else None
         )
 
