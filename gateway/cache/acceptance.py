@@ -64,6 +64,10 @@ def normalize_prompt(text: str) -> str:
     `Users` table" and "the `users` table" can be different questions.
     """
     text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").strip()
+    if "```" not in text:
+        # No fence: str.split() cuts at exactly the characters \s matches (both ask str.isspace), and
+        # is a fifth of the regular expression's cost (every message of a conversation's cache key).
+        return " ".join(text.split())
     return "".join(
         part if part.startswith("```") else re.sub(r"\s+", " ", part) for part in _FENCE_RE.split(text)
     ).strip()

@@ -8,7 +8,12 @@ tests exercise the verifier alone: no embedding model, no server.
 
 from __future__ import annotations
 
+import re
+import unicodedata
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.cache.acceptance import DEFAULT_THRESHOLD, Verdict, context_texts, normalize_prompt, verify
 from gateway.cache.verifier.features import NAMES
@@ -24,6 +29,21 @@ def test_normalize_collapses_whitespace_keeps_case_and_code_blocks() -> None:
     )
     assert normalize_prompt("the Users table") != normalize_prompt("the users table")
     assert normalize_prompt("cafe\u0301") == normalize_prompt("caf\u00e9")
+
+
+WHITESPACE_AND_FENCES = "".join(chr(c) for c in range(0x3100) if chr(c).isspace()) + "`ab\u0301e"
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(alphabet=st.sampled_from(WHITESPACE_AND_FENCES + "\u200b\ufeff\x00"), max_size=40))
+def test_the_fenceless_shortcut_normalizes_as_the_regular_expression_does(text: str) -> None:
+    """Without a fence, normalize_prompt joins str.split()'s words: the same text as collapsing \\s+
+    runs (every Unicode space, the line and paragraph separators, the file separators \\x1c-\\x1f;
+    not the zero-width space or the BOM, which neither reads as space)."""
+    reference = unicodedata.normalize("NFC", text).replace("\r\n", "\n").strip()
+    parts = re.split(r"(```.*?```)", reference, flags=re.DOTALL)
+    reference = "".join(part if part.startswith("```") else re.sub(r"\s+", " ", part) for part in parts).strip()
+    assert normalize_prompt(text) == reference
 
 
 @pytest.mark.parametrize(
