@@ -595,21 +595,32 @@ def _how_many_kinds(ts: Tokens) -> set[str]:
     kinds = set()
     for clause in _token_clauses(ts):
         words = [t.text for t in clause]
+        rate_from = _rate_from(words)
         for i in range(len(clause) - 1):
             if words[i] != "how":
                 continue
             following, rest = words[i + 1], words[i + 2 :]
             if following == "many" and rest:
-                after = rest[1:]
-                rate = "per" in after or any(
-                    w in _RATE and j + 1 < len(after) and after[j + 1] in _RATE_PERIODS for j, w in enumerate(after)
-                )
-                if rest[0] != "times" and not rate:
+                if rest[0] != "times" and not rate_from[i + 3]:
                     counted = itertools.takewhile(lambda t: t.text not in _COUNTED_ENDS, clause[i + 2 : i + 5])
                     kinds.add("measure" if any(names_unit(t.text) for t in counted) else "count")
             elif following in _MEASURES and not (rest and rest[0] in ("back", "ahead", "in", "into")):
                 kinds.add("measure")
     return kinds
+
+
+def _rate_from(words: list[str]) -> list[bool]:
+    """For each position (and one past the end), whether a rate is named from there on: "per", or a
+    rate word followed by a period ("times a week", "lessons each month"). One pass from the end, so
+    a clause of many "how many" is read once, not once for each."""
+    found = [False] * (len(words) + 2)
+    for k in range(len(words) - 1, -1, -1):
+        found[k] = (
+            found[k + 1]
+            or words[k] == "per"
+            or (words[k] in _RATE and k + 1 < len(words) and words[k + 1] in _RATE_PERIODS)
+        )
+    return found
 
 
 def _asked_inside(ts: Tokens) -> set[str]:
