@@ -152,12 +152,10 @@ class ContextEncoder:
         and in any lookup, on whichever thread. Two or more: the side thread takes every other one."""
         if self._side is None or len(texts) < 2:
             return [self._one(text) for text in texts]
-        aside = [self._side.submit(self._one, text) for text in texts[1::2]]
-        here = [self._one(text) for text in texts[0::2]]
-        out: list[Encoded] = []
-        for i in range(len(texts)):
-            out.append(here[i // 2] if i % 2 == 0 else aside[i // 2].result())
-        return out
+        side = self._side
+        aside = {i: side.submit(self._one, text) for i, text in enumerate(texts) if i % 2}
+        # In order: each text here is encoded while the side thread works through its own.
+        return [aside[i].result() if i % 2 else self._one(text) for i, text in enumerate(texts)]
 
     def _one(self, text: str) -> Encoded:
         (e,), hidden = self.runner.run_encoded([text])
