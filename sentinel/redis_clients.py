@@ -7,9 +7,10 @@ answers other commands meanwhile is busy, not gone, and is waited for, up to the
 From then on commands fail at once (callers fall back: admission to each tenant's fail-open /
 fail-closed choice, the ledger to Postgres, the cache to a miss) instead of each waiting out a
 timeout, and one command at a time checks whether Redis answers again. Admission checks on every
-request (`checking_allowed`), so the first request after Redis comes back is admitted through it;
-anything else checks at most every PROBE_INTERVAL_SECONDS (the readiness probe, so a replica without
-traffic recovers too). A stall therefore costs one request at a time at most the timeout, and the
+request (`checking_allowed`), one request at a time, whatever else is checking, so the first request
+after Redis comes back is admitted through it; anything else probes at most every
+PROBE_INTERVAL_SECONDS, when nothing is checking (the readiness probe, so a replica without traffic
+recovers too, or a background write). A stall therefore costs one request at a time at most the timeout, and the
 others nothing. The sync client (admin, workers) keeps its longer timeouts.
 
 REDIS_URL names a Valkey/Redis Cluster with the scheme `redis+cluster://` (or `rediss+cluster://`):
@@ -141,17 +142,23 @@ class Outage:
 
     def __init__(self) -> None:
         self.down = False
-        self.checking = False  # a command is finding out whether it answers again
+        self.checks: set[str] = set()  # the commands finding out whether it answers again: "admission", "probe"
         self.last_check = 0.0
         self.last_answer = 0.0  # when any command last got an answer (monotonic)
 
     def heard_within(self, seconds: float) -> bool:
         return time.monotonic() - self.last_answer < seconds
 
-    def may_check(self) -> bool:
-        if self.checking:
-            return False
-        return _checking_allowed.get() or time.monotonic() - self.last_check >= PROBE_INTERVAL_SECONDS
+    def may_check(self) -> str | None:
+        """Which check a command may make now, or None (it does not wait). Admission checks one
+        request at a time whatever else is checking, so a background command's probe in flight never
+        turns away the first request after Redis answers again; any other command probes only when
+        nothing is checking, at most every PROBE_INTERVAL_SECONDS."""
+        if _checking_allowed.get():
+            return None if "admission" in self.checks else "admission"
+        if self.checks or time.monotonic() - self.last_check < PROBE_INTERVAL_SECONDS:
+            return None
+        return "probe"
 
     def answered(self) -> None:
         self.last_answer = time.monotonic()
@@ -189,13 +196,15 @@ class _Guarded:
         outage = self.outage
         if not outage.down:
             return await self._timed(args, options)
-        if not outage.may_check():
+        check = outage.may_check()
+        if check is None:
             raise NotWaiting("Redis is unreachable (not waiting for it)")
-        outage.checking, outage.last_check = True, time.monotonic()
+        outage.checks.add(check)
+        outage.last_check = time.monotonic()
         try:
             return await self._timed(args, options)
         finally:
-            outage.checking = False
+            outage.checks.discard(check)
 
     async def _timed(self, args, options):
         timeout = settings.REDIS_TIMEOUT_MS / 1000

@@ -145,3 +145,43 @@ def test_an_unanswering_redis_is_checked_one_command_at_a_time(stalling_redis, m
             return error
 
     asyncio.run(main())
+
+
+def test_a_background_probe_in_flight_does_not_turn_away_the_admission_check(stalling_redis, settings):
+    """A background command (a cache write, the readiness probe) is finding out whether Redis answers
+    again when a request's admission needs it: admission checks all the same (one at a time), so the
+    first request after Redis answers is admitted through it, not refused as if Redis were still down."""
+    proxy = stalling_redis
+    settings.REDIS_TIMEOUT_MS = 1000  # room for the steps below on a loaded host
+
+    async def main() -> None:
+        client = async_redis()
+        outage = client.outage
+        await client.set("k", "v")
+        proxy.stall()
+        with pytest.raises(redis.exceptions.TimeoutError):
+            await client.get("k")
+        assert outage.down
+        outage.last_check -= redis_clients.PROBE_INTERVAL_SECONDS  # a background probe is due
+        probe = asyncio.create_task(client.get("k"))  # held by the stall
+        await asyncio.sleep(0.01)
+        assert outage.checks == {"probe"}
+        with pytest.raises(redis_clients.NotWaiting):
+            await client.get("k")  # anything else still does not wait
+        admission = asyncio.create_task(checked(client))
+        await asyncio.sleep(0.01)
+        assert outage.checks == {"probe", "admission"}
+        assert isinstance(await checked(client), redis_clients.NotWaiting)  # one admission check at a time
+        assert await asyncio.to_thread(proxy.resume)
+        assert (await admission, await probe) == (b"v", b"v")
+        assert not outage.down
+        assert outage.checks == set()
+
+    async def checked(client):
+        try:
+            with checking_allowed():
+                return await client.get("k")
+        except redis.exceptions.RedisError as error:
+            return error
+
+    asyncio.run(main())

@@ -132,7 +132,10 @@ def test_a_stalled_redis_is_not_waited_for_and_recovery_is_immediate(
     _server, port = own_redis
     direct = redis.Redis(port=port)
     with StallingProxy(port) as proxy:
-        gateway = start_gateway(test_database_name, env={"REDIS_URL": proxy.url})
+        # 500 ms of silence, not the default 100: the first answer after the stall comes through the
+        # proxy's threads, which a loaded two-core host can leave unscheduled for a moment.
+        env = {"REDIS_URL": proxy.url, "SENTINEL_REDIS_TIMEOUT_MS": "500"}
+        gateway = start_gateway(test_database_name, env=env)
         try:
             model, _ = make_model()
             open_tenant, closed_tenant, open_key, closed_key = tenants_by_outage_policy(make_tenant, make_key)
