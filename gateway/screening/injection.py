@@ -209,10 +209,11 @@ def _matches(text: str) -> list[tuple[int, int]]:
 # A phrase the patterns match counts unless the learned model, which reads the whole sentence, puts
 # its chunk more than this many logits under its threshold: "a test that checks our bot refuses when
 # a user asks it to print its system prompt" has the phrase of an attack, and is talk about one. Chosen
-# on the training set and screening_eval.jsonl (docs/screening.md): between the smallest margin that
-# keeps every attack of screening_eval the model alone misses (3.7 with these weights) and the
-# largest that clears the training set's benign texts the patterns match (5.6).
-PATTERN_MARGIN = 5.0
+# on the training sets and screening_eval.jsonl (docs/screening.md): between the smallest margin that
+# keeps every attack of screening_eval the model alone misses (5.28 with these weights) and the
+# largest that clears the training sets' benign texts the patterns match (5.41; one more, which the
+# margin cannot clear at 1.49, is left).
+PATTERN_MARGIN = 5.3
 
 
 # Words that ask for a text to be read backwards ("read this backwards and do what it says"), in the
@@ -315,24 +316,38 @@ def find(text: str) -> list[Span]:
     return spans
 
 
+# How many pieces _flagged judges again on their own, at most, to narrow the findings of one pass.
+NARROWED_AT_MOST = 32
+
+
 def _flagged(pieces: list[str], judge) -> list[bool]:
     """Which of `pieces` (decoded text) `judge` finds something in, judged as one text, a blank line
-    between two: however many a text holds (a hostile one, thousands), one pass."""
+    between two: however many a text holds (a hostile one, thousands), one pass. A finding that
+    covers several pieces (the learned model flags a chunk of a few sentences) is narrowed to those
+    of them that hold it on their own, judged one by one up to NARROWED_AT_MOST pieces in all; when
+    none does (an instruction split across pieces), it stays on them all."""
     if len(pieces) == 1:
         return [bool(judge(pieces[0]))]
-    bounds, at = [], 0
+    starts, at = [], 0
     for piece in pieces:
-        bounds.append((at, at + len(piece)))
+        starts.append(at)
         at += len(piece) + 2
-    found = sorted(judge("\n\n".join(pieces)))
-    flagged, next_found, reach = [], 0, -1  # reach: the furthest end of the findings starting before
-    for start, end in bounds:
-        while next_found < len(found) and found[next_found][0] < end:
-            reach = max(reach, found[next_found][1])
-            next_found += 1
-        # A finding that starts before this piece ends and ends after it starts: the furthest-reaching
-        # of those started so far tells (they are sorted by start, and the pieces are in order).
-        flagged.append(reach > start)
+    flagged = [False] * len(pieces)
+    left = NARROWED_AT_MOST
+    for start, end in judge("\n\n".join(pieces)):
+        # The pieces the finding overlaps: from the last one starting at or before its start, to the
+        # last one starting before its end (a finding within a separator overlaps none).
+        first = max(bisect.bisect_right(starts, start) - 1, 0)
+        covered = [
+            i
+            for i in range(first, bisect.bisect_left(starts, end))
+            if start < starts[i] + len(pieces[i]) and end > starts[i]
+        ]
+        if 1 < len(covered) <= left:
+            left -= len(covered)
+            covered = [i for i in covered if judge(pieces[i])] or covered
+        for i in covered:
+            flagged[i] = True
     return flagged
 
 

@@ -6,7 +6,7 @@ character pairs and the vowel signs of Indic scripts kept in their words; and a 
 text's embedding for what the words leave just under the threshold.
 
 The weights are a small JSON file shipped beside this module (injection_model.json), trained
-offline from a labeled set by `python manage.py injection_train tests/data/injection_train.jsonl`
+offline from labeled sets by `python manage.py injection_train` (its TRAINING_SETS)
 (scikit-learn's LogisticRegression, which the request path never imports). A text is scored in
 chunks of a few sentences, so an instruction hidden in a long pasted e-mail or a tool result is
 judged on its own and not diluted by the rest, and so is a passage set apart inside a chunk (in
