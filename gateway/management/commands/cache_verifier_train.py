@@ -48,6 +48,9 @@ SOURCES = (
     "tests/data/cache_pairs_fresh10.jsonl",
     "tests/data/cache_pairs_fresh11.jsonl",
     "tests/data/cache_pairs_fresh12.jsonl",
+    "tests/data/cache_pairs_fresh13.jsonl",
+    "tests/data/cache_pairs_fresh14.jsonl",
+    "tests/data/cache_pairs_fresh15.jsonl",
 )
 
 
