@@ -111,6 +111,24 @@ def stalling_redis(tmp_path, settings):
         server.stop()
 
 
+async def _checked(client):
+    """GET k as admission sends it (checking whether an unreachable Redis answers again), or its error."""
+    try:
+        with checking_allowed():
+            return await client.get("k")
+    except redis.exceptions.RedisError as error:
+        return error
+
+
+async def _found_silent(client, proxy) -> None:
+    """k is set, then the proxy stalls: the first command finds Redis silent, within the limit."""
+    await client.set("k", "v")
+    proxy.stall()
+    with pytest.raises(redis.exceptions.TimeoutError):
+        await client.get("k")
+    assert client.outage.down
+
+
 def test_an_unanswering_redis_is_checked_one_command_at_a_time(stalling_redis, monkeypatch):
     proxy = stalling_redis
     monkeypatch.setattr(redis_clients, "PROBE_INTERVAL_SECONDS", 3600)  # only admission's checks here
@@ -118,31 +136,20 @@ def test_an_unanswering_redis_is_checked_one_command_at_a_time(stalling_redis, m
     async def main() -> None:
         client = async_redis()
         outage = client.outage
-        await client.set("k", "v")
-        proxy.stall()
-        with pytest.raises(redis.exceptions.TimeoutError):
-            await client.get("k")  # the first command finds out, within the limit
-        assert outage.down
+        await _found_silent(client, proxy)
         # From then on, nothing waits: commands fail at once ...
         with pytest.raises(redis_clients.NotWaiting):
             await client.get("k")
         # ... but admission checks (and times out again), one at a time.
         async with asyncio.TaskGroup() as group:
-            checks = [group.create_task(checked(client)) for _ in range(3)]
+            checks = [group.create_task(_checked(client)) for _ in range(3)]
         outcomes = sorted(type(task.result()).__name__ for task in checks)
         assert outcomes == ["NotWaiting", "NotWaiting", "TimeoutError"]
         assert proxy.resume()
         # The first check after Redis answers again goes through, and everyone uses it again.
-        assert await checked(client) == b"v"
+        assert await _checked(client) == b"v"
         assert not outage.down
         assert await client.get("k") == b"v"
-
-    async def checked(client):
-        try:
-            with checking_allowed():
-                return await client.get("k")
-        except redis.exceptions.RedisError as error:
-            return error
 
     asyncio.run(main())
 
@@ -157,31 +164,20 @@ def test_a_background_probe_in_flight_does_not_turn_away_the_admission_check(sta
     async def main() -> None:
         client = async_redis()
         outage = client.outage
-        await client.set("k", "v")
-        proxy.stall()
-        with pytest.raises(redis.exceptions.TimeoutError):
-            await client.get("k")
-        assert outage.down
+        await _found_silent(client, proxy)
         outage.last_check -= redis_clients.PROBE_INTERVAL_SECONDS  # a background probe is due
         probe = asyncio.create_task(client.get("k"))  # held by the stall
         await asyncio.sleep(0.01)
         assert outage.checks == {"probe"}
         with pytest.raises(redis_clients.NotWaiting):
             await client.get("k")  # anything else still does not wait
-        admission = asyncio.create_task(checked(client))
+        admission = asyncio.create_task(_checked(client))
         await asyncio.sleep(0.01)
         assert outage.checks == {"probe", "admission"}
-        assert isinstance(await checked(client), redis_clients.NotWaiting)  # one admission check at a time
+        assert isinstance(await _checked(client), redis_clients.NotWaiting)  # one admission check at a time
         assert await asyncio.to_thread(proxy.resume)
         assert (await admission, await probe) == (b"v", b"v")
         assert not outage.down
         assert outage.checks == set()
-
-    async def checked(client):
-        try:
-            with checking_allowed():
-                return await client.get("k")
-        except redis.exceptions.RedisError as error:
-            return error
 
     asyncio.run(main())
