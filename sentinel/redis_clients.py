@@ -10,8 +10,8 @@ timeout, and one command at a time checks whether Redis answers again. Admission
 request (`checking_allowed`), one request at a time, whatever else is checking, so the first request
 after Redis comes back is admitted through it; anything else probes at most every
 PROBE_INTERVAL_SECONDS, when nothing is checking (the readiness probe, so a replica without traffic
-recovers too, or a background write). A stall therefore costs one request at a time at most the timeout, and the
-others nothing. The sync client (admin, workers) keeps its longer timeouts.
+recovers too, or a background write). A stall therefore costs one request at a time at most the
+timeout, and the others nothing. The sync client (admin, workers) keeps its longer timeouts.
 
 REDIS_URL names a Valkey/Redis Cluster with the scheme `redis+cluster://` (or `rediss+cluster://`):
 host:port of any node, as a seed; the clients are then redis-py's cluster clients, which find the

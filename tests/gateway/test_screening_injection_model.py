@@ -73,11 +73,11 @@ def test_no_training_text_is_a_near_copy_of_a_held_out_one():
     """The set still held out (l) shares no text with the sets the weights are trained on: no pair
     has half its word trigrams in common (the writers of both are models, and they repeat themselves;
     five such training texts were dropped on 2026-12-05)."""
-    data = injection_model.WEIGHTS.parents[2] / "tests" / "data"
-    assert json.loads(injection_model.WEIGHTS.read_text())["trained_on"] == list(TRAINING_SETS)
-    training = [
-        _trigrams(json.loads(line)["text"]) for name in TRAINING_SETS for line in (data / name).read_text().splitlines()
-    ]
+    root = injection_model.WEIGHTS.parents[2]
+    data = root / "tests" / "data"
+    trained_on = [root / source for source in TRAINING_SETS]
+    assert json.loads(injection_model.WEIGHTS.read_text())["trained_on"] == [path.name for path in trained_on]
+    training = [_trigrams(json.loads(line)["text"]) for path in trained_on for line in path.read_text().splitlines()]
     index: dict[str, set[int]] = {}
     for number, grams in enumerate(training):
         for gram in grams:

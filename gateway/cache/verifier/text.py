@@ -279,10 +279,10 @@ def _raw_tokens(text: str) -> list[tuple[str, str, bool]]:
             if tail.lower() == "t" and low.endswith("n"):  # "don't", "can't", "won't"
                 out += [("word", {"wo": "will", "ca": "can"}.get(low[:-1], low[:-1]), False), ("word", "not", False)]
             else:
-                # A unit written in capitals right after a number is the unit ("6 PM", "10 GB"), not
-                # an identifier matched only exactly.
-                unit = low in UNITS and bool(out) and out[-1][0] == "number"
-                kind = "ident" if not shouting and not unit and _is_identifier(base) else "word"
+                # Code-like words are identifiers, matched only exactly; but a unit written in capitals
+                # right after a number is the unit ("6 PM", "10 GB").
+                identifier = not shouting and _is_identifier(base)
+                kind = "ident" if identifier and not (low in UNITS and out and out[-1][0] == "number") else "word"
                 out.append((kind, low, base[:1].isupper() and bool(out) and out[-1][0] != "punct"))
         else:
             out.append((group, raw, False))

@@ -14,15 +14,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from gateway.screening.evaluation import load_for_command
 from gateway.screening.injection_model import WEIGHTS, features, second_look_features
 
-DATA = Path(__file__).resolve().parents[4] / "tests" / "data"
-# The texts the shipped weights are trained on: the training set, and the sets that were held out
-# until 2026-12-07 (docs/screening.md says how each was written and measured before it was trained on).
-TRAINING_SETS = ("injection_train.jsonl", *(f"injection_holdout_{name}.jsonl" for name in "cdefghijk"))
+# The texts the shipped weights are trained on (under the project's folder): the training set, and the
+# sets that were held out until 2026-12-07 (docs/screening.md says how each was written and measured
+# before it was trained on).
+TRAINING_SETS = (
+    "tests/data/injection_train.jsonl",
+    *(f"tests/data/injection_holdout_{name}.jsonl" for name in "cdefghijk"),
+)
 
 
 class Command(BaseCommand):
@@ -54,7 +58,7 @@ class Command(BaseCommand):
         from sklearn.linear_model import LogisticRegression
         from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
-        files = files or [DATA / name for name in TRAINING_SETS]
+        files = files or [settings.BASE_DIR / source for source in TRAINING_SETS]
         examples = [example for file in files for example in load_for_command(file)]
         y = np.array([int("injection" in e["labels"]) for e in examples])
         vectorizer = DictVectorizer()
