@@ -206,7 +206,9 @@ def test_a_breaker_opens_and_closes_on_the_cluster(on_cluster, live_db):
     from gateway.upstream import breakers
     from gateway.upstream.breakers import Attempt, Policy
 
-    policy = Policy(minimum_calls=2, failure_rate_percent=50, open_seconds=0.5, max_open_seconds=1, half_open_probes=1)
+    # Open for 3 s: the steps between its opening and the second admission must fit inside (0.5 s did
+    # not once, on a loaded CI host, and the breaker was already half-open).
+    policy = Policy(minimum_calls=2, failure_rate_percent=50, open_seconds=3, max_open_seconds=6, half_open_probes=1)
     deployment = target(9201, policy=policy)
     key = key_info(9200)
     state_key = breakers.keys_for(9201)[0]
@@ -227,7 +229,7 @@ def test_a_breaker_opens_and_closes_on_the_cluster(on_cluster, live_db):
         second = await admit(key, [deployment], "b-2")
         seen.append(second.breaker_states[9201])
         seen.append(await breakers.permit(deployment, second.breaker_states[9201], local=False))
-        await asyncio.sleep(0.6)  # the open time is over
+        await asyncio.sleep(3.1)  # the open time is over
         third = await admit(key, [deployment], "b-3")
         seen.append(third.breaker_states[9201])
         allowed, probe = await breakers.permit(deployment, third.breaker_states[9201], local=False)
