@@ -20,6 +20,10 @@ the same way (GuardedRedisCluster): one view of whether Redis answers per proces
 the whole cluster, since one node that stops answering stalls every request whose tenant lives there.
 Pipelines (either client) are not guarded, as before: only the request path's commands and scripts.
 docs/cluster.md has the key design.
+
+On a single Redis the async client's commands share one pipelined connection per event loop
+(sentinel/redis_multiplex.py, docs/decisions.md 17); its pool serves pipelines and the commands that
+hold a connection (blocking reads, transactions).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import logging
 import time
 import weakref
@@ -35,9 +40,11 @@ from collections.abc import Iterator
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+from redis.asyncio.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from sentinel.redis_multiplex import PRIVATE, Multiplexed
 from sentinel.redis_urls import is_cluster_url, plain_url
 
 log = logging.getLogger(__name__)
@@ -96,8 +103,9 @@ def async_redis() -> aioredis.Redis:
     client = _async_clients.get(loop)
     if client is None:
         timeout = settings.REDIS_TIMEOUT_MS / 1000
-        # The client's own timeouts are backstops: a command gives up when Redis has been silent for
-        # the request path's timeout (within), which a burst of new connections being accepted is not.
+        # The client's own timeouts are backstops (for the pool's connections; `within` bounds the
+        # shared connection's commands): a command gives up when Redis has been silent for the
+        # request path's timeout (within), which a burst of new connections being accepted is not.
         options = {
             "socket_timeout": max(SOCKET_TIMEOUT, timeout),
             "socket_connect_timeout": max(CONNECT_TIMEOUT, timeout),
@@ -222,7 +230,38 @@ class _Guarded:
 
 
 class GuardedRedis(_Guarded, aioredis.Redis):
-    """A single Redis or Valkey, guarded."""
+    """A single Redis or Valkey, guarded; its commands share one connection, pipelined
+    (sentinel.redis_multiplex), except those that hold the connection and pipelines."""
+
+    def _command(self, args, options):
+        if str(args[0]).split(" ", 1)[0].upper() in PRIVATE:
+            return super()._command(args, options)
+        return self._multiplexed_command(args, options)
+
+    async def _multiplexed_command(self, args, options):
+        shared = self.__dict__.get("_shared")
+        if shared is None:
+            shared = self.__dict__["_shared"] = Multiplexed(self.connection_pool)
+        try:
+            response = await shared.call(args)
+        except redis.exceptions.ResponseError:
+            if EMPTY_RESPONSE in options:
+                return options[EMPTY_RESPONSE]
+            raise
+        # What redis-py's parse_response does with a reply (no decoding: the client returns bytes).
+        options.pop(EMPTY_RESPONSE, None)
+        options.pop(NEVER_DECODE, None)
+        options.pop("keys", None)
+        if args[0] not in self.response_callbacks:
+            return response
+        result = self.response_callbacks[args[0]](response, **options)
+        return await result if inspect.isawaitable(result) else result
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        shared = self.__dict__.pop("_shared", None)
+        if shared is not None:
+            shared.close()
+        await super().aclose(close_connection_pool)
 
 
 class GuardedRedisCluster(_Guarded, aioredis.RedisCluster):
@@ -290,23 +329,26 @@ async def _disconnect_free_connections(self: aioredis.cluster.ClusterNode) -> No
 aioredis.cluster.ClusterNode.disconnect_free_connections = _disconnect_free_connections
 
 
-async def within(seconds: float, awaitable, outage: Outage):
+async def within(seconds: float, awaitable, outage: Outage, longest: float | None = None):
     """Await a command until Redis has been silent for `seconds`, raising redis' TimeoutError then.
     Silent means no command of this client got an answer meanwhile: a Redis working through a burst
-    answers others and is waited for (up to the socket timeout), a stalled one answers nobody. The
-    verdict waits one more pass of the event loop: if the loop was busy elsewhere (a long request, a
-    starved CPU), replies that arrived meanwhile, this command's or others', are read first, so only
-    Redis's silence times out, not this process's own load."""
+    answers others and is waited for, up to `longest` (SOCKET_TIMEOUT, or the request path's timeout
+    if longer), a stalled one answers nobody. The verdict waits one more pass of the event loop: if
+    the loop was busy elsewhere (a long request, a starved CPU), replies that arrived meanwhile, this
+    command's or others', are read first, so only Redis's silence times out, not this process's own
+    load."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     cancelling = task.cancelling()  # cancellations already asked of this task (as asyncio.timeout counts them)
     state = {"expired": False, "done": False}
+    started = loop.time()
+    give_up_at = started + (max(SOCKET_TIMEOUT, seconds) if longest is None else longest)
 
     def verdict() -> None:
         nonlocal handle
         if state["done"]:
             return
-        if outage.heard_within(seconds):
+        if outage.heard_within(seconds) and loop.time() < give_up_at:
             handle = loop.call_later(seconds, loop.call_soon, verdict)
             return
         state["expired"] = True
@@ -317,6 +359,9 @@ async def within(seconds: float, awaitable, outage: Outage):
         return await awaitable
     except asyncio.CancelledError:
         if state["expired"] and task.uncancel() <= cancelling:
+            if outage.heard_within(seconds):
+                waited = give_up_at - started
+                raise redis.exceptions.TimeoutError(f"no answer to this command in {waited:.1f} s") from None
             raise redis.exceptions.TimeoutError(f"Redis did not answer for {seconds * 1000:.0f} ms") from None
         raise
     finally:
