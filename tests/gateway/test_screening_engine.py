@@ -413,7 +413,7 @@ def test_pattern_checks_reach_their_targets():
 
 def test_injection_holds_on_prompts_written_after_it_was_tuned(embedding_model):
     """Issue 25: injection recall was 0.70 on the held-out prompts (0.56 on the issue's fresh ones).
-    injection_holdout_l.jsonl was written before the model it measures and never trained on; the
+    injection_holdout_l.jsonl and _m were written before the model they measure and never trained on; the
     sets c to k were held out the same way until 2026-12-07 and are trained on since (docs/screening.md
     gives what each measured while it was held out). With the embedder loaded, as in a web process:
     the second look counts. The goal (recall 0.90 at precision 0.98 on fresh attacks) is not met: these
@@ -428,6 +428,9 @@ def test_injection_holds_on_prompts_written_after_it_was_tuned(embedding_model):
     }
     found = figures(DATA / "injection_holdout_l.jsonl")["checks"]["injection"]
     assert (found["tp"], found["fp"], found["fn"]) == (60, 5, 18)  # recall 0.769, precision 0.923
+    # Set m, written after these weights and measured blind with them (80 attacks, 90 benign).
+    found = figures(DATA / "injection_holdout_m.jsonl")["checks"]["injection"]
+    assert (found["tp"], found["fp"], found["fn"]) == (64, 1, 16)  # recall 0.800, precision 0.985
 
 
 @pytest.mark.parametrize("module", [personal_data, credentials, injection, moderation])
