@@ -69,6 +69,14 @@ def test_the_fenceless_shortcut_normalizes_as_the_regular_expression_does(text: 
         # wrong hit of tests/data/cache_pairs_fresh16.jsonl)
         ("schedule a Laravel command every weekday at 6 PM", "laravel scheduler weekdays 6am", "units differ"),
         ("Can I email a 10 GB file?", "Can I email a 10 MB file?", "units differ"),
+        # an operator of two symbols standing alone, and what something does against when or why to
+        # use it (wrong hits of tests/data/cache_pairs_fresh18.jsonl)
+        ("What does the ?. operator do in Kotlin?", "What does the !! operator do in Kotlin?", "operators differ"),
+        ("kotlin ?: operator", "What does the !! operator do in Kotlin?", "operators differ"),
+        ("what does x ?? y return in C#", "what does x || y return in C#", "operators differ"),
+        ("When should I dethatch my lawn?", "what dethatching does for lawn", "question differs: what it does"),
+        ("Why is the !! operator bad practice?", "What does the !! operator do?", "question differs: what it does"),
+        ("safe temperature range conure indoors winter", "Safe temperature for a conure outdoors in winter?", "opposite"),
         # a rate per another period (a wrong hit of the held-out set when the fresh set was trained on)
         (
             "If I deposit $500 a month at 4% annual interest, how much will I have after 10 years?",
@@ -403,6 +411,11 @@ def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_only_for_itself(
         ("Can I email a 10 GB file?", "can i email a 10gb file"),
         # a question word inside a search asks what it asks
         ("How do I play an F major barre chord?", "F major barre chord how to play"),
+        # what something does asked as how it affects; emphasis and an ellipsis are no operators
+        ("What does a higher f-stop do to a photo?", "How does a higher f-stop affect a photo?"),
+        ("What does the ?. operator do in Kotlin?", "kotlin ?. operator"),
+        ("why does my build fail??", "Why does my build fail?"),
+        ("I tried ... and it still fails, why?", "I tried and it still fails, why?"),
         # a search that names a time asks "when" as well
         ("How often should I feed a kitten?", "kitten feeding frequency"),
         ("When should I repot a monstera?", "best time to repot monstera"),

@@ -34,7 +34,8 @@ _OPPOSITES = """
     low:high smallest:largest small:large small:big shortest:longest short:long slowest:fastest
     slow:fast cheap:expensive least:most less:more fewer:more under:over below:above before:after
     first:last earliest:latest early:late start:end begin:end open:close enable:disable
-    login:logout inside:outside internal:external input:output add:remove add:delete
+    login:logout inside:outside indoor:outdoor indoors:outdoors internal:external input:output
+    add:remove add:delete
     insert:delete include:exclude with:without allow:deny allow:block accept:reject
     approve:reject encrypt:decrypt encode:decode compress:decompress lock:unlock
     install:uninstall subscribe:unsubscribe block:unblock hide:show push:pull send:receive
@@ -636,6 +637,23 @@ def _asked_inside(ts: Tokens) -> set[str]:
     return kinds
 
 
+_DOES_ENDS = frozenset("for to in on".split())
+
+
+def _asks_what_it_does(ts: Tokens) -> bool:
+    """ "What does dethatching do (for a lawn)?", "what dethatching does for lawn": what something
+    is for. Not "what do I do if ..." (what to do), nor "what size cage does a parrot need"."""
+    for clause in _clauses(ts):
+        if len(clause) < 3 or clause[0] != "what":
+            continue
+        if clause[1] in ("does", "do") and clause[2] not in ("i", "you", "we") and "do" in clause[3:]:
+            return True
+        ends = [k for k, word in enumerate(clause[2:], 2) if word == "does"]
+        if clause[1] not in _AUXILIARIES and any(k == len(clause) - 1 or clause[k + 1] in _DOES_ENDS for k in ends):
+            return True
+    return False
+
+
 def _asks_what_it_is(ts: Tokens) -> bool:
     """ "What does 'osu' mean?", "what is the meaning of ...", "what does DRS stand for?", and a
     short "what is X?" alone ("What is the Inverted Jenny stamp?", "What is El Niño?"; not "what is
@@ -673,6 +691,9 @@ def question(ta: Tokens, tb: Tokens) -> str | None:
     for own, asked, other in ((ta, qa, qb), (tb, qb, qa)):
         if not asked and other - {"yesno"} and _asks_what_it_is(own):
             return f"question differs: what it is vs {_show(other)}"
+        # What something does vs when, why, how much about it ("how does it affect" asks the same).
+        if not asked and other - {"yesno", "how"} and _asks_what_it_does(own):
+            return f"question differs: what it does vs {_show(other)}"
     for asked, other, query in ((qa, qb, tb), (qb, qa, ta)):
         if "when" in asked and not other and _keywords_only(query) and not any(t.text in _TIME_WORDS for t in query):
             return "question differs: {when} vs a search naming no time"

@@ -214,7 +214,10 @@ def _prepare(text: str) -> str:
 
 _RAW_TOKEN_RE = re.compile(
     r"""
-    (?P<ident>[\w.+-]+@[\w-]+(?:\.[\w-]+)+|https?://\S+|(?<![\w/])(?:~|\.{1,2})?/[\w.\-/*]+
+    # An operator of two or three symbols standing alone ("the ?. operator", "x ?? y", "`::`"), not
+    # emphasis at the end ("why??", "help !!") nor an ellipsis.
+    (?P<operator>(?<![^\s`(])(?!\.+(?![^\s`)]))(?![?!.]+\s*$)[?!:.|<>*+/^~]{2,3}(?![^\s`),]))
+    |(?P<ident>[\w.+-]+@[\w-]+(?:\.[\w-]+)+|https?://\S+|(?<![\w/])(?:~|\.{1,2})?/[\w.\-/*]+
         |(?<![\w-])--?[A-Za-z][\w-]*)
     |(?P<num>\d+(?:,\d{3})+(?:\.\d+)?|\d*\.\d+|\d+)(?P<suffix>[A-Za-z]+)?
     |(?P<word>[^\W\d_]\w*(?:'[^\W\d_]+)?(?:[.+#][\w+#]+)*[+#]*(?:<[\w<>, ]+>)?(?:\[\])?)
@@ -263,6 +266,8 @@ def _raw_tokens(text: str) -> list[tuple[str, str, bool]]:
         group, raw = match.lastgroup or "symbol", match.group(0)
         if group == "ident":
             out.append(("ident", raw.lower(), False))
+        elif group == "operator":
+            out.append(("symbol", raw, False))
         elif group in ("num", "suffix"):
             number, suffix = match["num"], (match["suffix"] or "").lower()
             if suffix in ("st", "nd", "rd", "th"):

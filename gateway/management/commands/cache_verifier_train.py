@@ -51,6 +51,8 @@ SOURCES = (
     "tests/data/cache_pairs_fresh13.jsonl",
     "tests/data/cache_pairs_fresh14.jsonl",
     "tests/data/cache_pairs_fresh15.jsonl",
+    "tests/data/cache_pairs_fresh16.jsonl",
+    "tests/data/cache_pairs_fresh17.jsonl",
 )
 
 
