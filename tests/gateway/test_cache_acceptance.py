@@ -76,7 +76,7 @@ def test_the_fenceless_shortcut_normalizes_as_the_regular_expression_does(text: 
         ("what does x ?? y return in C#", "what does x || y return in C#", "operators differ"),
         ("When should I dethatch my lawn?", "what dethatching does for lawn", "question differs: what it does"),
         ("Why is the !! operator bad practice?", "What does the !! operator do?", "question differs: what it does"),
-        ("safe temperature range conure indoors winter", "Safe temperature for a conure outdoors in winter?", "opposite"),
+        ("safe temperature range conure indoors winter", "Safe temperature for conures outdoors?", "opposite"),
         # a rate per another period (a wrong hit of the held-out set when the fresh set was trained on)
         (
             "If I deposit $500 a month at 4% annual interest, how much will I have after 10 years?",
