@@ -77,6 +77,7 @@ def test_the_fenceless_shortcut_normalizes_as_the_regular_expression_does(text: 
         ("When should I dethatch my lawn?", "what dethatching does for lawn", "question differs: what it does"),
         ("Why is the !! operator bad practice?", "What does the !! operator do?", "question differs: what it does"),
         ("safe temperature range conure indoors winter", "Safe temperature for conures outdoors?", "opposite"),
+        ("sort users by last name, then by age", "sort users by age, then by last name", "order swapped"),
         # a rate per another period (a wrong hit of the held-out set when the fresh set was trained on)
         (
             "If I deposit $500 a month at 4% annual interest, how much will I have after 10 years?",
@@ -415,6 +416,7 @@ def test_a_prompt_longer_than_the_semantic_tier_reads_is_served_only_for_itself(
         ("What does a higher f-stop do to a photo?", "How does a higher f-stop affect a photo?"),
         ("What does the ?. operator do in Kotlin?", "kotlin ?. operator"),
         ("why does my build fail??", "Why does my build fail?"),
+        ("How do I sort by last name then by age?", "sort by last name, then age"),
         ("I tried ... and it still fails, why?", "I tried and it still fails, why?"),
         # a search that names a time asks "when" as well
         ("How often should I feed a kitten?", "kitten feeding frequency"),

@@ -58,6 +58,7 @@ _OPPOSITES = """
 # Words between two shared words that make their order meaningful ("X to Y", "X than Y").
 _DIRECTION_MARKERS = {"to": "to", "into": "to", "toward": "to", "towards": "to", "from": "from", "in": "in"}
 _DIRECTION_MARKERS |= {"than": "than", "of": "of", "over": "over", "under": "under", "per": "per"}
+_DIRECTION_MARKERS |= {"then": "then"}  # a sequence: "sort by name, then by age"
 
 # Frequent function words of other languages that are not English words: a prompt with more of
 # them than English function words is not in English.
