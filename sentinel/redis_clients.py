@@ -329,11 +329,11 @@ async def _disconnect_free_connections(self: aioredis.cluster.ClusterNode) -> No
 aioredis.cluster.ClusterNode.disconnect_free_connections = _disconnect_free_connections
 
 
-async def within(seconds: float, awaitable, outage: Outage, longest: float | None = None):
+async def within(seconds: float, awaitable, outage: Outage):
     """Await a command until Redis has been silent for `seconds`, raising redis' TimeoutError then.
     Silent means no command of this client got an answer meanwhile: a Redis working through a burst
-    answers others and is waited for, up to `longest` (SOCKET_TIMEOUT, or the request path's timeout
-    if longer), a stalled one answers nobody. The verdict waits one more pass of the event loop: if
+    answers others and is waited for, up to SOCKET_TIMEOUT (or `seconds` if longer), a stalled one
+    answers nobody. The verdict waits one more pass of the event loop: if
     the loop was busy elsewhere (a long request, a starved CPU), replies that arrived meanwhile, this
     command's or others', are read first, so only Redis's silence times out, not this process's own
     load."""
@@ -342,7 +342,7 @@ async def within(seconds: float, awaitable, outage: Outage, longest: float | Non
     cancelling = task.cancelling()  # cancellations already asked of this task (as asyncio.timeout counts them)
     state = {"expired": False, "done": False}
     started = loop.time()
-    give_up_at = started + (max(SOCKET_TIMEOUT, seconds) if longest is None else longest)
+    give_up_at = started + max(SOCKET_TIMEOUT, seconds)
 
     def verdict() -> None:
         nonlocal handle
