@@ -5,11 +5,10 @@ that is every pair the cache would put to gateway.cache.acceptance.verify. No se
     python -m bench verifier [--rounds 20] [--quick]
 
 Each call starts with both prompts unseen (the verifier's per-text caches are emptied first), as for
-a new prompt against a stored one never asked before; each pair's time is its median over the
-rounds; the table shows p50 / p99 / max over the pairs, and the raw p99 over all calls. A second
-row keeps the stored prompt's fourth-layer encoding from one call to the next (the gateway's case
-once a web process has verified against that entry: it remembers 2,048; the prompt asked is still
-encoded in every call). Writes bench/results/verifier.json.
+a new prompt against a stored one never asked before; a pair the words leave to the cross-encoder is
+scored in every call (nothing of a pair's score can be kept for another pair). Each pair's time is
+its median over the rounds; the table shows p50 / p99 / max over the pairs, and the raw p99 over all
+calls. Writes bench/results/verifier.json.
 """
 
 from __future__ import annotations
@@ -41,30 +40,12 @@ def candidates(limit: int | None) -> list[tuple[str, str, float]]:
     return out
 
 
-def _remembering(stored: dict):
-    """verify(), with the stored prompt's encoding kept in `stored` (as engine._encoded_entries)."""
-    from gateway.cache import acceptance
-    from gateway.cache.verifier.context import shared_encoder
-
-    def verify(a: str, b: str, similarity: float) -> acceptance.Verdict:
-        verdict, rows = acceptance.by_words(a, b, similarity)
-        if verdict.final:
-            return verdict
-        entry_text, asked_text = acceptance.context_texts(a, b)
-        if entry_text not in stored:
-            stored[entry_text] = shared_encoder().encode([entry_text])[0]
-        (asked,) = shared_encoder().encode([asked_text])
-        return acceptance.by_context(rows, similarity, verdict, (stored[entry_text], asked))
-
-    return verify
-
-
-def measure(pairs: list[tuple[str, str, float]], rounds: int, *, remembered: bool = False) -> dict:
+def measure(pairs: list[tuple[str, str, float]], rounds: int) -> dict:
     from gateway.cache import acceptance
     from gateway.cache.verifier import text
 
-    verify = _remembering({}) if remembered else acceptance.verify
-    for a, b, similarity in pairs:  # warm up: the model's weights, the word-piece table (and the entries)
+    verify = acceptance.verify
+    for a, b, similarity in pairs:  # warm up: the models' weights, the word-piece table
         verify(a, b, similarity)
     per_pair: list[list[float]] = [[] for _ in pairs]
     accepted = 0
@@ -103,14 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     pairs, rounds = candidates(300 if args.quick else None), 3 if args.quick else args.rounds
     settle_web_process()  # as a web process once started: its collector and BLAS settings
     result = measure(pairs, rounds)
-    remembered = measure(pairs, rounds, remembered=True)
     keys = ("candidates", "accepted", "calls", "p50_ms", "p99_ms", "max_ms", "slowest_pair_chars", "raw_p99_ms")
     print(
         table(
             ["case", "candidates", "accepted", "calls", "p50 ms", "p99 ms", "max ms", "(its chars)", "raw p99 ms"],
             [
                 ["both prompts unseen", *(result[k] for k in keys)],
-                ["stored prompt's encoding remembered", *(remembered[k] for k in keys)],
             ],
             title="acceptance.verify() per candidate (median of its rounds)",
         )
@@ -118,6 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     write_json(
         args.out,
         "verifier",
-        {**envelope("verifier", quick=args.quick), "results": result, "remembered": remembered},
+        {**envelope("verifier", quick=args.quick), "results": result},
     )
     return 0

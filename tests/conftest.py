@@ -160,13 +160,11 @@ def test_database_name(django_db_setup, django_db_blocker) -> str:
 
 @pytest.fixture(scope="session")
 def embedding_model() -> None:
-    """Export the embedding model and the verifier's cut of it once (first run only) before gateway
-    processes load them."""
+    """Export the embedding model and the verifier's cross-encoder once (first run only) before
+    gateway processes load them (shared_embedder warms the verifier up, which scores a pair)."""
     from gateway.cache.engine import shared_embedder
-    from gateway.cache.verifier.context import shared_encoder
 
     shared_embedder()
-    shared_encoder()
 
 
 @pytest.fixture(scope="session")

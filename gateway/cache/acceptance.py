@@ -12,10 +12,10 @@ above the cosine floor is served only if, in this order:
 3. no explicit check finds a difference that changes the answer (verifier/checks.py: numbers,
    units and their order, operators, negation, opposites, named languages, one vs several, the
    kind of question, the task, the direction of "X to Y");
-4. the pair model (verifier/model.py, trained on labeled pairs: verifier/features.py) rates the
-   two as the same request with at least its threshold's probability, or, for a pair it leaves
-   just under, the context model does, reading also how the two prompts' word pieces align in
-   MiniLM's fourth layer (verifier/context.py).
+4. the pair model (verifier/model.py, a logistic regression over lexical features:
+   verifier/features.py) rates them at least the cross-encoder's gate (a cheap first cut), and the
+   cross-encoder (verifier/cross.py: MiniLM reading both prompts at once, with an update trained
+   here on labeled pairs) scores them at or above its threshold.
 
 Serving a wrong answer costs far more than a miss, so every step errs towards a miss.
 """
@@ -26,10 +26,8 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
-from gateway.cache.verifier import checks, features
-from gateway.cache.verifier import context as verifier_context
-from gateway.cache.verifier.context import Encoded
-from gateway.cache.verifier.model import context_cuts, context_gate, context_model, pair_model
+from gateway.cache.verifier import checks, cross, features
+from gateway.cache.verifier.model import pair_model
 from gateway.cache.verifier.text import split_payload, tokens
 
 # Cosine (all-MiniLM-L6-v2, normalised vectors) below which a cached prompt is not even verified.
@@ -49,7 +47,7 @@ numbers_in = checks.numbers_in
 class Verdict:
     accepted: bool
     reason: str
-    # False for by_words' acceptance of a pair the context model has still to decide.
+    # False for by_words' acceptance of a pair the cross-encoder has still to score.
     final: bool = field(default=True, compare=False)
 
 
@@ -79,43 +77,48 @@ def verify(
     similarity: float,
     threshold: float = DEFAULT_THRESHOLD,
     *,
-    context: tuple[Encoded, Encoded] | None = None,
+    score: float | None = None,
 ) -> Verdict:
     """May the cached answer to prompt `a` be served for prompt `b`? `similarity` is the cosine of
-    the two prompt embeddings (the cache has it from the vector search); `context` their
-    fourth-layer encodings (verifier/context.py), computed here if needed and not given.
+    the two prompt embeddings (the cache has it from the vector search); `score` the cross-encoder's
+    score of the pair (verifier/cross.py), computed here if needed and not given.
     Deterministic and symmetric; a rejection says what differed."""
-    verdict, rows = by_words(a, b, similarity, threshold)
+    verdict = by_words(a, b, similarity, threshold)
     if verdict.final:
         return verdict
-    return by_context(rows, similarity, verdict, context or _encode(a, b))
+    return by_cross(similarity, verdict, cross_score(a, b) if score is None else score)
 
 
-def by_words(a: str, b: str, similarity: float, threshold: float = DEFAULT_THRESHOLD) -> tuple[Verdict, list[float]]:
-    """verify without the context model: its verdict where the words decide (final), else an
-    acceptance that is not final (a candidate worth encoding) and the lexical features that
-    by_context goes on from. What the cache asks first."""
+def by_words(a: str, b: str, similarity: float, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
+    """verify without the cross-encoder: its verdict where the words decide (final), else an
+    acceptance that is not final (a pair worth scoring, whose verdict by_cross gives). What the
+    cache asks first."""
     verdict, rows = _verdict(a, b, similarity, threshold)
     if rows is None:
-        return verdict, []
-    model = pair_model()
-    probability = model.probability(rows)
-    if probability >= model.threshold:
-        return Verdict(True, f"cosine {similarity:.3f}, pair model {probability:.3f}"), rows
-    below = f"pair model: {probability:.3f} below {model.threshold:.3f}"
-    if probability < context_gate():
-        return Verdict(False, below), rows
-    return Verdict(True, below, final=False), rows
+        return verdict
+    probability = pair_model().probability(rows)
+    gate = cross.meta().gate
+    if probability < gate:
+        return Verdict(False, f"pair model {probability:.3f} below {gate:.3f}")
+    return Verdict(True, f"pair model {probability:.3f}", final=False)
 
 
-def by_context(rows: list[float], similarity: float, words: Verdict, context: tuple[Encoded, Encoded]) -> Verdict:
-    """The context model's verdict on a pair by_words left to it (`words`, with its features `rows`),
-    given both prompts' fourth-layer encodings."""
-    model = context_model()
-    probability = model.probability(rows + verifier_context.context_features(*context, context_cuts()))
-    if probability < model.threshold:
-        return Verdict(False, f"{words.reason}; context model {probability:.3f} below {model.threshold:.3f}")
-    return Verdict(True, f"cosine {similarity:.3f}, context model {probability:.3f}")
+def by_cross(similarity: float, words: Verdict, score: float) -> Verdict:
+    """The verdict on a pair by_words left to the cross-encoder (`words`), given its score."""
+    threshold = cross.meta().threshold
+    if score < threshold:
+        return Verdict(False, f"{words.reason}; cross-encoder {score:.2f} below {threshold:.2f}")
+    return Verdict(True, f"cosine {similarity:.3f}, {words.reason}, cross-encoder {score:.2f}")
+
+
+def cross_texts(a: str, b: str) -> tuple[str, str]:
+    """What the cross-encoder reads of a pair: both prompts as the cache normalizes them."""
+    return normalize_prompt(a), normalize_prompt(b)
+
+
+def cross_score(a: str, b: str) -> float:
+    (score,) = cross.shared_scorer().score([cross_texts(a, b)])
+    return score
 
 
 def _verdict(a: str, b: str, similarity: float, threshold: float) -> tuple[Verdict, list[float] | None]:
@@ -155,20 +158,10 @@ def warm_up() -> None:
     """Load what verify() reads on first use and is slow to load: the language identifier (half a
     second), MiniLM's word-piece table the pair features read (30,522 x 384, centred and normalised:
     a few hundred milliseconds on a loaded host, which the first lookup to reach the pair model paid
-    inside its 500 ms and failed open) and the pair models' weights."""
+    inside its 500 ms and failed open), the pair model's weights and the cross-encoder (exported on
+    the very first run) with a first pair scored."""
     checks.in_english("warm up the language identifier")
-    verdict, _ = by_words("How do I warm up the verifier?", "how can i warm up the verifier", 0.99)
-    if not verdict.reason.startswith(("cosine", "pair model")):
+    verdict = by_words("How do I warm up the verifier?", "how can i warm up the verifier", 0.99)
+    if not verdict.reason.startswith("pair model"):
         raise RuntimeError(f"the verifier's warm-up pair did not reach the pair model: {verdict.reason}")
-    context_model()
-    context_cuts()
-
-
-def context_texts(a: str, b: str) -> tuple[str, str]:
-    """What the fourth layer reads of each prompt: the prompt as the cache normalizes it."""
-    return normalize_prompt(a), normalize_prompt(b)
-
-
-def _encode(a: str, b: str) -> tuple[Encoded, Encoded]:
-    first, second = verifier_context.shared_encoder().encode(context_texts(a, b))
-    return first, second
+    cross_score("How do I warm up the verifier?", "how can i warm up the verifier")

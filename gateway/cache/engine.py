@@ -31,7 +31,6 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -44,8 +43,7 @@ from redis import exceptions as redis_errors
 
 from gateway.cache import acceptance
 from gateway.cache.keys import CacheKey
-from gateway.cache.verifier import context as verifier_context
-from gateway.cache.verifier.context import Encoded
+from gateway.cache.verifier import cross as verifier_cross
 from gateway.errors import invalid_request
 from gateway.lua import scripts
 from sentinel import async_db, redis_keys
@@ -176,7 +174,7 @@ def shared_embedder():
     """The process's one embedder (built once, under a lock: the warm-up thread and the first
     requests may ask at the same time), and beside it the static first stage distilled from it
     (gateway/cache/static.py: distilled on the very first run, then read from the models folder)
-    and the verifier's fourth-layer encoder and language identifier, loaded and run once before the
+    and the verifier's cross-encoder and language identifier, loaded and run once before the
     embedder is published:
     the semantic tier waits for embedder_ready(), and its first lookups must not load a model
     inside their time limit."""
@@ -189,7 +187,6 @@ def shared_embedder():
             models = settings.DATA_DIR / "models"
             embedder = Embedder(cache_dir=models, threads=settings.EMBEDDER_THREADS)
             _static = StaticEmbedder(embedder, models)
-            verifier_context.shared_encoder().encode(["warm up the verifier", "and its second prompt"])
             acceptance.warm_up()
             _embedder = embedder
     return _embedder
@@ -208,18 +205,19 @@ def embedder_ready() -> bool:
 class _Batcher:
     """One thread embedding prompts in batches: each run takes everything waiting (up to
     EMBED_BATCH), so under load many prompts share one model call (`sentinel_cache_embed_runs_total`
-    counts the calls). The verifier's fourth-layer encodings (verifier/context.py) are computed in
-    the same thread, never on an event loop."""
+    counts the calls). The verifier's cross-encoder (verifier/cross.py) scores pairs in the same
+    thread, never on an event loop."""
 
     def __init__(self) -> None:
         self.waiting: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._run, name="embed-batcher", daemon=True).start()
 
-    def submit(self, texts: list[str], *, encode: bool = False) -> asyncio.Future:
-        """The texts' embeddings, or with encode=True their fourth-layer encodings."""
+    def submit(self, texts: list, *, score: bool = False) -> asyncio.Future:
+        """The texts' embeddings, or with score=True (texts are pairs of prompts) their cross-encoder
+        scores."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.waiting.put((texts, future, loop, encode))
+        self.waiting.put((texts, future, loop, score))
         return future
 
     def _run(self) -> None:
@@ -235,15 +233,15 @@ class _Batcher:
                 size += len(job[0])
             # A request that stopped waiting (its lookup timed out) needs nothing embedded any more.
             jobs = [job for job in jobs if not job[1].done()]
-            for encode in (False, True):
-                if kind := [job for job in jobs if job[3] is encode]:
-                    self._serve(kind, encode=encode)
+            for score in (False, True):
+                if kind := [job for job in jobs if job[3] is score]:
+                    self._serve(kind, score=score)
 
-    def _serve(self, jobs: list, *, encode: bool) -> None:
+    def _serve(self, jobs: list, *, score: bool) -> None:
         try:
             texts = [text for texts, _, _, _ in jobs for text in texts]
-            if encode:
-                results = verifier_context.shared_encoder().encode(texts)
+            if score:
+                results = verifier_cross.shared_scorer().score(texts)
             else:
                 results = shared_embedder().embed(texts)
                 _metrics().cache_embed_run()
@@ -283,36 +281,17 @@ async def embed(text: str):
     return (await embed_many([text]))[0]
 
 
-# The fourth-layer encodings of entries' prompts the verifier has read lately, by the text encoded (a
-# pure function of it): a popular entry is encoded once per process, not once per paraphrase asked.
-_encoded_entries: OrderedDict[str, Encoded] = OrderedDict()
-ENCODED_ENTRIES = 2048
-
-
-async def _verified(candidate: _Candidate, prompt: str, similarity: float, asked: list) -> acceptance.Verdict:
+async def _verified(candidate: _Candidate, prompt: str, similarity: float) -> acceptance.Verdict:
     """verify()'s verdict on serving the candidate for `prompt`: by the words first, then (only if
-    they leave it to the context model) with both prompts' fourth-layer encodings, from the
-    embedder's thread, kept on the candidate. `asked` keeps the prompt's encoding for the lookup's next
-    candidate."""
-    if candidate.encoded is not None and asked:
-        return acceptance.verify(candidate.prompt, prompt, similarity, context=(candidate.encoded, asked[0]))
-    verdict, rows = acceptance.by_words(candidate.prompt, prompt, similarity)
+    they leave it to the cross-encoder) with the pair's score, from the embedder's thread, kept on
+    the candidate (the gate and the final check ask twice, at two cosines)."""
+    if candidate.score is not None:
+        return acceptance.verify(candidate.prompt, prompt, similarity, score=candidate.score)
+    verdict = acceptance.by_words(candidate.prompt, prompt, similarity)
     if verdict.final:
         return verdict
-    asked_text, entry_text = acceptance.context_texts(prompt, candidate.prompt)
-    cached = _encoded_entries.get(entry_text)
-    missing = ([] if asked else [asked_text]) + ([entry_text] if cached is None else [])
-    if missing:
-        encoded = list(await batcher().submit(missing, encode=True))
-        if not asked:
-            asked.append(encoded.pop(0))
-        if cached is None:
-            cached = encoded.pop(0)
-    _encoded_entries[entry_text] = candidate.encoded = cached
-    _encoded_entries.move_to_end(entry_text)
-    while len(_encoded_entries) > ENCODED_ENTRIES:
-        _encoded_entries.popitem(last=False)
-    return acceptance.by_context(rows, similarity, verdict, (cached, asked[0]))
+    (candidate.score,) = await batcher().submit([acceptance.cross_texts(candidate.prompt, prompt)], score=True)
+    return acceptance.by_cross(similarity, verdict, candidate.score)
 
 
 async def _configure(connection) -> None:
@@ -580,7 +559,7 @@ class _Candidate:
     cost_usd: Decimal
     embedding: object  # MiniLM's vector, if a lookup has computed it before
     similarity: float  # the static first stage's cosine to the prompt asked
-    encoded: Encoded | None = None  # its prompt's fourth-layer encoding, once the verifier has read it
+    score: float | None = None  # the cross-encoder's score of it against the prompt, once asked
 
 
 async def _semantic(
@@ -605,12 +584,11 @@ async def _semantic(
     # it, with a positive weight), so an entry the verifier rejects at the highest cosine MiniLM could
     # give it, it rejects at any: only the others are worth MiniLM's 3-10 ms. A miss whose entries all
     # differ in a number, a quoted text, a language, ... costs no embedding at all, and one the
-    # lexical gate lets through costs the fourth layer's encoding (about 2 ms), not MiniLM's.
+    # lexical gate lets through costs the cross-encoder's score (a few milliseconds), not MiniLM's.
     possible = []
-    asked: list = []
     for candidate in sorted(candidates, key=lambda c: -c.similarity):
         ceiling = min(1.0, candidate.similarity + STATIC_SLACK)
-        if ceiling >= threshold and (await _verified(candidate, key.prompt, ceiling, asked)).accepted:
+        if ceiling >= threshold and (await _verified(candidate, key.prompt, ceiling)).accepted:
             possible.append(candidate)
             if len(possible) == CANDIDATES:
                 break
@@ -631,7 +609,7 @@ async def _semantic(
     for similarity, candidate in sorted(scored, key=lambda pair: -pair[0]):
         if similarity < threshold:
             break
-        verdict = await _verified(candidate, key.prompt, similarity, asked)
+        verdict = await _verified(candidate, key.prompt, similarity)
         if verdict.accepted:
             return Hit("hit-semantic", candidate.answer, candidate.entry_id, candidate.cost_usd, similarity), embedding
     return None, embedding

@@ -1,6 +1,7 @@
 """Unit tests of the semantic-cache verifier: each explicit check fires on a clear example and says
 why, whichever prompt was cached; prompts in other languages are served only for the same words;
-the pair model accepts plain rewordings and its coefficients load.
+the pair model lets plain rewordings through to the cross-encoder, which serves them, and the
+shipped weights load.
 
 The similarity passed in stands in for the embedding cosine (0.95 = a near neighbour), so these
 tests exercise the verifier alone: no embedding model, no server.
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.cache.acceptance import DEFAULT_THRESHOLD, Verdict, context_texts, normalize_prompt, verify
+from gateway.cache.acceptance import DEFAULT_THRESHOLD, Verdict, normalize_prompt, verify
 from gateway.cache.verifier.features import NAMES
 from gateway.cache.verifier.model import pair_model
 
@@ -235,7 +236,7 @@ def test_other_languages_are_served_for_the_same_words() -> None:
     [
         (
             "How do I reset my router to factory settings?",
-            "How can I reset my router to factory settings?",
+            "how do i factory reset my router",
             "How do I reset my modem to factory settings?",
         ),
         (
@@ -245,57 +246,47 @@ def test_other_languages_are_served_for_the_same_words() -> None:
         ),
     ],
 )
-def test_the_pair_model_rates_a_rewording_above_a_one_word_change(a: str, rewording: str, near_miss: str) -> None:
-    """At the same cosine, a word-for-word rewording scores higher than a changed subject by the
-    pair model (words), which serves it; the near miss is served by neither model. (The context
-    model is asked only about pairs the pair model leaves under its threshold; its step functions
-    are flat past what it was trained on, and it rates the near-identical router rewording no
-    higher than the near miss: 0.52 against 0.54, both far under its threshold.)"""
-    from gateway.cache.verifier.context import context_features, shared_encoder
+def test_a_rewording_is_served_and_a_one_word_change_is_not(a: str, rewording: str, near_miss: str) -> None:
+    """At the same cosine, a word-for-word rewording rates higher than a changed subject by the pair
+    model (words), and both pass its gate: the cross-encoder, which reads the two prompts together,
+    serves the rewording and refuses the near miss. (It also refuses "How can I reset my router to
+    factory settings?", this test's rewording before it, at -0.01: it errs towards a miss, and
+    "can I" against "do I" separates some labeled pairs.)"""
+    from gateway.cache import acceptance
+    from gateway.cache.verifier import cross
     from gateway.cache.verifier.features import pair_features
-    from gateway.cache.verifier.model import context_cuts, context_model
     from gateway.cache.verifier.text import tokens
 
-    def both(x: str, y: str) -> tuple[float, float]:
-        lexical = pair_features(tokens(x), tokens(y), 0.97)
-        encoded = shared_encoder().encode(context_texts(x, y))
-        full = lexical + context_features(encoded[0], encoded[1], context_cuts())
-        return pair_model().probability(lexical), context_model().probability(full)
+    def words(x: str, y: str) -> float:
+        return pair_model().probability(pair_features(tokens(x), tokens(y), 0.97))
 
-    same, other = both(a, rewording), both(a, near_miss)
-    assert same[0] > other[0]
-    assert same[0] >= pair_model().threshold > other[0]
-    assert other[1] < context_model().threshold
+    assert words(a, rewording) > words(a, near_miss) >= cross.meta().gate
+    threshold = cross.meta().threshold
+    assert acceptance.cross_score(a, rewording) >= threshold > acceptance.cross_score(a, near_miss)
     assert verify(a, rewording, 0.97).accepted
-    assert not verify(a, near_miss, 0.97).accepted
+    near = verify(a, near_miss, 0.97)
+    assert not near.accepted and "cross-encoder" in near.reason
 
 
 def test_the_shipped_models_match_the_features() -> None:
-    from gateway.cache.verifier import context
-    from gateway.cache.verifier.model import context_cuts, context_gate, context_model
+    from gateway.cache.verifier import cross
 
-    model, full = pair_model(), context_model()
+    model = pair_model()
     assert model.names == NAMES
     assert len(model.coef) == len(model.mean) == len(model.scale) == len(NAMES)
-    assert full.names == (*NAMES, *context.NAMES)
-    for index, cuts, values in full.steps:
-        assert 0 <= index < len(full.names) and list(cuts) == sorted(set(cuts)) and len(values) == len(cuts) + 1
-    assert 0.5 <= model.threshold < 1.0 and 0.5 <= full.threshold < 1.0
-    # The context model is asked only about pairs the pair model leaves under its threshold.
-    assert 0.0 < context_gate() < model.threshold
+    assert 0.5 <= model.threshold < 1.0
+    meta = cross.meta()
+    assert 0.0 <= meta.gate < model.threshold
+    assert (meta.rank, meta.alpha) == (cross.RANK, cross.ALPHA)
+    assert -20.0 < meta.threshold < 20.0
+    assert (
+        meta.trained["validation"]["wrong"]
+        <= meta.trained["target_wrong_hit_share"] * meta.trained["validation"]["hits"]
+    )
     # The cache judges a candidate at the highest cosine MiniLM could give it before embedding it:
-    # sound only while both models' probability rises with the cosine (the context model's step
-    # function of the cosine never falls: it was trained so).
+    # sound only while the gate's probability rises with the cosine (the cross-encoder does not read
+    # the cosine at all).
     assert model.coef[model.names.index("cosine")] > 0
-    (cosine_values,) = [values for index, _, values in full.steps if full.names[index] == "cosine"]
-    assert len(cosine_values) > 2 and list(cosine_values) == sorted(cosine_values)
-    row = [0.5] * len(full.names)
-    probabilities = [full.probability([c, *row[1:]]) for c in (0.75, 0.8, 0.85, 0.9, 0.95, 1.0)]
-    assert probabilities == sorted(probabilities) and probabilities[0] < probabilities[-1]
-    with pytest.raises(ValueError, match="features for a model of"):
-        full.probability(row[:-1])
-    low, mid, high = context_cuts()
-    assert 0.0 < low <= mid <= high < 1.0
 
 
 @pytest.mark.parametrize(
@@ -442,15 +433,31 @@ def test_the_same_frequency_or_number_asked_in_other_words_passes_the_checks(a: 
     assert first_difference(tokens(b), tokens(a)) is None
 
 
-def test_the_context_models_gate_leaves_out_the_lowest_hundredth_of_its_hits() -> None:
-    """One held-out hit at a low pair-model probability (over 91 topics a wrong one at 0.16, the next
-    at 0.47) set the gate, and the context model was asked about 74% of the candidates: the gate
-    now leaves out the lowest 1% of its hits, rounded down to the six decimals written."""
-    from gateway.management.commands.cache_verifier_train import context_gate
+def test_the_cross_encoders_threshold_is_the_lowest_score_within_the_target() -> None:
+    """cache_cross_train's rule, on (same, pair-model probability, score) rows: among pairs at or
+    above the gate, the lowest score whose hits keep their wrong share within the target; a tie of
+    scores is served or refused together."""
+    from gateway.management.commands.cache_cross_train import served_within
 
-    assert context_gate([0.1616834] + [0.5 + i / 1000 for i in range(199)], 0.93) == 0.501
-    assert context_gate([0.1616834] + [0.5] * 98, 0.93) == 0.161683  # under 100 hits: none left out
-    assert context_gate([], 0.93) == 0.93
+    rows = [
+        (True, 0.9, 5.0),
+        (True, 0.9, 4.0),
+        (False, 0.9, 3.0),
+        (True, 0.9, 2.0),
+        (True, 0.05, 1.0),
+        (False, 0.9, 0.5),
+    ]
+    # Within 25%: down to 1.0 (4 of 5 right); 0.5 would make 2 of 6 wrong. Gated at 0.1, the pair
+    # at 1.0 is not asked, and 2.0 is the lowest (3 of 4 right).
+    assert served_within(rows, 0.0, 0.25) == (1.0, 4, 5, 1)
+    assert served_within(rows, 0.1, 0.25) == (2.0, 3, 4, 1)
+    # Within 40%: everything asked.
+    assert served_within(rows, 0.0, 0.4) == (0.5, 4, 6, 2)
+    assert served_within(rows, 0.1, 0.4) == (0.5, 3, 5, 2)
+    # Within 0: only the two highest.
+    assert served_within(rows, 0.0, 0.0) == (4.0, 2, 2, 0)
+    # Tied scores: a wrong pair tied with a right one cannot be split off.
+    assert served_within([(True, 0.9, 1.0), (False, 0.9, 1.0)], 0.0, 0.0) == (float("inf"), 0, 0, 0)
 
 
 HOW_MANY_WORDS = "how many minutes per times a week each month long far back lessons oz periods cups in the is".split()

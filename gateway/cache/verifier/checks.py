@@ -53,7 +53,8 @@ _OPPOSITES = """
     local:remote senior:junior hire:fire same:different cause:effect prevent:treat read:write
     eat:avoid include:avoid best:avoid good:avoid recommend:avoid ideal:avoid catch:throw import:export
     hand:machine prevent:treatment uppercase:lowercase since:before since:until
-    prevention:treat prevention:treatment
+    prevention:treat prevention:treatment start:stop debug:release radius:diameter
+    radius:circumference diameter:circumference simple:technical simple:detailed brief:detailed
 """
 # Words between two shared words that make their order meaningful ("X to Y", "X than Y").
 _DIRECTION_MARKERS = {"to": "to", "into": "to", "toward": "to", "towards": "to", "from": "from", "in": "in"}

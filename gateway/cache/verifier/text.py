@@ -52,7 +52,8 @@ _UNIT_GROUPS = """
     day d | week | month | year | percent pct percentage | dollar usd | euro eur | yen jpy
     thousand k | million | billion | ton t | pm | am | degree | hertz hz | kilohertz khz
     megahertz mhz | gigahertz ghz | watt watts w | kilowatt kw | kilowatthour kwh | volt volts v
-    milliamphour mah | rpm | fps
+    milliamphour mah | rpm | fps | word words | sentence sentences | paragraph paragraphs
+    page pages | character characters chars | bullet bullets
 """
 # Abbreviations that mean a unit only right after a number ("5 m", "72 F", "3 s").
 _AFTER_NUMBER_ONLY = frozenset("m g l s h min f c k pt in d t w v".split())

@@ -1,24 +1,19 @@
-"""Rebuild the cache verifier's pair models (gateway/cache/verifier/weights.json) from labeled pairs.
+"""Rebuild the cache verifier's pair model (gateway/cache/verifier/weights.json) from labeled pairs.
 
-Every pair that reaches the models in the cache (cosine at least the floor, no explicit check
-against it) is one training row: features.py's lexical features and context.py's fourth-layer
-alignment, label `same`. The pair model's threshold is chosen by leave-one-topic-out validation:
-for each topic, a model trained on the other topics scores it; the lowest probability at which the
-pooled held-out hits keep their wrong share within --target is the threshold, so the figure it
-reports predicts topics the model never saw. The context model (both kinds of features; boosted
-stumps, written as one step function a feature: model.AdditiveModel) is validated the same way;
-its threshold is the lowest at which what either model serves, held out, stays within --target,
-and its gate the lowest pair-model probability, held out, of the pairs it served that the pair
-model did not, less the lowest 1% of them (GATE_TAIL); the validation reported counts the gate.
-Then both are fitted on every pair and written with those thresholds. Prints the validation per
-topic; the last line is JSON. Needs scikit-learn (requirements.in); the request
-path reads only the coefficients and step functions.
+Every pair that reaches the model in the cache (cosine at least the floor, no explicit check against
+it) is one training row: features.py's lexical features, label `same`. The gateway reads the
+model's probability as the cross-encoder's first cut (its gate: `manage.py cache_cross_train`
+chooses it); the pair model alone would serve pairs from a threshold, which is chosen here by
+leave-one-topic-out validation for comparison: for each topic, a model trained on the other topics
+scores it; the lowest probability at which the pooled held-out hits keep their wrong share within
+--target is the threshold, so the figure reported predicts topics the model never saw. Then it is
+fitted on every pair and written with that threshold. Prints the validation per topic; the last
+line is JSON. Needs scikit-learn (requirements.in); the request path reads only the coefficients.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from pathlib import Path
 
@@ -27,7 +22,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from gateway.cache.acceptance import DEFAULT_THRESHOLD, normalize_prompt
-from gateway.cache.verifier import checks, context, features
+from gateway.cache.verifier import checks, features
 from gateway.cache.verifier.model import WEIGHTS
 from gateway.cache.verifier.text import split_payload, tokens
 from gateway.management.commands.cache_eval import load_pairs
@@ -113,103 +108,13 @@ def fit(x: np.ndarray, y: np.ndarray):
     return make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=5000)).fit(x, y)
 
 
-# The context model: gradient-boosted stumps, so an additive model of one step function a feature.
-# Over 67 topics, out of fold at 1% wrong: 29.4% of paraphrases served against 23.9% for the
-# logistic regression (stumps of 500 rounds; depth 2 and 3 gave 30.3% and 27.7%, sklearn's
-# non-histogram boosting 26.8%: the gain is there, its size within a few points). Over the 91
-# topics of fresh6 and before: 27.0% at 0.97% (0.81% with GATE_TAIL); over the 139 of SOURCES (fresh7
-# to fresh12 added after each was measured blind): 28.3% at 0.92%. tests/data/cache_pairs_fresh13.jsonl
-# and _fresh14.jsonl are kept out: the sets written after it (docs/cache.md).
-STUMPS = {"max_depth": 1, "max_iter": 500, "learning_rate": 0.1}
-
-
-def fit_additive(x: np.ndarray, y: np.ndarray):
-    """Stumps whose sum rises with the cosine (feature 0; the lookup judges a candidate at the
-    highest cosine it could have before MiniLM runs, sound only if a higher cosine never lowers
-    the probability)."""
-    from sklearn.ensemble import HistGradientBoostingClassifier
-
-    monotonic = [1] + [0] * (x.shape[1] - 1)
-    return HistGradientBoostingClassifier(**STUMPS, monotonic_cst=monotonic, early_stopping=False, random_state=0).fit(
-        x, y
-    )
-
-
-def step_functions(model, names: list[str], threshold: float, x: np.ndarray) -> dict:
-    """The stumps written as one step function a feature (model.AdditiveModel reads them): for a
-    feature, its cuts and the summed leaf values of each interval, x <= cut going left as in
-    scikit-learn. Checked against the model's own probabilities on the training rows."""
-    base = float(np.ravel(model._baseline_prediction)[0])
-    stumps: list[list[tuple[float, float, float]]] = [[] for _ in names]
-    for (predictor,) in model._predictors:
-        nodes = predictor.nodes
-        root = nodes[0]
-        if root["is_leaf"]:
-            base += float(root["value"])
-            continue
-        left, right = nodes[root["left"]], nodes[root["right"]]
-        assert left["is_leaf"] and right["is_leaf"], "stumps only"
-        stumps[int(root["feature_idx"])].append(
-            (float(root["num_threshold"]), float(left["value"]), float(right["value"]))
-        )
-    steps = {}
-    for name, found in zip(names, stumps, strict=True):
-        if found:
-            cuts = sorted({cut for cut, _, _ in found})
-            # Interval i is (cuts[i-1], cuts[i]]: a stump goes left there if its cut is cuts[i] or later.
-            values = [
-                sum(left if cuts.index(cut) >= i else right for cut, left, right in found) for i in range(len(cuts) + 1)
-            ]
-            steps[name] = {"cuts": cuts, "values": values}
-    written = {"kind": "additive", "features": names, "base": base, "steps": steps, "threshold": round(threshold, 6)}
-    from gateway.cache.verifier.model import additive_model
-
-    additive = additive_model(written)
-    ours = np.array([additive.probability(list(row)) for row in x])
-    theirs = model.predict_proba(x)[:, 1]
-    assert np.abs(ours - theirs).max() < 1e-9, "the step functions do not reproduce the model"
-    return written
-
-
-def context_cuts(rows: list[tuple[dict, list[float]]], encoded: dict) -> tuple[float, float, float]:
-    """The below_* counts' three cuts: the 10th, 25th and 50th percentiles of the worst-aligned
-    content word's match over the candidates (no label read, so no fold learns another's)."""
-    worst = [context.context_features(*_pair_encoded(p, encoded), (0, 0, 0))[5] for p, _ in rows]
-    low, mid, high = (float(np.percentile(worst, q)) for q in (10, 25, 50))
-    return low, mid, high
-
-
-def _pair_encoded(pair: dict, encoded: dict) -> tuple[context.Encoded, context.Encoded]:
-    return encoded[normalize_prompt(pair["a"])], encoded[normalize_prompt(pair["b"])]
-
-
-def with_context(rows: list[tuple[dict, list[float]]], encoded: dict, cuts) -> list[tuple[dict, list[float]]]:
-    return [(p, x + context.context_features(*_pair_encoded(p, encoded), cuts)) for p, x in rows]
-
-
-# The share of the context model's own hits (held out) that may fall under its gate. The lowest
-# pair-model probability of any of them was the gate until 2026-12-07: over 91 topics one pair at
-# 0.16 (a wrong hit) set it, the next was at 0.47, and the context model (a fourth-layer encoding,
-# and MiniLM first in a lookup) was asked for 74% of the candidates instead of about half.
-GATE_TAIL = 0.01
-
-
-def context_gate(added: list[float], threshold: float) -> float:
-    """The pair-model probability from which the context model is asked: its held-out hits' lowest
-    pair-model probabilities (ascending, `added`) less their lowest GATE_TAIL share. Rounded down:
-    the pair that sets it must still pass with the six decimals written."""
-    if not added:
-        return threshold
-    return math.floor(added[int(GATE_TAIL * len(added))] * 1e6) / 1e6
-
-
-def leave_one_topic_out(candidates: list, extra: list, topics: list[str], fitter=fit) -> dict[int, float]:
+def leave_one_topic_out(candidates: list, extra: list, topics: list[str]) -> dict[int, float]:
     """Each topic's pairs scored by a model fitted on the other topics' (and their extra rows)."""
     held_out: dict[int, float] = {}
     for topic in topics:
         test = [(p, x) for p, x in candidates if p["domain"] == topic]
         if test:
-            model = fit_rows([(p, x) for p, x in candidates + extra if p["domain"] != topic], fitter)
+            model = fit_rows([(p, x) for p, x in candidates + extra if p["domain"] != topic])
             scores = model.predict_proba(np.array([x for _, x in test]))[:, 1]
             held_out.update({id(p): float(s) for (p, _), s in zip(test, scores, strict=True)})
     return held_out
@@ -226,8 +131,8 @@ def lowest_within(scored: list[tuple[bool, float]], served, target: float) -> fl
     return best
 
 
-def fit_rows(rows: list, fitter=fit):
-    return fitter(np.array([x for _, x in rows]), np.array([p["same"] for p, _ in rows]))
+def fit_rows(rows: list):
+    return fit(np.array([x for _, x in rows]), np.array([p["same"] for p, _ in rows]))
 
 
 def coefficients(model, names: list[str], threshold: float) -> dict:
@@ -243,9 +148,7 @@ def coefficients(model, names: list[str], threshold: float) -> dict:
 
 
 class Command(BaseCommand):
-    help = (
-        "Train the semantic cache's pair and context models; choose their thresholds by leave-one-topic-out validation."
-    )
+    help = "Train the semantic cache verifier's pair model; choose its threshold by leave-one-topic-out validation."
 
     def add_arguments(self, parser):
         parser.add_argument("--target", type=float, default=0.01, help="Largest share of wrong hits (default 0.01).")
@@ -258,14 +161,9 @@ class Command(BaseCommand):
         reworded = reworded_negatives(pairs)
         embedder = Embedder(cache_dir=settings.DATA_DIR / "models", threads=settings.EMBEDDER_THREADS)
         vectors = prompt_vectors(pairs + reworded, embedder)
-        encoder = context.ContextEncoder(settings.DATA_DIR / "models", threads=settings.EMBEDDER_THREADS)
-        encoded = dict(zip(vectors, encoder.encode(list(vectors)), strict=True))
         rows = rows_for(pairs, vectors)
         lexical = [(p, x) for p, x in rows if x is not None]
         lexical_extra = [(p, x) for p, x in rows_for(reworded, vectors) if x is not None]
-        cuts = context_cuts(lexical, encoded)
-        candidates = with_context(lexical, encoded, cuts)
-        extra = with_context(lexical_extra, encoded, cuts)
         topics = sorted({p["domain"] for p, _ in rows})
 
         # The pair model: the lowest threshold whose held-out hits stay within the target.
@@ -275,42 +173,10 @@ class Command(BaseCommand):
             lambda cut: [words[id(p)] >= cut for p, _ in lexical],
             target,
         )
-        # The context model: the lowest threshold at which what either model serves, held out, still
-        # stays within the target.
-        held_out = leave_one_topic_out(candidates, extra, topics, fit_additive)
-
-        def served(cut: float) -> list[bool]:
-            return [words[id(p)] >= threshold or held_out[id(p)] >= cut for p, _ in candidates]
-
-        context_threshold = lowest_within([(p["same"], held_out[id(p)]) for p, _ in candidates], served, target)
-        added = [p for (p, _), hit in zip(candidates, served(context_threshold), strict=True) if hit]
-        gate = context_gate(sorted(words[id(p)] for p in added if words[id(p)] < threshold), threshold)
-        hits = {
-            id(p): words[id(p)] >= threshold or (gate <= words[id(p)] and held_out[id(p)] >= context_threshold)
-            for p, _ in candidates
-        }
-        report = self.report(rows, hits, topics)
-        report["context"] = {
-            "asked": sum(gate <= words[id(p)] < threshold for p, _ in lexical),
-            "candidates": len(lexical),
-        }
-        self.stdout.write(
-            f"context model: asked for {report['context']['asked']} of {len(lexical)} candidates "
-            f"(pair model {gate:.4f} to {threshold:.4f}), serves at {context_threshold:.4f}"
-        )
+        report = self.report(rows, {id(p): words[id(p)] >= threshold for p, _ in lexical}, topics)
 
         weights = {
             **coefficients(fit_rows(lexical + lexical_extra), list(features.NAMES), threshold),
-            "context": {
-                **step_functions(
-                    fit_rows(candidates + extra, fit_additive),
-                    [*features.NAMES, *context.NAMES],
-                    context_threshold,
-                    np.array([x for _, x in candidates]),
-                ),
-                "gate": gate,
-                "cuts": [round(c, 6) for c in cuts],
-            },
             "trained_on": [*SOURCES, "reworded hard negatives built from them (reworded_negatives)"],
             "target_wrong_hit_share": target,
             "leave_one_topic_out": report,
