@@ -155,6 +155,18 @@ def test_the_fenceless_shortcut_normalizes_as_the_regular_expression_does(text: 
         ("Why was DRS introduced in Formula 1?", "What does DRS stand for in Formula 1?", "question differs"),
         ("What is the Inverted Jenny stamp?", "How many Inverted Jenny stamps are known to exist?", "question differs"),
         ("router vs modem", "Do I need both a router and a modem?", "comparison differs"),
+        # an operation on the number, named on one side (root, factorial, reciprocal) or differently
+        ("What is the square of 144?", "Compute the square root of 144.", "operation differs"),
+        ("What is the derivative of x^3 * sin(x)?", "What is the integral of x^3 * sin(x)?", "operation differs"),
+        ("what is 5 squared", "what is 5 factorial", "operation differs"),
+        # opposites and units added with the cross-encoder (read from its wrong hits)
+        ("At what age do hens stop laying eggs?", "age hens start laying eggs", "opposite words"),
+        (
+            "Calculate the area of a circle whose radius is 4 cm.",
+            "Area of a circle with a diameter of 4 cm?",
+            "opposite words",
+        ),
+        ("Summarize this in 3 sentences please", "Summarize this in 3 words please", "units differ"),
         # pasted text
         ("Summarize this: The launch moved to May.", "Summarize this: The launch moved to June.", "pasted"),
         ("What does `git reset --hard` do?", "What does `git reset --soft` do?", "pasted"),

@@ -252,6 +252,36 @@ def named(ta: Tokens, tb: Tokens) -> str | None:
     return None
 
 
+# Operations on a number that change the answer, by their names: "the square of 144" and "the
+# square root of 144" share every other word.
+_OPERATIONS = {
+    **dict.fromkeys("root roots sqrt".split(), "root"),
+    **dict.fromkeys("log logs logarithm logarithms ln".split(), "log"),
+    **dict.fromkeys("factorial factorials".split(), "factorial"),
+    **dict.fromkeys("derivative derivatives differentiate".split(), "derivative"),
+    **dict.fromkeys("integral integrals integrate antiderivative".split(), "integral"),
+    **dict.fromkeys("inverse inverses".split(), "inverse"),
+    **dict.fromkeys("reciprocal reciprocals".split(), "reciprocal"),
+}
+
+
+# Named by one prompt only, they still change the answer; the others ("integrate the new hens",
+# "git log") are words of other meanings too, compared only where both prompts name an operation.
+_ALWAYS_AN_OPERATION = frozenset({"root", "factorial", "reciprocal"})
+
+
+def operations(ta: Tokens, tb: Tokens) -> str | None:
+    """A mathematical operation on a number named differently (the square / the square root of 144;
+    the derivative / the integral of x^3), where either prompt has a number."""
+    if not (_numbers(ta) or _numbers(tb)):
+        return None
+    sa = {_OPERATIONS[t.text] for t in ta if t.text in _OPERATIONS}
+    sb = {_OPERATIONS[t.text] for t in tb if t.text in _OPERATIONS}
+    if (sa ^ sb) & _ALWAYS_AN_OPERATION:
+        return f"operation differs: {_show(sa)} vs {_show(sb)}"
+    return _both_differ("operation differs", sa, sb)
+
+
 # Time zones by their names and abbreviations ("3 PM Eastern", "15:00 UTC", "9am PST").
 _ZONES = {
     spelling: zone
@@ -759,6 +789,7 @@ def comparison(ta: Tokens, tb: Tokens) -> str | None:
 
 CHECKS = (
     numbers,
+    operations,
     periods,
     named,
     clock_zones,
