@@ -103,6 +103,15 @@ def export_onnx(model_dir: Path, target: Path) -> None:
             return torch.nn.functional.normalize(mean, p=2.0, dim=1)
 
     model = _Pooled(AutoModel.from_pretrained(str(model_dir))).eval()
+    export_graph(model, ("input_ids", "attention_mask"), "embedding", {0: "batch"}, target)
+
+
+def export_graph(model, inputs: tuple[str, ...], output: str, output_axes: dict, target: Path) -> None:
+    """A torch module over int64 word-piece inputs (batch x tokens, both dynamic; `inputs` names them
+    in forward()'s order) exported to ONNX at `target`, written atomically: the embedder's graph and
+    the verifier's cross-encoder (gateway/cache/verifier/cross.py)."""
+    import torch
+
     sample = torch.ones((2, 16), dtype=torch.int64)
 
     def write(tmp: Path) -> None:
@@ -113,20 +122,28 @@ def export_onnx(model_dir: Path, target: Path) -> None:
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 model,
-                (sample, torch.ones_like(sample)),
+                tuple(torch.ones_like(sample) if i else sample for i in range(len(inputs))),
                 str(tmp),
-                input_names=["input_ids", "attention_mask"],
-                output_names=["embedding"],
-                dynamic_axes={
-                    "input_ids": {0: "batch", 1: "tokens"},
-                    "attention_mask": {0: "batch", 1: "tokens"},
-                    "embedding": {0: "batch"},
-                },
+                input_names=list(inputs),
+                output_names=[output],
+                dynamic_axes={**{name: {0: "batch", 1: "tokens"} for name in inputs}, output: output_axes},
                 opset_version=17,
                 dynamo=False,
             )
 
     write_atomically(target, write)
+
+
+def onnx_session(model_path: Path, threads: int):
+    """An onnxruntime session on one graph: `threads` for its operators, one run at a time."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
 
 
 def quantize_onnx(source: Path, target: Path) -> None:
@@ -158,18 +175,12 @@ class _DropMessage(logging.Filter):
 
 class OnnxRunner:
     """An exported graph on onnxruntime, fed word pieces of texts padded to the longest of a batch
-    (the embedder's pooled graph, and the verifier's cut: gateway/cache/verifier/context.py)."""
+    (the embedder's pooled graph)."""
 
     def __init__(self, model_path: Path, model_dir: Path, threads: int) -> None:
-        import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        self.session = onnx_session(model_path, threads)
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         # Padding to a fixed 128 would make every prompt cost as much as a long one; pad only to
         # the longest text of a batch (a single prompt is never padded).
@@ -201,8 +212,7 @@ def exported_runner(
     threads: int,
 ) -> OnnxRunner:
     """An OnnxRunner on the graph at `plain` (written first by `export(model_dir, plain)` if
-    missing) or, given `quantized`, on its int8 quantisation there (written first if missing): the
-    embedder's pooled graph and the verifier's cut of it (gateway/cache/verifier/context.py)."""
+    missing) or, given `quantized`, on its int8 quantisation there (written first if missing)."""
     if not plain.exists():
         logger.info("exporting %s to %s", model_dir, plain)
         export(model_dir, plain)

@@ -23,7 +23,6 @@ import hashlib
 import io
 import json
 import threading
-import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gateway.cache.embedder import default_model_dir, quantize_onnx, weights_digest, write_atomically
+from gateway.cache.embedder import default_model_dir, export_graph, onnx_session, quantize_onnx, weights_digest
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -188,31 +187,8 @@ def merged(model_dir: Path | None = None, weights: dict[str, np.ndarray] | None 
 
 
 def export_onnx(model_dir: Path, target: Path, weights: Path = WEIGHTS) -> None:
-    import torch
-
     model = merged(model_dir, load(weights))
-    sample = torch.ones((2, 16), dtype=torch.int64)
-
-    def write(tmp: Path) -> None:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                model,
-                (sample, torch.ones_like(sample), torch.zeros_like(sample)),
-                str(tmp),
-                input_names=["input_ids", "attention_mask", "token_type_ids"],
-                output_names=["score"],
-                dynamic_axes={
-                    "input_ids": {0: "batch", 1: "tokens"},
-                    "attention_mask": {0: "batch", 1: "tokens"},
-                    "token_type_ids": {0: "batch", 1: "tokens"},
-                    "score": {0: "batch"},
-                },
-                opset_version=17,
-                dynamo=False,
-            )
-
-    write_atomically(target, write)
+    export_graph(model, ("input_ids", "attention_mask", "token_type_ids"), "score", {0: "batch"}, target)
 
 
 def tokenizer(model_dir: Path | None = None):
@@ -242,8 +218,6 @@ class CrossScorer:
     score differently; alone, it always scores the same (and is not padded)."""
 
     def __init__(self, cache_dir: Path, *, weights: Path = WEIGHTS, threads: int = 1, quantized: bool = True) -> None:
-        import onnxruntime as ort
-
         model_dir = default_model_dir()
         plain = onnx_path(cache_dir, model_dir, weights)
         if not plain.exists():
@@ -253,12 +227,7 @@ class CrossScorer:
             path = onnx_path(cache_dir, model_dir, weights, quantized=True)
             if not path.exists():
                 quantize_onnx(plain, path)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.session = onnx_session(path, threads)
         self.tokenizer = tokenizer(model_dir)
 
     def score(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
