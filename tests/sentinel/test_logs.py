@@ -135,7 +135,9 @@ def test_a_tenant_that_logs_prompts_gets_them_screened_in_its_request_lines(
         )
 
     key = make_key(logging_tenant)
-    plain, streamed = ask(key, sent), ask(key, sent + " again", stream=True)
+    # The streamed prompt asks something else (2 sentences): "... again" was served the first
+    # answer from the semantic cache once the verifier read it as the same request.
+    plain, streamed = ask(key, sent), ask(key, sent + " in 2 sentences", stream=True)
     blocked = ask(key, f"card 4111 1111 1111 1111 {marker}")
     quiet = ask(make_key(quiet_tenant), f"quiet {marker}")
     assert [r.status_code for r in (plain, streamed, blocked, quiet)] == [200, 200, 400, 200]
@@ -146,8 +148,8 @@ def test_a_tenant_that_logs_prompts_gets_them_screened_in_its_request_lines(
     assert line["messages"] == [{"role": "user", "content": seen_by_provider}]
     assert line["answer"] == plain.json()["choices"][0]["message"]["content"] == answer_text(seen_by_provider)
     line = lines[streamed.headers["x-sentinel-request-id"]]
-    assert line["messages"] == [{"role": "user", "content": seen_by_provider + " again"}]
-    assert line["answer"] == answer_text(seen_by_provider + " again")
+    assert line["messages"] == [{"role": "user", "content": seen_by_provider + " in 2 sentences"}]
+    assert line["answer"] == answer_text(seen_by_provider + " in 2 sentences")
     for response in (blocked, quiet):
         line = lines[response.headers["x-sentinel-request-id"]]
         assert "messages" not in line and "answer" not in line
