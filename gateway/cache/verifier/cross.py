@@ -82,6 +82,14 @@ def load(weights: Path) -> dict[str, np.ndarray]:
         return {name: data[name] for name in data.files}
 
 
+def _holder(layer, target: str) -> tuple[object, str]:
+    """The module holding a TARGETS linear layer of a transformer layer, and its attribute name."""
+    *path, name = target.split(".")
+    for part in path:
+        layer = getattr(layer, part)
+    return layer, name
+
+
 def adapters(bert, rank: int = RANK, alpha: float = ALPHA) -> list:
     """Wrap every TARGETS linear layer of `bert` (a transformers BertModel) in a low-rank adapter
     (training: only the adapters learn); returns them, in the order save() writes them."""
@@ -101,10 +109,7 @@ def adapters(bert, rank: int = RANK, alpha: float = ALPHA) -> list:
     made = []
     for layer in bert.encoder.layer:
         for target in TARGETS:
-            *path, name = target.split(".")
-            parent = layer
-            for part in path:
-                parent = getattr(parent, part)
+            parent, name = _holder(layer, target)
             adapter = LowRank(getattr(parent, name))
             setattr(parent, name, adapter)
             made.append(adapter)
@@ -174,9 +179,8 @@ def merged(model_dir: Path | None = None, weights: dict[str, np.ndarray] | None 
     with torch.no_grad():
         for layer in model.bert.encoder.layer:
             for target in TARGETS:
-                linear = layer
-                for part in target.split("."):
-                    linear = getattr(linear, part)
+                parent, name = _holder(layer, target)
+                linear = getattr(parent, name)
                 a = torch.from_numpy(weights[f"a{i}"].astype(np.float32))
                 b = torch.from_numpy(weights[f"b{i}"].astype(np.float32))
                 linear.weight += scale * (b @ a)
